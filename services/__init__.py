@@ -1,0 +1,1 @@
+"""Yuebing's services, one package each: `python -m services.<name>`."""

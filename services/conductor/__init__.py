@@ -1,0 +1,1 @@
+"""Conductor: the global scheduler that picks a prefill and a decode instance."""

@@ -1,0 +1,1 @@
+"""Decode instance: generates the tokens after the first on a vLLM engine."""

@@ -1,0 +1,24 @@
+"""Wiring of a decode instance: config → engine → NATS → handler."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from services.decode.handler import Decoder
+from shared.config import ClusterConfig
+from shared.instance import serve_engine
+from shared.messages import DecodeRequest, decode_subject
+
+
+async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
+    await serve_engine(
+        "decode",
+        config,
+        args.instance_id,
+        args.node,
+        stop,
+        decode_subject(args.instance_id),
+        DecodeRequest,
+        lambda instance, engine: Decoder(instance, engine).on_request,
+    )

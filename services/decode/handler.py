@@ -1,0 +1,65 @@
+"""Serve DecodeRequests: generate every token after the first and publish them, in
+order, on the request's stream subject."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from nats.aio.msg import Msg
+
+from shared import bus
+from shared.engine import generate
+from shared.instance import Instance
+from shared.messages import DecodeAccept, DecodeRequest, TokenChunk, encode
+
+log = structlog.get_logger(__name__)
+
+
+class Decoder:
+    def __init__(self, instance: Instance, engine) -> None:
+        self.instance = instance
+        self.engine = engine
+
+    async def on_request(self, req: DecodeRequest, msg: Msg) -> None:
+        error = ""
+        if req.sampling.max_tokens < 2:
+            error = "decode needs max_tokens >= 2 (the first token comes from prefill)"
+        elif bus.remaining(req.deadline) <= 0:
+            error = "deadline already passed"
+        else:
+            try:
+                self.instance.run(req.request_id, self._decode(req))
+            except ValueError as e:
+                error = str(e)
+        await msg.respond(encode(DecodeAccept(request_id=req.request_id, ok=not error, error=error)))
+
+    async def _decode(self, req: DecodeRequest) -> None:
+        structlog.contextvars.bind_contextvars(request_id=req.request_id)
+        # SEAM (KV transfer): until the Yuebing KV connector lands, the decode engine
+        # recomputes the prompt (and the first token) here instead of loading the KV
+        # that prefill computed. The connector replaces exactly this prompt.
+        prompt = [*req.prompt_token_ids, req.first_token_id]
+        seq = 0
+        log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens)
+        try:
+            async with asyncio.timeout(bus.remaining(req.deadline)):
+                async for step in generate(
+                    self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - 1
+                ):
+                    chunk = TokenChunk(
+                        request_id=req.request_id, seq=seq, token_ids=step.token_ids, finish_reason=step.finish_reason
+                    )
+                    await bus.publish(self.instance.nc, req.stream_subject, chunk)
+                    seq += 1
+        except asyncio.CancelledError:
+            log.info("decode cancelled", tokens_sent=seq)
+            raise
+        except Exception as e:
+            reason = "deadline exceeded in decode" if isinstance(e, TimeoutError) else f"decode failed: {e}"
+            log.warning("decode failed", error=reason)
+            await bus.publish(
+                self.instance.nc, req.stream_subject, TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason)
+            )
+            return
+        log.info("decode done", chunks=seq)

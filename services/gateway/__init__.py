@@ -1,0 +1,1 @@
+"""Gateway: the OpenAI-compatible REST API in front of the cluster."""

@@ -1,0 +1,318 @@
+"""The gateway's aiohttp application: routes, auth, and the handlers that turn an
+OpenAI request into a pipeline run and its events into a response (SSE or JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+
+from services.gateway import protocol
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.pipeline import Pipeline, Rejected, UpstreamError
+from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
+from services.gateway.text import TextStream, Tokenizer
+from shared import bus
+from shared.config import ClusterConfig
+from shared.liveness import Registry
+from shared.messages import HEARTBEAT, Heartbeat, Sampling
+
+log = structlog.get_logger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Prepared:
+    """A validated request, tokenized and ready for the pipeline."""
+
+    request_id: str
+    kind: str  # "chat" | "completion"
+    options: Options
+    prompt: list[int]
+    max_tokens: int
+
+
+class Gateway:
+    def __init__(self, config: ClusterConfig, tokenizer: Tokenizer, pipeline: Pipeline, api_key: str | None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.pipeline = pipeline
+        self.api_key = api_key
+        self.metrics = GatewayMetrics()
+        self.created = int(time.time())
+
+    # --- routes -------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=16 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics_page)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return error_response(e)
+        except web.HTTPException as e:  # aiohttp's own 404/405 as OpenAI-style bodies
+            if e.status < 400:
+                raise
+            return error_response(ApiError(e.status, e.reason, type="not_found_error" if e.status == 404 else "invalid_request_error"))
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.api_key and request.path.startswith("/v1/"):
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                raise ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
+        return await handler(request)
+
+    async def health(self, _request: web.Request) -> web.Response:
+        now = time.monotonic()
+        registry = self.pipeline.registry
+        live = {role: [hb.instance_id for hb in registry.alive(role, now)] for role in ("prefill", "decode", "messenger")}
+        ready = bool(live["prefill"] and live["decode"]) and self.pipeline.nc.is_connected
+        return web.json_response({"status": "ok" if ready else "unavailable", "instances": live}, status=200 if ready else 503)
+
+    async def metrics_page(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def models(self, _request: web.Request) -> web.Response:
+        model = {
+            "id": self.config.served_model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "yuebing",
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.config.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        parsed = protocol.parse_chat(protocol.parse_body(await request.read()))
+        return await self._serve(request, "chat", parsed)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        parsed = protocol.parse_completion(protocol.parse_body(await request.read()))
+        return await self._serve(request, "completion", parsed)
+
+    # --- serving ------------------------------------------------------------
+    async def _serve(self, request: web.Request, kind: str, parsed: ChatRequest | CompletionRequest) -> web.StreamResponse:
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        try:
+            prepared = self._prepare(request_id, kind, parsed)
+        except ApiError as e:
+            self.metrics.requests.labels(kind, str(e.status)).inc()
+            log.info("request refused", status=e.status, error=e.message)
+            raise
+        log.info("request", kind=kind, prompt_len=len(prepared.prompt), max_tokens=prepared.max_tokens, stream=prepared.options.stream)
+        self.metrics.in_flight.inc()
+        status = "200"
+        try:
+            if prepared.options.stream:
+                return await self._stream(request, prepared)
+            return await self._complete(prepared)
+        except ApiError as e:
+            status = str(e.status)
+            raise
+        except asyncio.CancelledError:
+            status = "499"  # client went away; the pipeline has told the instances
+            log.info("client disconnected")
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(kind, status).inc()
+
+    def _prepare(self, request_id: str, kind: str, parsed: ChatRequest | CompletionRequest) -> Prepared:
+        options = parsed.options
+        if options.model != self.config.served_model_name:
+            raise ApiError(404, f"The model '{options.model}' does not exist", type="not_found_error", param="model", code="model_not_found")
+        if isinstance(parsed, ChatRequest):
+            prompt = self.tokenizer.chat_prompt(parsed.messages)
+        elif isinstance(parsed.prompt, str):
+            prompt = self.tokenizer.encode(parsed.prompt)
+        else:
+            prompt = list(parsed.prompt)
+            vocab = len(self.tokenizer.hf)
+            if max(prompt) >= vocab:
+                raise protocol.invalid(f"token id {max(prompt)} is outside the vocabulary (size {vocab})", "prompt")
+        limit = self.config.max_model_len
+        if len(prompt) >= limit:
+            raise protocol.invalid(
+                f"This model's maximum context length is {limit} tokens, but the prompt has {len(prompt)} tokens "
+                "(at least one token must be left to generate).",
+                "messages" if kind == "chat" else "prompt",
+            )
+        room = limit - len(prompt)
+        if options.max_tokens is not None and options.max_tokens > room:
+            raise protocol.invalid(
+                f"'max_tokens' is too large: {options.max_tokens}. This model's maximum context length is {limit} "
+                f"tokens and the prompt has {len(prompt)}, so at most {room} tokens can be generated.",
+                "max_tokens",
+            )
+        return Prepared(request_id, kind, options, prompt, options.max_tokens or room)
+
+    def _sampling(self, p: Prepared) -> Sampling:
+        o = p.options
+        return Sampling(
+            max_tokens=p.max_tokens, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed, ignore_eos=o.ignore_eos
+        )
+
+    async def _events(self, p: Prepared, text: TextStream) -> Any:
+        """Pipeline events as (text delta, finish reason, cached tokens), with metrics."""
+        start = time.monotonic()
+        deadline = time.time() + self.config.request_timeout_s
+        first = True
+        try:
+            events = self.pipeline.run(p.request_id, p.prompt, self._sampling(p), deadline)
+            async for event in events:
+                if first:
+                    self.metrics.ttft.observe(time.monotonic() - start)
+                    self.metrics.cached_tokens.inc(event.num_cached_tokens)
+                    first = False
+                delta = text.push(event.token_ids)
+                finish = event.finish_reason
+                if text.stopped:
+                    finish = "stop"
+                if finish is not None:
+                    delta += text.flush()
+                yield delta, finish, event.num_cached_tokens
+                if finish is not None:
+                    await events.aclose()  # a stop string ends it early: cancels the rest
+                    break
+        except Rejected as e:
+            retry = max(1, round(e.reply.retry_after_s))
+            raise ApiError(429, f"cluster overloaded: {e.reply.reason}", type="rate_limit_error", code="overloaded",
+                           headers={"Retry-After": str(retry)}) from e
+        except UpstreamError as e:
+            log.warning("request failed", status=e.status, error=str(e))
+            raise ApiError(e.status, str(e), type="server_error" if e.status >= 500 else "invalid_request_error") from e
+        finally:
+            self.metrics.e2e.observe(time.monotonic() - start)
+        log.info("request done", completion_tokens=len(text.token_ids), seconds=round(time.monotonic() - start, 3))
+        self.metrics.prompt_tokens.inc(len(p.prompt))
+        self.metrics.completion_tokens.inc(len(text.token_ids))
+
+    async def _complete(self, p: Prepared) -> web.Response:
+        text = TextStream(self.tokenizer, p.options.stop)
+        finish, cached = None, 0
+        async for _delta, finish_reason, num_cached in self._events(p, text):
+            cached = cached or num_cached
+            finish = finish_reason or finish
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if p.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": text.text}
+        else:
+            choice["text"] = text.text
+        body: dict[str, Any] = {
+            **self._envelope(p, chunk=False),
+            "choices": [choice],
+            "usage": protocol.usage(len(p.prompt), len(text.token_ids), cached),
+        }
+        if p.options.return_token_ids:
+            choice["token_ids"] = text.token_ids
+            body["prompt_token_ids"] = p.prompt
+        return web.Response(body=orjson.dumps(body), content_type="application/json", headers={"x-request-id": p.request_id})
+
+    async def _stream(self, request: web.Request, p: Prepared) -> web.StreamResponse:
+        text = TextStream(self.tokenizer, p.options.stop)
+        events = self._events(p, text)
+        # Fail before the first byte where we can: a rejection must be a real 429.
+        try:
+            first = await anext(events)
+        except StopAsyncIteration:
+            first = None
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": p.request_id}
+        )
+        await response.prepare(request)
+        cached = 0
+        sent_tokens = 0
+        try:
+            if p.kind == "chat":
+                await self._send(response, p, {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+            pending = [first] if first is not None else []
+            async for item in _chain(pending, events):
+                delta, finish, num_cached = item
+                cached = cached or num_cached
+                choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+                if p.kind == "chat":
+                    choice["delta"] = {"content": delta} if delta else {}
+                else:
+                    choice["text"] = delta
+                    choice["logprobs"] = None
+                if p.options.return_token_ids:
+                    choice["token_ids"] = text.token_ids[sent_tokens:]
+                    sent_tokens = len(text.token_ids)
+                if delta or finish or p.options.return_token_ids:
+                    await self._send(response, p, choice)
+        except ApiError as e:
+            # Headers are gone: the error travels in the stream, and [DONE] never comes.
+            await response.write(b"data: " + orjson.dumps(e.body()) + b"\n\n")
+            await response.write_eof()
+            raise
+        if p.options.include_usage:
+            usage = {**self._envelope(p, chunk=True), "choices": [], "usage": protocol.usage(len(p.prompt), len(text.token_ids), cached)}
+            await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _send(self, response: web.StreamResponse, p: Prepared, choice: dict[str, Any]) -> None:
+        body = {**self._envelope(p, chunk=True), "choices": [choice]}
+        await response.write(b"data: " + orjson.dumps(body) + b"\n\n")
+
+    def _envelope(self, p: Prepared, chunk: bool) -> dict[str, Any]:
+        if p.kind == "chat":
+            obj, prefix = ("chat.completion.chunk" if chunk else "chat.completion"), "chatcmpl-"
+        else:
+            obj, prefix = "text_completion", "cmpl-"
+        return {"id": prefix + p.request_id, "object": obj, "created": int(time.time()), "model": self.config.served_model_name}
+
+
+async def _chain(first: list[Any], rest: Any) -> Any:
+    for item in first:
+        yield item
+    async for item in rest:
+        yield item
+
+
+def error_response(e: ApiError) -> web.Response:
+    return web.Response(status=e.status, body=orjson.dumps(e.body()), content_type="application/json", headers=e.headers)
+
+
+async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
+    tokenizer = Tokenizer(config.model)
+    nc = await bus.connect(config.nats_url, name="gateway")
+    registry = Registry(timeout_s=config.liveness_timeout_s)
+
+    async def on_heartbeat(hb: Heartbeat, _msg: Any) -> None:
+        registry.observe(hb, time.monotonic())
+
+    await bus.subscribe(nc, HEARTBEAT, Heartbeat, on_heartbeat)
+    gateway = Gateway(config, tokenizer, Pipeline(nc, config, registry), args.api_key)
+    # handler_cancellation: a client that disconnects cancels its handler, which
+    # cancels the pipeline, which tells the instances to abort.
+    runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    log.info("gateway ready", url=f"http://{args.host}:{args.port}", model=config.served_model_name)
+    await stop.wait()
+    log.info("gateway stopping")
+    await runner.cleanup()
+    await nc.drain()

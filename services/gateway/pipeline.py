@@ -1,0 +1,208 @@
+"""One request through the disaggregated cluster: ask the Conductor, prefill the
+prompt on one instance, decode the rest on another, and stream tokens back.
+
+Every wait is bounded by the request's deadline and by the liveness of the instance
+being waited on, so a dead instance fails the request within a few heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import nats.errors
+import structlog
+from nats.aio.client import Client
+
+from shared import bus
+from shared.block_hash import hex_hashes
+from shared.config import ClusterConfig
+from shared.liveness import Registry
+from shared.messages import (
+    CANCEL,
+    SCHEDULE,
+    Cancel,
+    DecodeAccept,
+    DecodeRequest,
+    FinishReason,
+    MessageError,
+    PrefillRequest,
+    PrefillResult,
+    Sampling,
+    ScheduleReply,
+    ScheduleRequest,
+    TokenChunk,
+    decode,
+    decode_subject,
+    prefill_subject,
+    stream_subject,
+)
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Event:
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    num_cached_tokens: int = 0
+
+
+class Rejected(Exception):
+    def __init__(self, reply: ScheduleReply) -> None:
+        super().__init__(reply.reason)
+        self.reply = reply
+
+
+class UpstreamError(Exception):
+    """The cluster could not serve the request; `status` is the HTTP status to show."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Pipeline:
+    def __init__(self, nc: Client, config: ClusterConfig, registry: Registry) -> None:
+        self.nc = nc
+        self.config = config
+        self.registry = registry
+        self.started = time.monotonic()
+
+    async def run(
+        self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float
+    ) -> AsyncIterator[Event]:
+        reply = await self._schedule(request_id, prompt, sampling, deadline)
+        finished = False
+        try:
+            result = await self._watch(
+                reply.prefill_id,
+                bus.request(
+                    self.nc,
+                    prefill_subject(reply.prefill_id),
+                    PrefillRequest(
+                        request_id=request_id,
+                        prompt_token_ids=prompt,
+                        sampling=sampling,
+                        deadline=deadline,
+                        decode_id=reply.decode_id,
+                    ),
+                    PrefillResult,
+                    timeout=bus.remaining(deadline),
+                ),
+                deadline,
+            )
+            if not result.ok:
+                raise UpstreamError(502, f"prefill on {reply.prefill_id} failed: {result.error}")
+            finished = result.finish_reason is not None
+            yield Event([result.first_token_id], result.finish_reason, result.num_cached_tokens)
+            if not finished:
+                async for event in self._decode(request_id, prompt, result.first_token_id, sampling, deadline, reply):
+                    finished = event.finish_reason is not None
+                    yield event
+        finally:
+            if not finished:  # cancelled, failed or abandoned: free the instances' slots
+                await self._cancel(request_id, "abandoned by gateway")
+
+    async def _schedule(self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float) -> ScheduleReply:
+        ask = ScheduleRequest(
+            request_id=request_id,
+            prompt_len=len(prompt),
+            block_hashes=hex_hashes(prompt, self.config.block_size, self.config.model_salt),
+            max_tokens=sampling.max_tokens,
+            deadline=deadline,
+        )
+        timeout = min(self.config.schedule_timeout_s, bus.remaining(deadline))
+        try:
+            reply = await bus.request(self.nc, SCHEDULE, ask, ScheduleReply, timeout)
+        except (TimeoutError, MessageError) as e:
+            raise UpstreamError(503, f"conductor unavailable: {e}") from e
+        if not reply.accepted:
+            raise Rejected(reply)
+        log.info("scheduled", prefill=reply.prefill_id, decode=reply.decode_id)
+        return reply
+
+    async def _decode(
+        self, request_id: str, prompt: list[int], first: int, sampling: Sampling, deadline: float, reply: ScheduleReply
+    ) -> AsyncIterator[Event]:
+        # Subscribe before asking, so no chunk can be published before we listen.
+        sub = await self.nc.subscribe(stream_subject(request_id))
+        try:
+            ask = DecodeRequest(
+                request_id=request_id,
+                prompt_token_ids=prompt,
+                first_token_id=first,
+                sampling=sampling,
+                deadline=deadline,
+                stream_subject=stream_subject(request_id),
+            )
+            timeout = min(self.config.schedule_timeout_s * 2, bus.remaining(deadline))
+            try:
+                accept = await bus.request(self.nc, decode_subject(reply.decode_id), ask, DecodeAccept, timeout)
+            except (TimeoutError, MessageError) as e:
+                raise UpstreamError(503, f"decode instance {reply.decode_id} unavailable: {e}") from e
+            if not accept.ok:
+                raise UpstreamError(503, f"decode instance {reply.decode_id} refused: {accept.error}")
+            seq = 0
+            while True:
+                chunk = await self._next_chunk(sub, reply.decode_id, deadline)
+                if chunk.seq != seq:
+                    raise UpstreamError(502, f"token stream out of order: got chunk {chunk.seq}, expected {seq}")
+                seq += 1
+                if chunk.error:
+                    raise UpstreamError(502, f"decode on {reply.decode_id} failed: {chunk.error}")
+                yield Event(chunk.token_ids, chunk.finish_reason)
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            await sub.unsubscribe()
+
+    async def _next_chunk(self, sub, instance_id: str, deadline: float) -> TokenChunk:
+        while True:
+            left = bus.remaining(deadline)
+            if left <= 0:
+                raise UpstreamError(504, "deadline exceeded while decoding")
+            try:
+                msg = await sub.next_msg(timeout=min(left, self.config.heartbeat_interval_s))
+            except nats.errors.TimeoutError:
+                self._check_alive(instance_id)
+                continue
+            try:
+                return decode(msg.data, TokenChunk)
+            except MessageError as e:
+                raise UpstreamError(502, f"bad token chunk from {instance_id}: {e}") from e
+
+    async def _watch(self, instance_id: str, work: Awaitable[T], deadline: float) -> T:
+        """Await `work`, giving up as soon as `instance_id` stops beating."""
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.config.heartbeat_interval_s)
+                if done:
+                    try:
+                        return task.result()
+                    except TimeoutError as e:
+                        status = 504 if bus.remaining(deadline) <= 0 else 503
+                        raise UpstreamError(status, f"{instance_id}: {e}") from e
+                    except MessageError as e:
+                        raise UpstreamError(502, f"bad reply from {instance_id}: {e}") from e
+                self._check_alive(instance_id)
+        finally:
+            task.cancel()
+
+    def _check_alive(self, instance_id: str) -> None:
+        now = time.monotonic()
+        # An instance this gateway has not heard from yet is given the benefit of the
+        # doubt until one liveness period has passed since the gateway started.
+        if now - self.started > self.config.liveness_timeout_s and not self.registry.is_alive(instance_id, now):
+            raise UpstreamError(503, f"instance {instance_id} stopped responding (missed heartbeats)")
+
+    async def _cancel(self, request_id: str, reason: str) -> None:
+        try:
+            await bus.publish(self.nc, CANCEL, Cancel(request_id=request_id, reason=reason))
+        except Exception as e:
+            log.warning("cancel not sent", error=str(e))

@@ -1,0 +1,60 @@
+"""Serve PrefillRequests: compute the prompt, return the first token."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from nats.aio.msg import Msg
+
+from shared import bus
+from shared.engine import generate
+from shared.instance import Instance
+from shared.messages import PrefillRequest, PrefillResult, encode
+
+log = structlog.get_logger(__name__)
+
+
+class Prefiller:
+    def __init__(self, instance: Instance, engine) -> None:
+        self.instance = instance
+        self.engine = engine
+
+    async def on_request(self, req: PrefillRequest, msg: Msg) -> None:
+        try:
+            self.instance.run(req.request_id, self._prefill(req, msg))
+        except ValueError as e:
+            await msg.respond(encode(PrefillResult(request_id=req.request_id, ok=False, error=str(e))))
+
+    async def _prefill(self, req: PrefillRequest, msg: Msg) -> None:
+        structlog.contextvars.bind_contextvars(request_id=req.request_id)
+        log.info("prefill start", prompt_len=len(req.prompt_token_ids), decode=req.decode_id)
+        try:
+            async with asyncio.timeout(bus.remaining(req.deadline)):
+                result = await self._first_token(req)
+        except TimeoutError:
+            result = PrefillResult(request_id=req.request_id, ok=False, error="deadline exceeded in prefill")
+        except asyncio.CancelledError:
+            log.info("prefill cancelled")
+            raise
+        except Exception as e:
+            log.exception("prefill failed")
+            result = PrefillResult(request_id=req.request_id, ok=False, error=f"prefill failed: {e}")
+        log.info("prefill done", ok=result.ok, cached=result.num_cached_tokens, error=result.error or None)
+        await msg.respond(encode(result))
+
+    async def _first_token(self, req: PrefillRequest) -> PrefillResult:
+        steps = [s async for s in generate(self.engine, req.request_id, req.prompt_token_ids, req.sampling, 1)]
+        token_ids = [t for s in steps for t in s.token_ids]
+        if len(token_ids) != 1:
+            raise RuntimeError(f"engine returned {len(token_ids)} tokens for a 1-token prefill")
+        reason = steps[-1].finish_reason
+        # We cap the engine at one token; "length" is the request's own end only if it asked for one.
+        finish = "stop" if reason == "stop" else ("length" if req.sampling.max_tokens == 1 else None)
+        return PrefillResult(
+            request_id=req.request_id,
+            ok=True,
+            first_token_id=token_ids[0],
+            finish_reason=finish,
+            num_cached_tokens=steps[-1].num_cached_tokens,
+        )

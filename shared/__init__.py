@@ -1,0 +1,1 @@
+"""Contracts shared by every Yuebing service: config, messages, logging, block hashes."""

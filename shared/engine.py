@@ -1,0 +1,88 @@
+"""The vLLM engine of a prefill or decode instance: construction and generation.
+
+Both instance roles run the same engine; they differ only in what they ask of it.
+Generation works on token ids end to end: the gateway tokenizes and detokenizes, so
+that tokens can be split between two engines without a text round trip.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from shared.config import ClusterConfig
+from shared.messages import FinishReason, Sampling
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one engine step produced for a request."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    num_cached_tokens: int
+
+
+def engine_environment(config: ClusterConfig) -> dict[str, str]:
+    """Environment vLLM-CPU reads at import; harmless on GPU builds."""
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib),
+        # Several engines share a small machine: pinning each to all cores makes
+        # them fight; let the OS place their threads.
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def build_engine(config: ClusterConfig):  # -> vllm.v1.engine.async_llm.AsyncLLM
+    for key, value in engine_environment(config).items():
+        os.environ.setdefault(key, value)
+    # Imported here: vLLM takes seconds to import, and only engine services need it.
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = AsyncEngineArgs(
+        model=config.model,
+        served_model_name=config.served_model_name,
+        max_model_len=config.max_model_len,
+        dtype=config.dtype,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        disable_log_stats=True,
+        seed=0,
+    )
+    return AsyncLLM.from_engine_args(args)
+
+
+def sampling_params(sampling: Sampling, max_tokens: int):  # -> vllm.SamplingParams
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        seed=sampling.seed,
+        ignore_eos=sampling.ignore_eos,
+        stop_token_ids=list(sampling.stop_token_ids),
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+async def generate(
+    engine, request_id: str, prompt_token_ids: list[int], sampling: Sampling, max_tokens: int
+) -> AsyncIterator[Step]:
+    """Run one request; cancelling the consumer aborts it inside the engine."""
+    params = sampling_params(sampling, max_tokens)
+    prompt = {"prompt_token_ids": prompt_token_ids}
+    async for out in engine.generate(prompt, params, request_id):
+        completion = out.outputs[0]
+        yield Step(
+            token_ids=list(completion.token_ids),
+            finish_reason=completion.finish_reason if out.finished else None,
+            num_cached_tokens=out.num_cached_tokens or 0,
+        )

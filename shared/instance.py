@@ -1,0 +1,124 @@
+"""What every engine instance (prefill or decode) does besides generating: announce
+itself with heartbeats, own its in-flight requests, and abort one on a Cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from shared import bus
+from shared.config import ClusterConfig
+from shared.messages import CANCEL, HEARTBEAT, Cancel, Heartbeat, Role
+
+log = structlog.get_logger(__name__)
+
+
+class Instance:
+    """Identity, load counters and the task of every request this instance runs."""
+
+    def __init__(self, role: Role, instance_id: str, node: str, config: ClusterConfig, nc: Client) -> None:
+        self.role = role
+        self.instance_id = instance_id
+        self.node = node
+        self.config = config
+        self.nc = nc
+        self.requests: dict[str, asyncio.Task[Any]] = {}
+        self.served_total = 0
+        self.aborted_total = 0
+        self._seq = 0
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await bus.subscribe(self.nc, CANCEL, Cancel, self._on_cancel)
+        await self.beat()  # announce at once: the launcher waits for this
+        self._heartbeat = asyncio.create_task(self._beat_forever(), name="heartbeat")
+
+    def run(self, request_id: str, work: Coroutine[Any, Any, None]) -> None:
+        """Run one request's work as a task that a Cancel can abort."""
+        if request_id in self.requests:
+            work.close()
+            raise ValueError(f"request {request_id} is already running here")
+        task = asyncio.create_task(work, name=request_id)
+        self.requests[request_id] = task
+        task.add_done_callback(lambda t: self._finished(request_id, t))
+
+    def _finished(self, request_id: str, task: asyncio.Task[Any]) -> None:
+        self.requests.pop(request_id, None)
+        if task.cancelled():
+            self.aborted_total += 1
+        else:
+            self.served_total += 1
+            if task.exception() is not None:
+                log.error("request failed", request_id=request_id, exc_info=task.exception())
+
+    async def _on_cancel(self, cancel: Cancel, _msg: Any) -> None:
+        task = self.requests.get(cancel.request_id)
+        if task is not None:
+            log.info("request aborted", request_id=cancel.request_id, reason=cancel.reason)
+            task.cancel()
+
+    def heartbeat(self) -> Heartbeat:
+        self._seq += 1
+        return Heartbeat(
+            instance_id=self.instance_id,
+            role=self.role,
+            node=self.node,
+            pid=os.getpid(),
+            seq=self._seq,
+            sent_at=time.time(),
+            num_running=len(self.requests),
+            served_total=self.served_total,
+            aborted_total=self.aborted_total,
+        )
+
+    async def beat(self) -> None:
+        await bus.publish(self.nc, HEARTBEAT, self.heartbeat())
+
+    async def _beat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            try:
+                await self.beat()
+            except Exception as e:  # a NATS hiccup must not stop the heartbeat for good
+                log.warning("heartbeat failed", error=str(e))
+
+    async def close(self) -> None:
+        tasks = list(self.requests.values())
+        if self._heartbeat is not None:
+            tasks.append(self._heartbeat)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def serve_engine(
+    role: Role,
+    config: ClusterConfig,
+    instance_id: str,
+    node: str,
+    stop: asyncio.Event,
+    subject: str,
+    kind: type[bus.M],
+    make_handler: Callable[[Instance, Any], Callable[[Any, Msg], Awaitable[None]]],
+) -> None:
+    """Run an engine instance until `stop`: engine, NATS, handler, heartbeats."""
+    from shared.engine import build_engine  # vLLM is heavy; only engine services pay for it
+
+    engine = build_engine(config)
+    nc = await bus.connect(config.nats_url, name=instance_id)
+    instance = Instance(role, instance_id, node, config, nc)
+    await bus.subscribe(nc, subject, kind, make_handler(instance, engine))
+    await instance.start()
+    log.info(f"{role} ready", model=config.model, node=node)
+    await stop.wait()
+    log.info(f"{role} stopping", in_flight=len(instance.requests))
+    await instance.close()
+    await nc.drain()
+    engine.shutdown()

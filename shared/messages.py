@@ -1,0 +1,154 @@
+"""Every NATS subject and message schema of the cluster, in one place.
+
+Messages are small JSON objects (msgspec structs). Each carries `v`, the schema
+version; subjects carry it too, so that two versions can run side by side during a
+rolling upgrade. Bulk KV bytes never travel here: they go messenger to messenger
+over ZeroMQ.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar
+
+import msgspec
+
+SCHEMA_VERSION = 1
+PREFIX = f"yb.v{SCHEMA_VERSION}"
+
+# --- subjects -----------------------------------------------------------------
+HEARTBEAT = f"{PREFIX}.heartbeat"  # every instance and messenger publishes here
+SCHEDULE = f"{PREFIX}.conductor.schedule"  # request/reply, queue group "conductor"
+CANCEL = f"{PREFIX}.cancel"  # broadcast: whoever holds the request aborts it
+CONDUCTOR_QUEUE = "conductor"
+
+
+def prefill_subject(instance_id: str) -> str:
+    return f"{PREFIX}.prefill.{instance_id}"
+
+
+def decode_subject(instance_id: str) -> str:
+    return f"{PREFIX}.decode.{instance_id}"
+
+
+def stream_subject(request_id: str) -> str:
+    """Where a decode instance publishes the tokens of one request."""
+    return f"{PREFIX}.stream.{request_id}"
+
+
+Role = Literal["prefill", "decode", "messenger"]
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class Message(msgspec.Struct, kw_only=True):
+    v: int = SCHEMA_VERSION
+
+
+# --- liveness -----------------------------------------------------------------
+class Heartbeat(Message):
+    instance_id: str
+    role: Role
+    node: str
+    pid: int
+    seq: int
+    sent_at: float
+    num_waiting: int = 0
+    num_running: int = 0
+    kv_usage: float = 0.0
+    served_total: int = 0
+    aborted_total: int = 0
+
+
+# --- scheduling ---------------------------------------------------------------
+class ScheduleRequest(Message):
+    request_id: str
+    prompt_len: int
+    block_hashes: list[str]
+    max_tokens: int
+    deadline: float  # unix time after which nobody should work on the request
+
+
+class ScheduleReply(Message):
+    request_id: str
+    accepted: bool
+    prefill_id: str = ""
+    decode_id: str = ""
+    reason: str = ""
+    retry_after_s: float = 0.0
+
+
+# --- generation ---------------------------------------------------------------
+class Sampling(msgspec.Struct, kw_only=True):
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: disabled
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = []
+
+
+class PrefillRequest(Message):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: Sampling
+    deadline: float
+    decode_id: str
+
+
+class PrefillResult(Message):
+    request_id: str
+    ok: bool
+    first_token_id: int = -1
+    finish_reason: FinishReason | None = None
+    num_cached_tokens: int = 0
+    error: str = ""
+
+
+class DecodeRequest(Message):
+    request_id: str
+    prompt_token_ids: list[int]
+    first_token_id: int
+    sampling: Sampling  # max_tokens counts the first token too
+    deadline: float
+    stream_subject: str
+
+
+class DecodeAccept(Message):
+    request_id: str
+    ok: bool
+    error: str = ""
+
+
+class TokenChunk(Message):
+    request_id: str
+    seq: int
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    error: str = ""
+
+
+class Cancel(Message):
+    request_id: str
+    reason: str = ""
+
+
+# --- codec --------------------------------------------------------------------
+M = TypeVar("M", bound=Message)
+
+
+class MessageError(ValueError):
+    """A message that does not match its schema; log it and drop it."""
+
+
+def encode(message: Message) -> bytes:
+    return msgspec.json.encode(message)
+
+
+def decode(data: bytes, kind: type[M]) -> M:
+    try:
+        message = msgspec.json.decode(data, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise MessageError(f"bad {kind.__name__}: {e}") from e
+    if message.v != SCHEMA_VERSION:
+        raise MessageError(f"{kind.__name__} has schema v{message.v}, expected v{SCHEMA_VERSION}")
+    return message

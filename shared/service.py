@@ -1,0 +1,60 @@
+"""The scaffolding every service's `__main__` shares: flags, logging, the event
+loop, and a stop signal on SIGINT/SIGTERM for a graceful shutdown."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import uvloop
+
+from shared.config import ClusterConfig, check_id, load_config
+from shared.log import setup_logging
+
+Main = Callable[[ClusterConfig, argparse.Namespace, asyncio.Event], Coroutine[Any, Any, None]]
+
+
+def parser(service: str, instance: bool) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m services.{service}", description=f"Yuebing {service}")
+    p.add_argument(
+        "--config",
+        default=os.environ.get("YUEBING_CONFIG"),
+        help="cluster config JSON (default: $YUEBING_CONFIG)",
+    )
+    p.add_argument("--nats-url", help="override the config's nats_url")
+    if instance:
+        p.add_argument("--instance-id", required=True, help="unique id, [A-Za-z0-9_-]")
+        p.add_argument("--node", default="node-0", help="the node (messenger) this instance belongs to")
+    return p
+
+
+def run(service: str, main: Main, args: argparse.Namespace) -> None:
+    if not args.config:
+        raise SystemExit(f"{service}: --config (or $YUEBING_CONFIG) is required")
+    try:
+        config = load_config(args.config)
+        if args.nats_url:
+            config = ClusterConfig(**{**_fields(config), "nats_url": args.nats_url})
+        instance_id = check_id(args.instance_id, "instance id") if hasattr(args, "instance_id") else ""
+        if hasattr(args, "node"):
+            check_id(args.node, "node")
+    except ValueError as e:
+        raise SystemExit(f"{service}: {e}") from e
+    setup_logging(service, instance_id, config.log_level)
+    uvloop.run(_main(main, config, args))
+
+
+def _fields(config: ClusterConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in config.__struct_fields__}
+
+
+async def _main(main: Main, config: ClusterConfig, args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await main(config, args, stop)

@@ -1,0 +1,5 @@
+import sys
+
+from yuebing.cli import main
+
+sys.exit(main())
