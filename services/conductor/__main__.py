@@ -1,5 +1,5 @@
-from services.conductor.app import main
+from services.conductor.app import main, parser
 from shared import service
 
 if __name__ == "__main__":
-    service.run("conductor", main, service.parser("conductor", instance=False).parse_args())
+    service.run("conductor", main, parser().parse_args())

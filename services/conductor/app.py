@@ -12,7 +12,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from services.conductor.policy import Decision, make_policy
-from shared import bus
+from shared import bus, service
 from shared.config import ClusterConfig
 from shared.liveness import Registry
 from shared.messages import CONDUCTOR_QUEUE, HEARTBEAT, SCHEDULE, Heartbeat, ScheduleReply, ScheduleRequest, encode
@@ -54,6 +54,10 @@ class Conductor:
             prompt_len=req.prompt_len,
         )
         await msg.respond(encode(reply))
+
+
+def parser() -> argparse.ArgumentParser:
+    return service.parser("conductor", instance=False)
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:

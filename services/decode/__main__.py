@@ -1,5 +1,5 @@
-from services.decode.app import main
+from services.decode.app import main, parser
 from shared import service
 
 if __name__ == "__main__":
-    service.run("decode", main, service.parser("decode", instance=True).parse_args())
+    service.run("decode", main, parser().parse_args())

@@ -6,9 +6,14 @@ import argparse
 import asyncio
 
 from services.decode.handler import Decoder
+from shared import service
 from shared.config import ClusterConfig
 from shared.instance import serve_engine
 from shared.messages import DecodeRequest, decode_subject
+
+
+def parser() -> argparse.ArgumentParser:
+    return service.parser("decode", instance=True)
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:

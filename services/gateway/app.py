@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -21,7 +22,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Pipeline, Rejected, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
 from services.gateway.text import TextStream, Tokenizer
-from shared import bus
+from shared import bus, service
 from shared.config import ClusterConfig
 from shared.liveness import Registry
 from shared.messages import HEARTBEAT, Heartbeat, Sampling
@@ -293,6 +294,14 @@ async def _chain(first: list[Any], rest: Any) -> Any:
 
 def error_response(e: ApiError) -> web.Response:
     return web.Response(status=e.status, body=orjson.dumps(e.body()), content_type="application/json", headers=e.headers)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = service.parser("gateway", instance=False)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("YUEBING_API_KEY"), help="require this Bearer key (default: $YUEBING_API_KEY)")
+    return p
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:

@@ -1,5 +1,5 @@
-from services.messenger.app import main
+from services.messenger.app import main, parser
 from shared import service
 
 if __name__ == "__main__":
-    service.run("messenger", main, service.parser("messenger", instance=True).parse_args())
+    service.run("messenger", main, parser().parse_args())

@@ -9,11 +9,15 @@ import asyncio
 
 import structlog
 
-from shared import bus
+from shared import bus, service
 from shared.config import ClusterConfig
 from shared.instance import Instance
 
 log = structlog.get_logger(__name__)
+
+
+def parser() -> argparse.ArgumentParser:
+    return service.parser("messenger", instance=True)
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:

@@ -1,5 +1,5 @@
-from services.prefill.app import main
+from services.prefill.app import main, parser
 from shared import service
 
 if __name__ == "__main__":
-    service.run("prefill", main, service.parser("prefill", instance=True).parse_args())
+    service.run("prefill", main, parser().parse_args())

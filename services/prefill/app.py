@@ -6,9 +6,14 @@ import argparse
 import asyncio
 
 from services.prefill.handler import Prefiller
+from shared import service
 from shared.config import ClusterConfig
 from shared.instance import serve_engine
 from shared.messages import PrefillRequest, prefill_subject
+
+
+def parser() -> argparse.ArgumentParser:
+    return service.parser("prefill", instance=True)
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
