@@ -1,0 +1,63 @@
+import pytest
+
+from services.gateway.protocol import ApiError, parse_body, parse_chat, parse_completion
+
+
+def chat(**kw):
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}
+
+
+def error_of(fn, *args) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        fn(*args)
+    assert e.value.status == 400
+    assert set(e.value.body()["error"]) == {"message", "type", "param", "code"}
+    return e.value
+
+
+def test_valid_chat_parses_with_defaults():
+    r = parse_chat(chat(max_tokens=5, temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert r.messages == ({"role": "user", "content": "hi"},)
+    assert (r.options.max_tokens, r.options.temperature, r.options.stream, r.options.include_usage) == (5, 0.0, True, True)
+
+
+def test_content_parts_and_max_completion_tokens():
+    r = parse_chat(chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+                        max_completion_tokens=7))
+    assert r.messages[0]["content"] == "ab" and r.options.max_tokens == 7
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"model": "m"}, "messages"),
+        (chat(messages=[]), "messages"),
+        (chat(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role"),
+        (chat(messages=[{"role": "user", "content": 3}]), "messages[0].content"),
+        (chat(model=None), "model"),
+        (chat(max_tokens=0), "max_tokens"),
+        (chat(max_tokens=-3), "max_tokens"),
+        (chat(max_tokens="ten"), "max_tokens"),
+        (chat(n=2), "n"),
+        (chat(temperature=3), "temperature"),
+        (chat(stop=[""]), "stop"),
+        (chat(logprobs=True), "logprobs"),
+    ],
+)
+def test_invalid_chat_names_the_parameter(body, param):
+    assert error_of(parse_chat, body).param == param
+
+
+def test_malformed_json_and_non_objects():
+    assert "JSON" in error_of(parse_body, b"{nope").message
+    error_of(parse_body, b"[1, 2]")
+
+
+def test_completion_prompts():
+    assert parse_completion({"model": "m", "prompt": "hello"}).prompt == "hello"
+    assert parse_completion({"model": "m", "prompt": [1, 2, 3]}).prompt == (1, 2, 3)
+    assert parse_completion({"model": "m", "prompt": ["one"]}).prompt == "one"
+    error_of(parse_completion, {"model": "m", "prompt": ""})
+    error_of(parse_completion, {"model": "m", "prompt": ["a", "b"]})
+    error_of(parse_completion, {"model": "m", "prompt": [1, -2]})
+    error_of(parse_completion, {"model": "m", "prompt": "x", "echo": True})

@@ -1,0 +1,24 @@
+from shared.liveness import Registry
+from shared.messages import Heartbeat
+
+
+def hb(iid: str, role: str = "prefill") -> Heartbeat:
+    return Heartbeat(instance_id=iid, role=role, node="n0", pid=1, seq=1, sent_at=0.0)
+
+
+def test_instances_expire_after_the_timeout():
+    r = Registry(timeout_s=2.0)
+    assert r.observe(hb("p1"), now=0.0) is True
+    assert r.observe(hb("p1"), now=1.0) is False
+    assert r.is_alive("p1", now=2.9)
+    assert not r.is_alive("p1", now=3.1)
+    assert r.expire(now=3.1) == ["p1"]
+    assert r.observe(hb("p1"), now=4.0) is True  # back from the dead counts as new
+
+
+def test_alive_filters_by_role_in_stable_order():
+    r = Registry(timeout_s=2.0)
+    for iid, role in [("p2", "prefill"), ("d0", "decode"), ("p1", "prefill")]:
+        r.observe(hb(iid, role), now=0.0)
+    assert [h.instance_id for h in r.alive("prefill", now=1.0)] == ["p1", "p2"]
+    assert [h.instance_id for h in r.alive("decode", now=5.0)] == []
