@@ -72,6 +72,8 @@ class ScheduleReply(Message):
     accepted: bool
     prefill_id: str = ""
     decode_id: str = ""
+    # When not accepted: "overloaded" (HTTP 429) or "unavailable" (HTTP 503).
+    rejection: Literal["", "overloaded", "unavailable"] = ""
     reason: str = ""
     retry_after_s: float = 0.0
 

@@ -40,7 +40,11 @@ class Conductor:
                 request_id=req.request_id, accepted=True, prefill_id=choice.prefill_id, decode_id=choice.decode_id
             )
         return ScheduleReply(
-            request_id=req.request_id, accepted=False, reason=choice.reason, retry_after_s=choice.retry_after_s
+            request_id=req.request_id,
+            accepted=False,
+            rejection=choice.kind,
+            reason=choice.reason,
+            retry_after_s=choice.retry_after_s,
         )
 
     async def on_schedule(self, req: ScheduleRequest, msg: Msg) -> None:

@@ -7,6 +7,7 @@ baseline lives here for now; the KVCache-centric policies build on this interfac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from shared.messages import Heartbeat
 
@@ -19,6 +20,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class Rejection:
+    kind: Literal["overloaded", "unavailable"]
     reason: str
     retry_after_s: float
 
@@ -32,7 +34,7 @@ class RoundRobin:
     def choose(self, prefills: list[Heartbeat], decodes: list[Heartbeat]) -> Decision | Rejection:
         if not prefills or not decodes:
             missing = "prefill" if not prefills else "decode"
-            return Rejection(reason=f"no live {missing} instance", retry_after_s=1.0)
+            return Rejection("unavailable", f"no live {missing} instance", retry_after_s=1.0)
         return Decision(prefill_id=self._next("prefill", prefills), decode_id=self._next("decode", decodes))
 
     def _next(self, role: str, live: list[Heartbeat]) -> str:

@@ -196,9 +196,10 @@ class Gateway:
                     await events.aclose()  # a stop string ends it early: cancels the rest
                     break
         except Rejected as e:
-            retry = max(1, round(e.reply.retry_after_s))
-            raise ApiError(429, f"cluster overloaded: {e.reply.reason}", type="rate_limit_error", code="overloaded",
-                           headers={"Retry-After": str(retry)}) from e
+            retry = {"Retry-After": str(max(1, round(e.reply.retry_after_s)))}
+            if e.reply.rejection == "overloaded":
+                raise ApiError(429, f"cluster overloaded: {e.reply.reason}", "rate_limit_error", code="overloaded", headers=retry) from e
+            raise ApiError(503, f"cluster unavailable: {e.reply.reason}", "server_error", code="unavailable", headers=retry) from e
         except UpstreamError as e:
             log.warning("request failed", status=e.status, error=str(e))
             raise ApiError(e.status, str(e), type="server_error" if e.status >= 500 else "invalid_request_error") from e

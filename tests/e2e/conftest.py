@@ -1,0 +1,142 @@
+"""One real local cluster (`yuebing up`: nats-server, messenger, conductor, 1 prefill,
+1 decode, gateway) for the whole session, and a plain in-process vLLM engine on the
+same model as the reference for greedy outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from shared.config import ClusterConfig
+from shared.engine import engine_environment
+from yuebing.launcher import free_port
+from yuebing.model import default_model_dir
+
+MAX_MODEL_LEN = 1024
+START_TIMEOUT_S = 420
+
+
+@dataclass
+class Cluster:
+    url: str
+    nats_url: str
+    pids: dict[str, int]
+    run_dir: Path
+    launcher: subprocess.Popen
+    launcher_log: Path
+
+    @property
+    def api(self) -> str:
+        return f"{self.url}/v1"
+
+    def log(self, name: str) -> str:
+        return (self.run_dir / f"{name}.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    path = default_model_dir()
+    if not (path / "config.json").exists():
+        pytest.fail(f"no model at {path}: `make test` writes it (yuebing model init)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def cluster_process(model_dir, tmp_path_factory):
+    """Starts `yuebing up` without waiting, so the reference engine loads meanwhile."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    port = free_port()
+    ready = tmp / "ready.json"
+    log = tmp / "launcher.log"
+    argv = [
+        sys.executable, "-m", "yuebing", "up",
+        "--model", str(model_dir),
+        "--port", str(port),
+        "--max-model-len", str(MAX_MODEL_LEN),
+        "--request-timeout", "60",
+        "--run-dir", str(tmp / "run"),
+        "--ready-file", str(ready),
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    yield proc, ready, log, tmp / "run"
+    descendants = _descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("yuebing up did not stop within 60 s of SIGINT")
+    time.sleep(0.5)
+    orphans = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not orphans, f"processes left behind after stop: {orphans}"
+    assert "stopped" in log.read_text()
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.fixture(scope="session")
+def cluster(cluster_process) -> Cluster:
+    proc, ready, log, run_dir = cluster_process
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not ready.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"yuebing up exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"cluster not ready after {START_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
+        time.sleep(0.5)
+    state = json.loads(ready.read_text())
+    return Cluster(state["url"], state["nats_url"], state["pids"], Path(state["run_dir"]), proc, log)
+
+
+class Reference:
+    """Plain vLLM: one engine, the same model, no disaggregation."""
+
+    def __init__(self, model_dir: Path) -> None:
+        for key, value in engine_environment(ClusterConfig(kv_cache_gib=1)).items():
+            os.environ.setdefault(key, value)
+        from vllm import LLM
+
+        self.llm = LLM(model=str(model_dir), max_model_len=MAX_MODEL_LEN, dtype="float32", enforce_eager=True, seed=0)
+
+    def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.fixture(scope="session")
+def reference(model_dir, cluster_process) -> Reference:
+    ref = Reference(model_dir)
+    yield ref
+    ref.llm.llm_engine.engine_core.shutdown() if hasattr(ref.llm.llm_engine, "engine_core") else None
+
+
+@pytest.fixture(scope="session")
+def client(cluster):
+    from openai import OpenAI
+
+    return OpenAI(base_url=cluster.api, api_key="unused", timeout=120, max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
