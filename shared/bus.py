@@ -77,9 +77,15 @@ async def publish(nc: Client, subject: str, message: Message) -> None:
     await nc.publish(subject, encode(message))
 
 
+async def close(nc: Client, timeout: float = 5.0) -> None:
+    """Drain (finish in-flight handlers, flush publishes), then close; never raises,
+    since it runs on the way out, when the server may already be gone."""
+    try:
+        await asyncio.wait_for(nc.drain(), timeout)
+    except Exception as e:
+        log.info("nats drain incomplete", error=str(e) or type(e).__name__)
+        await nc.close()
+
+
 def remaining(deadline: float) -> float:
     return deadline - time.time()
-
-
-async def sleep_until_cancelled() -> None:
-    await asyncio.Event().wait()

@@ -24,7 +24,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_model_len: int = 4096
     dtype: str = "float32"
     # Tokens per pool block; the unit of block hashes (a multiple of vLLM's block size).
-    block_size: int = 64
+    block_size: int = 128
     # KV cache each vLLM CPU engine reserves, GiB.
     kv_cache_gib: int = 1
     heartbeat_interval_s: float = 0.5

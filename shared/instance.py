@@ -120,5 +120,5 @@ async def serve_engine(
     await stop.wait()
     log.info(f"{role} stopping", in_flight=len(instance.requests))
     await instance.close()
-    await nc.drain()
+    await bus.close(nc)
     engine.shutdown()

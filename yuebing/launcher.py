@@ -92,6 +92,7 @@ class Cluster:
     options: UpOptions
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
+    failed: bool = False  # a required child died
 
     @property
     def url(self) -> str:
@@ -162,7 +163,9 @@ class Cluster:
     def wait_ready(self, started: float) -> None:
         want = self.expected_instances()
         while True:
-            self.check_children()
+            dead = self.check_children()
+            if dead:
+                raise RuntimeError(f"{', '.join(dead)} died during start-up")
             if self.stopping:
                 raise RuntimeError("stopped before the cluster was ready")
             seen = self.live_instances()
@@ -182,18 +185,21 @@ class Cluster:
             return None
         return {iid for ids in body.get("instances", {}).values() for iid in ids}
 
-    def check_children(self) -> None:
-        """Report children that died; a critical one stops the cluster."""
+    def check_children(self) -> list[str]:
+        """Report children that died (returns their names); a critical one stops the cluster."""
+        dead = []
         for child in self.children:
             code = child.process.poll() if child.process else None
             if code is None or child.reported or self.stopping:
                 continue
             child.reported = True
+            dead.append(child.name)
             say(f"{child.name} (pid {child.process.pid}) {describe_exit(code)}; last lines of {child.log_path}:")
             print(tail(child.log_path), file=sys.stderr, flush=True)
             if child.critical:
                 say(f"{child.name} is required; stopping the cluster")
-                self.stopping = True
+                self.stopping = self.failed = True
+        return dead
 
     def supervise(self) -> None:
         while not self.stopping:
@@ -202,11 +208,16 @@ class Cluster:
 
     def stop(self, grace_s: float = 15.0) -> None:
         self.stopping = True
-        # Reverse order: the gateway stops taking requests first, nats-server goes last.
-        for child in reversed(self.children):
+        # Services first (they drain their NATS connections), nats-server last.
+        services = [c for c in self.children if c.name != "nats"]
+        self._stop_group(services, grace_s)
+        self._stop_group([c for c in self.children if c.name == "nats"], grace_s)
+
+    def _stop_group(self, children: list[Child], grace_s: float) -> None:
+        for child in children:
             _signal_group(child, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for child in reversed(self.children):
+        for child in children:
             if child.process is None:
                 continue
             try:
@@ -258,6 +269,7 @@ def up(options: UpOptions) -> int:
             f"({o.prefill} prefill, {o.decode} decode, {o.nodes} node{'s' * (o.nodes > 1)}, model {o.config.served_model_name}); Ctrl-C stops"
         )
         cluster.supervise()
+        code = 1 if cluster.failed else 0
     except RuntimeError as e:
         say(f"error: {e}")
         code = 1

@@ -71,4 +71,4 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     await bus.subscribe(nc, SCHEDULE, ScheduleRequest, conductor.on_schedule, queue=CONDUCTOR_QUEUE)
     log.info("conductor ready", policy=config.policy)
     await stop.wait()
-    await nc.drain()
+    await bus.close(nc)

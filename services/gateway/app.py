@@ -325,4 +325,4 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     await stop.wait()
     log.info("gateway stopping")
     await runner.cleanup()
-    await nc.drain()
+    await bus.close(nc)

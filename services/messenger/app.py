@@ -27,4 +27,4 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     log.info("messenger ready", node=args.node)
     await stop.wait()
     await instance.close()
-    await nc.drain()
+    await bus.close(nc)

@@ -1,0 +1,41 @@
+"""The gateway's HTTP edge (auth, model list, error bodies) over a real socket.
+
+Requests here never reach the pipeline, so none is wired in; serving is covered
+end to end in tests/e2e."""
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from services.gateway.app import Gateway
+from shared.config import ClusterConfig
+
+CONFIG = ClusterConfig(model="/models/tiny", max_model_len=512)
+
+
+@pytest.fixture
+async def client():
+    gateway = Gateway(CONFIG, tokenizer=None, pipeline=None, api_key="sesame")
+    async with TestClient(TestServer(gateway.app())) as c:
+        yield c
+
+
+async def test_api_key_is_required_when_set(client):
+    r = await client.get("/v1/models")
+    assert r.status == 401
+    assert (await r.json())["error"]["type"] == "authentication_error"
+    r = await client.get("/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert r.status == 401
+    r = await client.get("/v1/models", headers={"Authorization": "Bearer sesame"})
+    assert r.status == 200
+    model = (await r.json())["data"][0]
+    assert (model["id"], model["root"], model["max_model_len"]) == ("tiny", "/models/tiny", 512)
+
+
+async def test_unknown_routes_and_bad_bodies_get_openai_error_bodies(client):
+    auth = {"Authorization": "Bearer sesame"}
+    r = await client.get("/v1/nothing", headers=auth)
+    assert r.status == 404 and "error" in await r.json()
+    r = await client.post("/v1/chat/completions", data=b"{", headers=auth)
+    assert r.status == 400 and (await r.json())["error"]["type"] == "invalid_request_error"
+    r = await client.post("/v1/chat/completions", json={"model": "other", "messages": [{"role": "user", "content": "x"}]}, headers=auth)
+    assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
