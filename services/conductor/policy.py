@@ -1,21 +1,87 @@
-"""Scheduling policies: plain data in, a decision out, no I/O.
+"""Scheduling and admission policies: plain data in, a decision out, no I/O.
 
-The live Conductor and the simulator call the very same functions. Only the
-baseline lives here for now; the KVCache-centric policies build on this interface.
+The live Conductor and the simulator call the very same `Scheduler.schedule`; they
+differ only in where the loads come from (heartbeats and bookkeeping vs. a clock).
+
+Prefill policies, by name:
+  random, round_robin, least_loaded   baselines
+  overlap_load   Dynamo's KV router: cost = w·blocks to prefill + blocks active
+  cache_aware    min over instances of queue + prefill(uncached tokens)
+  kvcentric      Mooncake's Algorithm 1: cache_aware + cache load balancing (pulls)
+  preble         Preble's E2: exploit long matches, explore by load otherwise
+Admission, by name: none, early_reject, predictive (Mooncake §7).
 """
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.messages import Heartbeat
+from services.conductor.predictor import Predictor
+
+
+# --- inputs -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    request_id: str
+    prompt_len: int
+    prompt_blocks: int  # full blocks of the prompt (the hashed ones)
+    max_tokens: int
+    slo_ttft_s: float
+    slo_tbt_s: float
+
+
+@dataclass(frozen=True)
+class PrefillLoad:
+    """One prefill instance as the policy sees it, for one request."""
+
+    instance_id: str
+    queue_s: float  # predicted wait before it could start this request
+    active_blocks: int  # prompt blocks assigned to it and not yet prefilled
+    prefix_blocks: int  # leading blocks of this request it holds
+    hit_ratio: float = 0.0  # recent share of prompt tokens it served from cache
+    window_load_s: float = 0.0  # prefill seconds assigned to it over the recent window
+    free_blocks: int = 1 << 30  # cache room before it must evict
+
+
+@dataclass(frozen=True)
+class DecodeItem:
+    """A request on a decode instance: decoding from `start` until `end` (predicted)."""
+
+    start: float
+    end: float
+    ctx_tokens: int
+
+
+@dataclass(frozen=True)
+class DecodeLoad:
+    instance_id: str
+    items: tuple[DecodeItem, ...]  # running now, or joining when their prefill ends
+
+    def at(self, t: float) -> tuple[int, int]:
+        """(batch, context tokens) of what will be decoding at time t."""
+        live = [i for i in self.items if i.start <= t < i.end]
+        return len(live), sum(i.ctx_tokens for i in live)
+
+
+# --- outputs ------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefillChoice:
+    instance_id: str
+    ttft_s: float  # predicted: queue + transfer + prefill
+    cached_blocks: int  # blocks it will not compute (held, or pulled)
+    pull_from: str = ""  # kvcentric: the holder to copy the missing blocks from
+    pull_blocks: int = 0
 
 
 @dataclass(frozen=True)
 class Decision:
-    prefill_id: str
+    prefill: PrefillChoice
     decode_id: str
+    tbt_s: float  # predicted TBT on the decode instance once this request joins
 
 
 @dataclass(frozen=True)
@@ -25,29 +91,188 @@ class Rejection:
     retry_after_s: float
 
 
-class RoundRobin:
-    """Each role in turn, over the instances alive at the moment of the request."""
+@dataclass(frozen=True)
+class Params:
+    block_size: int
+    overlap_weight: float = 1.0  # overlap_load: w
+    overlap_temperature: float = 0.0  # overlap_load: 0 picks the minimum, >0 samples
+    balance_threshold: float = 2.0  # kvcentric: best_prefix / local_prefix that triggers a pull
+    preble_hit_ratio: float = 0.7  # preble: a cache-heavy instance takes explored requests
+    preble_imbalance: float = 1.5  # preble: heaviest/lightest load that triggers rebalancing
+    decode_time_s: float = 10.0  # predictive admission: t_d, the uniform decode duration
 
-    def __init__(self) -> None:
-        self._turn = {"prefill": 0, "decode": 0}
 
-    def choose(self, prefills: list[Heartbeat], decodes: list[Heartbeat]) -> Decision | Rejection:
+@dataclass
+class Context:
+    """What a policy may consult besides the loads: time models, knobs, randomness
+    and round-robin position (the only state a policy keeps)."""
+
+    predictor: Predictor
+    params: Params
+    rng: random.Random
+    turn: int = 0
+
+
+PrefillPolicy = Callable[[Request, Sequence[PrefillLoad], Context], PrefillChoice]
+
+
+# --- prefill policies ---------------------------------------------------------
+def _plain(load: PrefillLoad, req: Request, ctx: Context) -> PrefillChoice:
+    """TTFT on an instance using only what it holds itself."""
+    cached = min(load.prefix_blocks * ctx.params.block_size, req.prompt_len - 1)
+    ttft = load.queue_s + ctx.predictor.prefill_s(req.prompt_len - cached, cached)
+    return PrefillChoice(load.instance_id, ttft, load.prefix_blocks)
+
+
+def random_policy(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
+    return _plain(ctx.rng.choice(loads), req, ctx)
+
+
+def round_robin(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
+    load = loads[ctx.turn % len(loads)]
+    ctx.turn += 1
+    return _plain(load, req, ctx)
+
+
+def least_loaded(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
+    return _plain(min(loads, key=lambda x: (x.queue_s, x.active_blocks)), req, ctx)
+
+
+def overlap_load(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
+    w = ctx.params.overlap_weight
+    costs = [w * (req.prompt_blocks - x.prefix_blocks) + x.active_blocks for x in loads]
+    t = ctx.params.overlap_temperature
+    if t <= 0:
+        best = min(range(len(loads)), key=costs.__getitem__)
+    else:  # softmax over negative normalised cost, as Dynamo samples
+        scale = max(costs) - min(costs) or 1.0
+        weights = [math.exp(-(c - min(costs)) / scale / t) for c in costs]
+        best = ctx.rng.choices(range(len(loads)), weights=weights)[0]
+    return _plain(loads[best], req, ctx)
+
+
+def cache_aware(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
+    return min((_plain(x, req, ctx) for x in loads), key=lambda c: c.ttft_s)
+
+
+def kvcentric(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
+    """Mooncake's Algorithm 1: an instance whose own prefix is much shorter than the
+    best one may count the best one as cached if copying it beats recomputing it."""
+    holder = max(loads, key=lambda x: x.prefix_blocks)
+    choices = []
+    for load in loads:
+        plain = _plain(load, req, ctx)
+        choices.append(plain)
+        missing = holder.prefix_blocks - load.prefix_blocks
+        ratio = holder.prefix_blocks / load.prefix_blocks if load.prefix_blocks else math.inf
+        if load is holder or missing <= 0 or ratio <= ctx.params.balance_threshold:
+            continue
+        bs = ctx.params.block_size
+        cached = min(holder.prefix_blocks * bs, req.prompt_len - 1)
+        transfer = ctx.predictor.transfer_s(missing * bs)
+        ttft = load.queue_s + transfer + ctx.predictor.prefill_s(req.prompt_len - cached, cached)
+        if ttft < plain.ttft_s:  # transfer beats recompute
+            choices[-1] = PrefillChoice(load.instance_id, ttft, holder.prefix_blocks, holder.instance_id, missing)
+    return min(choices, key=lambda c: c.ttft_s)
+
+
+def preble(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
+    """Preble's E2 scheduling (exploit/explore), then load rebalancing."""
+    bs, p = ctx.params.block_size, ctx.params
+    longest = max(x.prefix_blocks for x in loads)
+    matched = min(longest * bs, req.prompt_len)
+    if matched > req.prompt_len - matched:  # exploit: the match is worth more than the rest
+        chosen = min((x for x in loads if x.prefix_blocks == longest), key=lambda x: x.window_load_s)
+    else:
+        heavy_hitters = [x for x in loads if x.hit_ratio >= p.preble_hit_ratio]
+        if heavy_hitters:  # decode-heavy instances have prefill to spare
+            chosen = min(heavy_hitters, key=lambda x: x.window_load_s)
+        else:
+            chosen = min(loads, key=lambda x: _preble_cost(x, req, ctx))
+    lightest = min(loads, key=lambda x: x.window_load_s)
+    if chosen.window_load_s >= p.preble_imbalance * lightest.window_load_s and chosen is not lightest:
+        chosen = lightest
+    return _plain(chosen, req, ctx)
+
+
+def _preble_cost(load: PrefillLoad, req: Request, ctx: Context) -> float:
+    """Load over the window + cost of what this request would evict + its own prefill."""
+    bs = ctx.params.block_size
+    cached = min(load.prefix_blocks * bs, req.prompt_len - 1)
+    new_blocks = req.prompt_blocks - load.prefix_blocks
+    evicted = max(0, new_blocks - load.free_blocks)
+    # An evicted block costs its recomputation, as often as the instance's blocks get reused.
+    eviction = load.hit_ratio * ctx.predictor.prefill_s(evicted * bs, 0)
+    return load.window_load_s + eviction + ctx.predictor.prefill_s(req.prompt_len - cached, cached)
+
+
+PREFILL_POLICIES: dict[str, PrefillPolicy] = {
+    "random": random_policy,
+    "round_robin": round_robin,
+    "least_loaded": least_loaded,
+    "overlap_load": overlap_load,
+    "cache_aware": cache_aware,
+    "kvcentric": kvcentric,
+    "preble": preble,
+}
+ADMISSIONS = ("none", "early_reject", "predictive")
+
+
+# --- decode choice and admission ----------------------------------------------
+def tbt_at(load: DecodeLoad, t: float, req: Request, ctx: Context) -> float:
+    """Predicted TBT on `load` at time t, with this request in the batch."""
+    batch, tokens = load.at(t)
+    return ctx.predictor.decode_step_s(batch + 1, tokens + req.prompt_len)
+
+
+def choose_decode(req: Request, loads: Sequence[DecodeLoad], t: float, ctx: Context) -> tuple[DecodeLoad, float]:
+    """The decode instance with the lowest predicted TBT at time t."""
+    tbts = [(tbt_at(x, t, req, ctx), x.instance_id, x) for x in loads]
+    tbt, _, load = min(tbts, key=lambda x: (x[0], x[1]))
+    return load, tbt
+
+
+class Scheduler:
+    """A prefill policy and an admission mode, by name."""
+
+    def __init__(self, policy: str, admission: str, predictor: Predictor, params: Params, seed: int = 0) -> None:
+        if policy not in PREFILL_POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(PREFILL_POLICIES)}")
+        if admission not in ADMISSIONS:
+            raise ValueError(f"unknown admission {admission!r}; choose from {', '.join(ADMISSIONS)}")
+        self.policy_name = policy
+        self.policy = PREFILL_POLICIES[policy]
+        self.admission = admission
+        self.ctx = Context(predictor, params, random.Random(seed))
+
+    def schedule(
+        self, req: Request, prefills: Sequence[PrefillLoad], decodes: Sequence[DecodeLoad], now: float
+    ) -> Decision | Rejection:
         if not prefills or not decodes:
             missing = "prefill" if not prefills else "decode"
             return Rejection("unavailable", f"no live {missing} instance", retry_after_s=1.0)
-        return Decision(prefill_id=self._next("prefill", prefills), decode_id=self._next("decode", decodes))
+        choice = self.policy(req, prefills, self.ctx)
+        prefill_end = now + choice.ttft_s
+        # Decode is chosen for when this request will reach it; admission decides on
+        # the load then (predictive) or now (early_reject).
+        when = now if self.admission == "early_reject" else prefill_end
+        decode, tbt = choose_decode(req, decodes, when, self.ctx)
+        if self.admission != "none":
+            if choice.ttft_s > req.slo_ttft_s:
+                return Rejection(
+                    "overloaded",
+                    f"predicted TTFT {choice.ttft_s * 1e3:.0f} ms exceeds the SLO of {req.slo_ttft_s * 1e3:.0f} ms",
+                    retry_after_s=choice.ttft_s - req.slo_ttft_s,
+                )
+            if tbt > req.slo_tbt_s:
+                return Rejection(
+                    "overloaded",
+                    f"predicted TBT {tbt * 1e3:.1f} ms on {decode.instance_id} exceeds the SLO of {req.slo_tbt_s * 1e3:.1f} ms",
+                    retry_after_s=self._decode_drain_s(decode, when, now),
+                )
+        return Decision(choice, decode.instance_id, tbt)
 
-    def _next(self, role: str, live: list[Heartbeat]) -> str:
-        chosen = live[self._turn[role] % len(live)]
-        self._turn[role] += 1
-        return chosen.instance_id
-
-
-POLICIES = {"round_robin": RoundRobin}
-
-
-def make_policy(name: str) -> RoundRobin:
-    try:
-        return POLICIES[name]()
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose from {sorted(POLICIES)}") from None
+    def _decode_drain_s(self, load: DecodeLoad, t: float, now: float) -> float:
+        """Until the first request decoding at t finishes: a fair time to come back."""
+        ends = [i.end for i in load.items if i.start <= t < i.end]
+        return max(0.0, min(ends) - now) if ends else 1.0

@@ -1,27 +1,155 @@
+"""Each policy's defining behaviour, on constructed states."""
+
 import pytest
 
-from services.conductor.policy import Decision, Rejection, RoundRobin, make_policy
-from shared.messages import Heartbeat
+from services.conductor.policy import (
+    PREFILL_POLICIES,
+    Decision,
+    DecodeItem,
+    DecodeLoad,
+    Params,
+    PrefillLoad,
+    Rejection,
+    Request,
+    Scheduler,
+)
+from services.conductor.predictor import Predictor
+
+BS = 128
+# prefill(n, p) = 1 ms + 0.01 ms·n (no attention terms: easy arithmetic); step = 5 ms + 1 ms·batch
+PRED = Predictor(prefill_coef=(1.0, 0.01, 0.0, 0.0), decode_coef=(5.0, 1.0, 0.0), kv_bytes_per_token=1000, transfer_bytes_per_s=1e9)
 
 
-def hbs(role: str, *ids: str) -> list[Heartbeat]:
-    return [Heartbeat(instance_id=i, role=role, node="n0", pid=1, seq=1, sent_at=0.0) for i in ids]
+def req(prompt_len=8192, slo_ttft_s=10.0, slo_tbt_s=1.0) -> Request:
+    return Request("r", prompt_len, prompt_len // BS, 100, slo_ttft_s, slo_tbt_s)
 
 
-def test_round_robin_alternates_each_role_independently():
-    rr = RoundRobin()
-    picks = [rr.choose(hbs("prefill", "p0", "p1"), hbs("decode", "d0")) for _ in range(4)]
-    assert [p.prefill_id for p in picks] == ["p0", "p1", "p0", "p1"]
-    assert {p.decode_id for p in picks} == {"d0"}
+def sched(policy="cache_aware", admission="none", **params) -> Scheduler:
+    return Scheduler(policy, admission, PRED, Params(block_size=BS, **params))
 
 
-def test_no_live_instance_is_a_rejection_with_retry():
-    rr = RoundRobin()
-    out = rr.choose(hbs("prefill", "p0"), [])
-    assert isinstance(out, Rejection) and "decode" in out.reason and out.retry_after_s > 0
-    assert isinstance(rr.choose(hbs("prefill", "p0"), hbs("decode", "d0")), Decision)
+def p(iid, queue_s=0.0, prefix=0, active=0, hit=0.0, window=0.0) -> PrefillLoad:
+    return PrefillLoad(iid, queue_s, active, prefix, hit, window)
 
 
-def test_unknown_policy_names_the_choices():
-    with pytest.raises(ValueError, match="round_robin"):
-        make_policy("clairvoyant")
+IDLE_DECODE = [DecodeLoad("d0", ())]
+
+
+def prefill_of(s: Scheduler, r: Request, loads) -> str:
+    out = s.schedule(r, loads, IDLE_DECODE, now=0.0)
+    assert isinstance(out, Decision), out
+    return out.prefill.instance_id
+
+
+@pytest.mark.parametrize("policy", ["cache_aware", "kvcentric"])
+def test_long_prefix_with_deep_queue_loses_exactly_when_queue_exceeds_the_saving(policy):
+    r = req(8192)
+    prefix = 48  # 6144 tokens cached on "holder"
+    saved = PRED.prefill_s(8192, 0) - PRED.prefill_s(8192 - prefix * BS, prefix * BS)
+    no_pulls = Predictor(PRED.prefill_coef, PRED.decode_coef, kv_bytes_per_token=1000, transfer_bytes_per_s=1.0)
+    s = Scheduler(policy, "none", no_pulls, Params(block_size=BS))  # compare the two plain options
+    assert prefill_of(s, r, [p("holder", queue_s=saved * 0.99, prefix=prefix), p("idle")]) == "holder"
+    assert prefill_of(s, r, [p("holder", queue_s=saved * 1.01, prefix=prefix), p("idle")]) == "idle"
+
+
+def test_kvcentric_pulls_when_transfer_beats_recompute_and_not_otherwise():
+    r = req(8192)
+    loads = [p("holder", queue_s=100.0, prefix=60), p("other")]
+    fast = Scheduler("kvcentric", "none", PRED, Params(block_size=BS))
+    out = fast.schedule(r, loads, IDLE_DECODE, now=0.0)
+    assert out.prefill.instance_id == "other" and out.prefill.pull_from == "holder" and out.prefill.pull_blocks == 60
+    # 60 blocks · 128 tokens · 1000 B at 1 MB/s ≈ 7.7 s, far more than recomputing them (≈ 77 ms).
+    slow_pred = Predictor(PRED.prefill_coef, PRED.decode_coef, kv_bytes_per_token=1000, transfer_bytes_per_s=1e6)
+    slow = Scheduler("kvcentric", "none", slow_pred, Params(block_size=BS))
+    out = slow.schedule(r, loads, IDLE_DECODE, now=0.0)
+    assert out.prefill.instance_id == "other" and out.prefill.pull_from == "" and out.prefill.cached_blocks == 0
+
+
+def test_kvcentric_pulls_only_past_the_balancing_threshold():
+    r = req(8192)
+    loads = [p("holder", queue_s=100.0, prefix=60), p("other", prefix=40)]  # ratio 1.5
+    out = sched("kvcentric", balance_threshold=2.0).schedule(r, loads, IDLE_DECODE, now=0.0)
+    assert out.prefill.pull_from == ""
+    out = sched("kvcentric", balance_threshold=1.2).schedule(r, loads, IDLE_DECODE, now=0.0)
+    assert out.prefill.pull_from == "holder" and out.prefill.pull_blocks == 20
+
+
+def test_preble_exploits_when_matched_exceeds_missed_and_explores_otherwise():
+    # 40 of 64 blocks matched on "holder" (heavily loaded): matched > missed → exploit.
+    r = req(8192)
+    loads = [p("holder", prefix=40, window=50.0), p("light", window=40.0)]
+    assert prefill_of(sched("preble"), r, loads) == "holder"
+    # 20 of 64 matched: explore → the cheaper of load + prefill of the missed tokens.
+    loads = [p("holder", prefix=20, window=50.0), p("light", window=40.0)]
+    assert prefill_of(sched("preble"), r, loads) == "light"
+
+
+def test_preble_explores_to_a_cache_heavy_instance_and_rebalances():
+    r = req(8192)
+    loads = [p("a", window=10.0), p("b", window=12.0, hit=0.8)]
+    assert prefill_of(sched("preble"), r, loads) == "b"  # hit ratio ≥ 0.7 takes it
+    loads = [p("a", prefix=40, window=30.0), p("b", window=10.0)]  # exploit picks a, but 30 ≥ 1.5·10
+    assert prefill_of(sched("preble"), r, loads) == "b"
+
+
+def test_overlap_load_weighs_blocks_to_prefill_against_active_blocks():
+    r = req(8192)  # 64 blocks
+    loads = [p("cached", prefix=32, active=40), p("empty", active=0)]
+    assert prefill_of(sched("overlap_load", overlap_weight=1.0), r, loads) == "empty"  # 32+40 > 64
+    assert prefill_of(sched("overlap_load", overlap_weight=2.0), r, loads) == "cached"  # 64+40 < 128
+
+
+def test_baselines():
+    r = req(1024)
+    loads = [p("a", queue_s=3.0), p("b", queue_s=1.0), p("c", queue_s=2.0)]
+    assert prefill_of(sched("least_loaded"), r, loads) == "b"
+    rr = sched("round_robin")
+    assert [prefill_of(rr, r, loads) for _ in range(4)] == ["a", "b", "c", "a"]
+    assert {prefill_of(sched("random"), r, loads) for _ in range(30)} <= {"a", "b", "c"}
+    assert set(PREFILL_POLICIES) == {"random", "round_robin", "least_loaded", "overlap_load", "cache_aware", "kvcentric", "preble"}
+
+
+def busy(n: int, start: float, end: float) -> tuple[DecodeItem, ...]:
+    return tuple(DecodeItem(start, end, 1000) for _ in range(n))
+
+
+def test_decode_choice_is_the_lowest_predicted_tbt():
+    decodes = [DecodeLoad("d0", busy(8, 0.0, 50.0)), DecodeLoad("d1", busy(2, 0.0, 50.0))]
+    out = sched().schedule(req(1024), [p("a")], decodes, now=0.0)
+    assert out.decode_id == "d1" and out.tbt_s == pytest.approx(PRED.decode_step_s(3, 3 * 1000))
+
+
+def test_predictive_accepts_when_decode_load_drains_before_prefill_ends():
+    # Decode is full now (30 running: TBT 36 ms > 20 ms) but they all end at t=1 s;
+    # this request's prefill ends after its 2 s queue.
+    r = req(1024, slo_ttft_s=10.0, slo_tbt_s=0.020)
+    prefills = [p("a", queue_s=2.0)]
+    decodes = [DecodeLoad("d0", busy(30, 0.0, 1.0))]
+    assert isinstance(sched(admission="early_reject").schedule(r, prefills, decodes, now=0.0), Rejection)
+    assert isinstance(sched(admission="predictive").schedule(r, prefills, decodes, now=0.0), Decision)
+
+
+def test_predictive_refuses_when_decode_load_will_have_grown():
+    # Decode is idle now, but 30 requests finish prefill at t=1 s and will be decoding at t=2 s.
+    r = req(1024, slo_ttft_s=10.0, slo_tbt_s=0.020)
+    prefills = [p("a", queue_s=2.0)]
+    decodes = [DecodeLoad("d0", busy(30, 1.0, 50.0))]
+    assert isinstance(sched(admission="early_reject").schedule(r, prefills, decodes, now=0.0), Decision)
+    out = sched(admission="predictive").schedule(r, prefills, decodes, now=0.0)
+    assert isinstance(out, Rejection) and out.kind == "overloaded" and "TBT" in out.reason
+
+
+def test_admission_rejects_a_predicted_ttft_beyond_the_slo_with_a_retry_hint():
+    r = req(1024, slo_ttft_s=1.0)
+    out = sched(admission="early_reject").schedule(r, [p("a", queue_s=5.0)], IDLE_DECODE, now=0.0)
+    assert isinstance(out, Rejection) and "TTFT" in out.reason and out.retry_after_s == pytest.approx(4.0, abs=0.1)
+    assert isinstance(sched(admission="none").schedule(r, [p("a", queue_s=5.0)], IDLE_DECODE, now=0.0), Decision)
+
+
+def test_no_instances_is_unavailable_and_names_are_checked():
+    out = sched().schedule(req(), [], IDLE_DECODE, now=0.0)
+    assert isinstance(out, Rejection) and out.kind == "unavailable"
+    with pytest.raises(ValueError, match="kvcentric"):
+        sched("clairvoyant")
+    with pytest.raises(ValueError, match="predictive"):
+        sched(admission="maybe")

@@ -1,0 +1,116 @@
+"""Time models fitted from measurement: prefill time of n new tokens over p cached
+ones, decode step time of a batch, and KV transfer time.
+
+A profile is a JSON file of measured rows (the format of `yuebing profile` and of
+`../shared/profiles/`): {"phase": "prefill"|"decode", "n", "p", "batch", "ctx", "ms"}.
+The models are polynomial regressions over the terms each phase's cost is made of:
+  prefill(n, p)   ≈ a + b·n + c·n·p + d·n²      (linear layers + attention over prefix and self)
+  step(batch, c)  ≈ a + b·batch + c·batch·ctx  (weights once per step + per-sequence attention)
+fitted by least squares on relative error, since relative error is what we report.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+def prefill_terms(n: float, p: float) -> tuple[float, ...]:
+    return (1.0, n, n * p, n * n)
+
+
+def decode_terms(batch: float, ctx: float) -> tuple[float, ...]:
+    """`ctx`: mean context tokens per sequence in the batch."""
+    return (1.0, batch, batch * ctx)
+
+
+@dataclass(frozen=True)
+class Row:
+    phase: str
+    n: int
+    p: int
+    batch: int
+    ctx: int
+    ms: float
+
+
+def fit(rows: Sequence[Row], phase: str) -> tuple[float, ...]:
+    """Least-squares coefficients minimising relative error over the phase's rows."""
+    chosen = [r for r in rows if r.phase == phase]
+    if len(chosen) < 4:
+        raise ValueError(f"need at least 4 {phase} rows to fit, got {len(chosen)}")
+    terms = prefill_terms if phase == "prefill" else decode_terms
+    x = np.array([terms(*_args(r)) for r in chosen])
+    y = np.array([r.ms for r in chosen])
+    coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)
+    return tuple(float(c) for c in coef)
+
+
+def _args(r: Row) -> tuple[float, float]:
+    return (r.n, r.p) if r.phase == "prefill" else (r.batch, r.ctx)
+
+
+@dataclass(frozen=True)
+class Predictor:
+    prefill_coef: tuple[float, ...]
+    decode_coef: tuple[float, ...]
+    # KV bytes one token occupies (all layers, K and V) and the transport's bandwidth.
+    kv_bytes_per_token: int = 0
+    transfer_bytes_per_s: float = 1e9
+    floor_s: float = 1e-4  # a fitted polynomial may dip below zero outside its data
+
+    def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
+        if new_tokens <= 0:
+            return 0.0
+        return max(self.floor_s, _dot(self.prefill_coef, prefill_terms(new_tokens, cached_tokens)) / 1e3)
+
+    def decode_step_s(self, batch: int, ctx_tokens: int) -> float:
+        """One decode step for `batch` sequences holding `ctx_tokens` tokens in all."""
+        if batch <= 0:
+            return 0.0
+        return max(self.floor_s, _dot(self.decode_coef, decode_terms(batch, ctx_tokens / batch)) / 1e3)
+
+    def transfer_s(self, tokens: int) -> float:
+        return tokens * self.kv_bytes_per_token / self.transfer_bytes_per_s
+
+    def predict_ms(self, row: Row) -> float:
+        if row.phase == "prefill":
+            return self.prefill_s(row.n, row.p) * 1e3
+        return self.decode_step_s(row.batch, row.batch * row.ctx) * 1e3
+
+
+def _dot(a: Sequence[float], b: Sequence[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def read_rows(path: str | Path, model: str | None = None) -> list[Row]:
+    data = json.loads(Path(path).read_text())
+    rows = data["rows"]
+    if model is not None:
+        rows = [r for r in rows if r.get("model") == model]
+        if not rows:
+            raise ValueError(f"profile {path} has no rows for model {model!r}")
+    return [Row(r["phase"], int(r["n"]), int(r["p"]), int(r["batch"]), int(r["ctx"]), float(r["ms"])) for r in rows]
+
+
+def load_predictor(path: str | Path, model: str | None = None) -> Predictor:
+    """Fit a predictor from a profile file; `model` picks rows of one model if it holds several."""
+    data = json.loads(Path(path).read_text())
+    rows = read_rows(path, model)
+    meta = data.get("meta", {})
+    return Predictor(
+        prefill_coef=fit(rows, "prefill"),
+        decode_coef=fit(rows, "decode"),
+        kv_bytes_per_token=int(meta.get("kv_bytes_per_token", 0)),
+        transfer_bytes_per_s=float(meta.get("transfer_GBps", 1.0)) * 1e9,
+    )
+
+
+def mape(predictor: Predictor, rows: Sequence[Row]) -> float:
+    """Mean absolute percentage error of the predictor on measured rows."""
+    errors = [abs(predictor.predict_ms(r) - r.ms) / r.ms for r in rows]
+    return 100.0 * sum(errors) / len(errors)

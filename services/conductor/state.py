@@ -1,0 +1,118 @@
+"""The Conductor's bookkeeping: what it assigned where, and when that should end.
+
+Plain data with an explicit clock (`now`), so that the live Conductor (wall clock,
+events from instances) and the simulator (simulated clock) keep it the same way.
+It turns into the loads the policies read.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.conductor.index import PrefixIndex
+from services.conductor.policy import Decision, DecodeItem, DecodeLoad, Params, PrefillLoad, Request
+from services.conductor.predictor import Predictor
+
+WINDOW_S = 180.0  # Preble's load window: three minutes
+
+
+@dataclass
+class Assigned:
+    blocks: int
+    prefill_s: float
+    cached_tokens: int
+    prompt_len: int
+    at: float
+
+
+@dataclass
+class PrefillBook:
+    busy_until: float = 0.0
+    outstanding: dict[str, Assigned] = field(default_factory=dict)
+    window: deque[tuple[float, float, int, int]] = field(default_factory=deque)  # (at, prefill s, cached, prompt)
+
+    def trim(self, now: float) -> None:
+        while self.window and self.window[0][0] < now - WINDOW_S:
+            self.window.popleft()
+
+
+@dataclass
+class ClusterState:
+    predictor: Predictor
+    params: Params
+    index: PrefixIndex
+    prefill: dict[str, PrefillBook] = field(default_factory=dict)
+    decode: dict[str, dict[str, DecodeItem]] = field(default_factory=dict)
+    # Where each request is, so events that name only the request find their books.
+    placed: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    # --- membership ---------------------------------------------------------
+    def add_instance(self, role: str, instance_id: str) -> None:
+        if role == "prefill":
+            self.prefill.setdefault(instance_id, PrefillBook())
+        elif role == "decode":
+            self.decode.setdefault(instance_id, {})
+
+    def remove_instance(self, instance_id: str) -> None:
+        self.prefill.pop(instance_id, None)
+        self.decode.pop(instance_id, None)
+        self.index.remove_instance(instance_id)
+
+    # --- views for the policies ---------------------------------------------
+    def prefill_loads(self, hashes: Sequence[str], now: float) -> list[PrefillLoad]:
+        prefixes = self.index.prefix_blocks(hashes, self.prefill)
+        loads = []
+        for iid, book in sorted(self.prefill.items()):
+            book.trim(now)
+            prompt = sum(w[3] for w in book.window)
+            loads.append(
+                PrefillLoad(
+                    instance_id=iid,
+                    queue_s=max(0.0, book.busy_until - now),
+                    active_blocks=sum(a.blocks for a in book.outstanding.values()),
+                    prefix_blocks=prefixes[iid],
+                    hit_ratio=sum(w[2] for w in book.window) / prompt if prompt else 0.0,
+                    window_load_s=sum(w[1] for w in book.window),
+                    free_blocks=self.index.capacity_blocks - self.index.used_blocks(iid),
+                )
+            )
+        return loads
+
+    def decode_loads(self) -> list[DecodeLoad]:
+        return [DecodeLoad(iid, tuple(items.values())) for iid, items in sorted(self.decode.items())]
+
+    # --- events -------------------------------------------------------------
+    def assign(self, req: Request, hashes: Sequence[str], decision: Decision, now: float) -> None:
+        choice = decision.prefill
+        bs = self.params.block_size
+        cached = min(choice.cached_blocks * bs, req.prompt_len - 1)
+        prefill_s = self.predictor.prefill_s(req.prompt_len - cached, cached)
+        book = self.prefill[choice.instance_id]
+        book.busy_until = max(now, book.busy_until) + prefill_s + self.predictor.transfer_s(choice.pull_blocks * bs)
+        book.outstanding[req.request_id] = Assigned(req.prompt_blocks, prefill_s, cached, req.prompt_len, now)
+        book.window.append((now, prefill_s, cached, req.prompt_len))
+        # The prefill engine keeps these blocks in its prefix cache afterwards.
+        self.index.insert(choice.instance_id, hashes)
+        start = now + decision.prefill.ttft_s
+        item = DecodeItem(start, start + self.params.decode_time_s, req.prompt_len + req.max_tokens // 2)
+        self.decode[decision.decode_id][req.request_id] = item
+        self.placed[req.request_id] = (choice.instance_id, decision.decode_id)
+
+    def prefill_done(self, request_id: str, now: float) -> None:
+        prefill_id, decode_id = self.placed.get(request_id, ("", ""))
+        book = self.prefill.get(prefill_id)
+        if book is not None and book.outstanding.pop(request_id, None) is not None and not book.outstanding:
+            book.busy_until = min(book.busy_until, now)  # idle now, whatever we predicted
+        items = self.decode.get(decode_id)
+        if items is not None and request_id in items:
+            # Decoding starts now; it should last t_d from here.
+            old = items[request_id]
+            items[request_id] = DecodeItem(now, now + self.params.decode_time_s, old.ctx_tokens)
+
+    def finished(self, request_id: str, now: float) -> None:
+        """Decode done, refused, cancelled or failed: the request leaves every book."""
+        self.prefill_done(request_id, now)
+        _, decode_id = self.placed.pop(request_id, ("", ""))
+        self.decode.get(decode_id, {}).pop(request_id, None)
