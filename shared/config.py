@@ -32,7 +32,18 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     liveness_timeout_s: float = 2.0
     schedule_timeout_s: float = 2.0
     request_timeout_s: float = 300.0
+    # Scheduling (see services/conductor/policy.py for the names).
     policy: str = "round_robin"
+    admission: str = "none"
+    # Default SLOs; a request may set its own (x-yuebing-slo-ttft-ms / -tbt-ms headers).
+    slo_ttft_ms: float = 10_000.0
+    slo_tbt_ms: float = 1_000.0
+    # Time-model profile (`yuebing profile`); empty: the one shipped for the default model.
+    profile: str = ""
+    # Predictive admission's t_d: how long a request is assumed to decode.
+    decode_time_s: float = 10.0
+    # Blocks the Conductor assumes each prefill engine's prefix cache holds.
+    index_capacity_blocks: int = 2048
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -44,6 +55,10 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("liveness_timeout_s must exceed heartbeat_interval_s > 0")
         if self.request_timeout_s <= 0 or self.schedule_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        if self.slo_ttft_ms <= 0 or self.slo_tbt_ms <= 0 or self.decode_time_s <= 0:
+            raise ValueError("SLOs and decode_time_s must be positive")
+        if self.index_capacity_blocks <= 0:
+            raise ValueError("index_capacity_blocks must be positive")
 
     @property
     def served_model_name(self) -> str:
@@ -53,6 +68,13 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def model_salt(self) -> bytes:
         """Folded into block hashes so that two models never share a block name."""
         return self.served_model_name.encode()
+
+
+DEFAULT_PROFILE = Path(__file__).with_name("profiles") / "yuebing-tiny-cpu.json"
+
+
+def profile_path(config: ClusterConfig) -> Path:
+    return Path(config.profile) if config.profile else DEFAULT_PROFILE
 
 
 def load_config(path: str | os.PathLike[str]) -> ClusterConfig:

@@ -19,6 +19,7 @@ PREFIX = f"yb.v{SCHEMA_VERSION}"
 HEARTBEAT = f"{PREFIX}.heartbeat"  # every instance and messenger publishes here
 SCHEDULE = f"{PREFIX}.conductor.schedule"  # request/reply, queue group "conductor"
 CANCEL = f"{PREFIX}.cancel"  # broadcast: whoever holds the request aborts it
+REQUEST_EVENTS = f"{PREFIX}.events.request"  # progress of a request, for the Conductor's books
 CONDUCTOR_QUEUE = "conductor"
 
 
@@ -65,6 +66,8 @@ class ScheduleRequest(Message):
     block_hashes: list[str]
     max_tokens: int
     deadline: float  # unix time after which nobody should work on the request
+    slo_ttft_ms: float = 0.0  # 0: the cluster default
+    slo_tbt_ms: float = 0.0
 
 
 class ScheduleReply(Message):
@@ -72,6 +75,11 @@ class ScheduleReply(Message):
     accepted: bool
     prefill_id: str = ""
     decode_id: str = ""
+    predicted_ttft_ms: float = 0.0
+    predicted_tbt_ms: float = 0.0
+    # KV-centric balancing: blocks the prefill instance should copy from another first.
+    pull_from: str = ""
+    pull_blocks: int = 0
     # When not accepted: "overloaded" (HTTP 429) or "unavailable" (HTTP 503).
     rejection: Literal["", "overloaded", "unavailable"] = ""
     reason: str = ""
@@ -113,12 +121,23 @@ class DecodeRequest(Message):
     sampling: Sampling  # max_tokens counts the first token too
     deadline: float
     stream_subject: str
+    slo_tbt_ms: float = 0.0  # decode double-checks it on arrival; 0: no check
 
 
 class DecodeAccept(Message):
     request_id: str
     ok: bool
     error: str = ""
+    overloaded: bool = False  # refused because its TBT SLO would be missed
+
+
+class RequestEvent(Message):
+    """prefill_done: its decode starts now; finished: it left the cluster (any way);
+    decode_refused: decode turned it away after prefill (wasted prefill)."""
+
+    request_id: str
+    kind: Literal["prefill_done", "finished", "decode_refused"]
+    instance_id: str = ""
 
 
 class TokenChunk(Message):

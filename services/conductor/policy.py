@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from services.conductor.predictor import Predictor
+from shared.predictor import Predictor
 
 
 # --- inputs -------------------------------------------------------------------

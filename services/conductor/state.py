@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from services.conductor.index import PrefixIndex
 from services.conductor.policy import Decision, DecodeItem, DecodeLoad, Params, PrefillLoad, Request
-from services.conductor.predictor import Predictor
+from shared.predictor import Predictor
 
 WINDOW_S = 180.0  # Preble's load window: three minutes
 

@@ -7,7 +7,8 @@ import asyncio
 
 from services.decode.handler import Decoder
 from shared import service
-from shared.config import ClusterConfig
+from shared.predictor import load_predictor
+from shared.config import ClusterConfig, profile_path
 from shared.instance import serve_engine
 from shared.messages import DecodeRequest, decode_subject
 
@@ -25,5 +26,5 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
         stop,
         decode_subject(args.instance_id),
         DecodeRequest,
-        lambda instance, engine: Decoder(instance, engine).on_request,
+        lambda instance, engine: Decoder(instance, engine, load_predictor(profile_path(config))).on_request,
     )

@@ -10,6 +10,7 @@ from nats.aio.msg import Msg
 
 from shared import bus
 from shared.engine import generate
+from shared.predictor import Predictor
 from shared.instance import Instance
 from shared.messages import DecodeAccept, DecodeRequest, TokenChunk, encode
 
@@ -17,25 +18,46 @@ log = structlog.get_logger(__name__)
 
 
 class Decoder:
-    def __init__(self, instance: Instance, engine) -> None:
+    def __init__(self, instance: Instance, engine, predictor: Predictor) -> None:
         self.instance = instance
         self.engine = engine
+        self.predictor = predictor
+        self.context: dict[str, int] = {}  # request id → tokens it attends to
+
+    def predicted_tbt_s(self, extra_tokens: int) -> float:
+        """Decode step time with one more request of `extra_tokens` in the batch."""
+        return self.predictor.decode_step_s(len(self.context) + 1, sum(self.context.values()) + extra_tokens)
 
     async def on_request(self, req: DecodeRequest, msg: Msg) -> None:
-        error = ""
-        if req.sampling.max_tokens < 2:
+        error, overloaded = "", False
+        ctx = len(req.prompt_token_ids) + req.sampling.max_tokens // 2
+        tbt = self.predicted_tbt_s(ctx)
+        if req.slo_tbt_ms and tbt * 1e3 > req.slo_tbt_ms:
+            # The Conductor predicted otherwise; we see the batch as it is now.
+            error, overloaded = f"predicted TBT {tbt * 1e3:.1f} ms exceeds the SLO of {req.slo_tbt_ms:.1f} ms", True
+        elif req.sampling.max_tokens < 2:
             error = "decode needs max_tokens >= 2 (the first token comes from prefill)"
         elif bus.remaining(req.deadline) <= 0:
             error = "deadline already passed"
         else:
             try:
-                self.instance.run(req.request_id, self._decode(req))
+                self.instance.run(req.request_id, self._decode(req, ctx))
             except ValueError as e:
                 error = str(e)
-        await msg.respond(encode(DecodeAccept(request_id=req.request_id, ok=not error, error=error)))
+        if error:
+            log.info("decode refused", request_id=req.request_id, error=error)
+        reply = DecodeAccept(request_id=req.request_id, ok=not error, error=error, overloaded=overloaded)
+        await msg.respond(encode(reply))
 
-    async def _decode(self, req: DecodeRequest) -> None:
+    async def _decode(self, req: DecodeRequest, ctx: int) -> None:
         structlog.contextvars.bind_contextvars(request_id=req.request_id)
+        self.context[req.request_id] = ctx
+        try:
+            await self._generate(req)
+        finally:
+            del self.context[req.request_id]
+
+    async def _generate(self, req: DecodeRequest) -> None:
         # SEAM (KV transfer): until the Yuebing KV connector lands, the decode engine
         # recomputes the prompt (and the first token) here instead of loading the KV
         # that prefill computed. The connector replaces exactly this prompt.

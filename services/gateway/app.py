@@ -19,7 +19,7 @@ from aiohttp import web
 
 from services.gateway import protocol
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import Pipeline, Rejected, UpstreamError
+from services.gateway.pipeline import Pipeline, Rejected, Slo, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
 from services.gateway.text import TextStream, Tokenizer
 from shared import bus, service
@@ -40,6 +40,7 @@ class Prepared:
     options: Options
     prompt: list[int]
     max_tokens: int
+    slo: Slo
 
 
 class Gateway:
@@ -115,7 +116,7 @@ class Gateway:
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
-            prepared = self._prepare(request_id, kind, parsed)
+            prepared = self._prepare(request_id, kind, parsed, slo_from_headers(request))
         except ApiError as e:
             self.metrics.requests.labels(kind, str(e.status)).inc()
             log.info("request refused", status=e.status, error=e.message)
@@ -138,7 +139,7 @@ class Gateway:
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(kind, status).inc()
 
-    def _prepare(self, request_id: str, kind: str, parsed: ChatRequest | CompletionRequest) -> Prepared:
+    def _prepare(self, request_id: str, kind: str, parsed: ChatRequest | CompletionRequest, slo: Slo) -> Prepared:
         options = parsed.options
         if options.model != self.config.served_model_name:
             raise ApiError(404, f"The model '{options.model}' does not exist", type="not_found_error", param="model", code="model_not_found")
@@ -165,7 +166,7 @@ class Gateway:
                 f"tokens and the prompt has {len(prompt)}, so at most {room} tokens can be generated.",
                 "max_tokens",
             )
-        return Prepared(request_id, kind, options, prompt, options.max_tokens or room)
+        return Prepared(request_id, kind, options, prompt, options.max_tokens or room, slo)
 
     def _sampling(self, p: Prepared) -> Sampling:
         o = p.options
@@ -177,14 +178,15 @@ class Gateway:
         """Pipeline events as (text delta, finish reason, cached tokens), with metrics."""
         start = time.monotonic()
         deadline = time.time() + self.config.request_timeout_s
-        first = True
+        first_at = last_at = 0.0
         try:
-            events = self.pipeline.run(p.request_id, p.prompt, self._sampling(p), deadline)
+            events = self.pipeline.run(p.request_id, p.prompt, self._sampling(p), deadline, p.slo)
             async for event in events:
-                if first:
-                    self.metrics.ttft.observe(time.monotonic() - start)
+                last_at = time.monotonic()
+                if not first_at:
+                    first_at = last_at
+                    self.metrics.ttft.observe(first_at - start)
                     self.metrics.cached_tokens.inc(event.num_cached_tokens)
-                    first = False
                 delta = text.push(event.token_ids)
                 finish = event.finish_reason
                 if text.stopped:
@@ -205,9 +207,15 @@ class Gateway:
             raise ApiError(e.status, str(e), type="server_error" if e.status >= 500 else "invalid_request_error") from e
         finally:
             self.metrics.e2e.observe(time.monotonic() - start)
-        log.info("request done", completion_tokens=len(text.token_ids), seconds=round(time.monotonic() - start, 3))
+        n = len(text.token_ids)
+        ttft_ms = (first_at - start) * 1e3
+        tbt_ms = (last_at - first_at) * 1e3 / (n - 1) if n > 1 else 0.0
+        slo_ttft, slo_tbt = p.slo.ttft_ms or self.config.slo_ttft_ms, p.slo.tbt_ms or self.config.slo_tbt_ms
+        verdict = "missed_ttft" if ttft_ms > slo_ttft else "missed_tbt" if tbt_ms > slo_tbt else "met"
+        self.metrics.slo.labels(verdict).inc()
+        log.info("request done", completion_tokens=n, ttft_ms=round(ttft_ms, 1), tbt_ms=round(tbt_ms, 2), slo=verdict)
         self.metrics.prompt_tokens.inc(len(p.prompt))
-        self.metrics.completion_tokens.inc(len(text.token_ids))
+        self.metrics.completion_tokens.inc(n)
 
     async def _complete(self, p: Prepared) -> web.Response:
         text = TextStream(self.tokenizer, p.options.stop)
@@ -291,6 +299,26 @@ async def _chain(first: list[Any], rest: Any) -> Any:
         yield item
     async for item in rest:
         yield item
+
+
+SLO_HEADERS = {"ttft_ms": "x-yuebing-slo-ttft-ms", "tbt_ms": "x-yuebing-slo-tbt-ms"}
+
+
+def slo_from_headers(request: web.Request) -> Slo:
+    """A request's own SLOs, from `x-yuebing-slo-ttft-ms` / `x-yuebing-slo-tbt-ms`."""
+    values = {}
+    for field_name, header in SLO_HEADERS.items():
+        raw = request.headers.get(header)
+        if raw is None:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 < value < float("inf"):
+            raise protocol.invalid(f"header {header} must be a positive number of milliseconds", header)
+        values[field_name] = value
+    return Slo(**values)
 
 
 def error_response(e: ApiError) -> web.Response:

@@ -17,6 +17,7 @@ class GatewayMetrics:
         self.cached_tokens = Counter("yuebing_gateway_cached_tokens", "Prompt tokens the engines reused", registry=r)
         self.completion_tokens = Counter("yuebing_gateway_completion_tokens", "Generated tokens", registry=r)
         self.ttft = Histogram("yuebing_gateway_ttft_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
+        self.slo = Counter("yuebing_gateway_slo", "Completed requests by SLO verdict", ["verdict"], registry=r)
         self.e2e = Histogram("yuebing_gateway_e2e_seconds", "Request latency", buckets=LATENCY_BUCKETS, registry=r)
 
     def render(self) -> bytes:

@@ -16,6 +16,7 @@ from typing import TypeVar
 import nats.errors
 import structlog
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 
 from shared import bus
 from shared.block_hash import hex_hashes
@@ -23,14 +24,17 @@ from shared.config import ClusterConfig
 from shared.liveness import Registry
 from shared.messages import (
     CANCEL,
+    REQUEST_EVENTS,
     SCHEDULE,
     Cancel,
     DecodeAccept,
     DecodeRequest,
     FinishReason,
+    Message,
     MessageError,
     PrefillRequest,
     PrefillResult,
+    RequestEvent,
     Sampling,
     ScheduleReply,
     ScheduleRequest,
@@ -46,6 +50,14 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class Slo:
+    """A request's own latency targets, ms; 0 takes the cluster default."""
+
+    ttft_ms: float = 0.0
+    tbt_ms: float = 0.0
+
+
+@dataclass(frozen=True)
 class Event:
     token_ids: list[int]
     finish_reason: FinishReason | None
@@ -56,6 +68,10 @@ class Rejected(Exception):
     def __init__(self, reply: ScheduleReply) -> None:
         super().__init__(reply.reason)
         self.reply = reply
+
+
+class DecodeRefused(Exception):
+    """The decode instance turned the request away to keep its TBT SLO."""
 
 
 class UpstreamError(Exception):
@@ -74,10 +90,11 @@ class Pipeline:
         self.started = time.monotonic()
 
     async def run(
-        self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float
+        self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo = Slo()
     ) -> AsyncIterator[Event]:
-        reply = await self._schedule(request_id, prompt, sampling, deadline)
+        reply = await self._schedule(request_id, prompt, sampling, deadline, slo)
         finished = False
+        outcome: RequestEvent = RequestEvent(request_id=request_id, kind="finished")
         try:
             result = await self._watch(
                 reply.prefill_id,
@@ -98,23 +115,42 @@ class Pipeline:
             )
             if not result.ok:
                 raise UpstreamError(502, f"prefill on {reply.prefill_id} failed: {result.error}")
-            finished = result.finish_reason is not None
-            yield Event([result.first_token_id], result.finish_reason, result.num_cached_tokens)
-            if not finished:
-                async for event in self._decode(request_id, prompt, result.first_token_id, sampling, deadline, reply):
+            first = Event([result.first_token_id], result.finish_reason, result.num_cached_tokens)
+            if result.finish_reason is not None:
+                finished = True
+                yield first
+                return
+            # Decode must accept before the first token goes out, so that a refusal
+            # can still be a clean 429 rather than an error in the middle of a stream.
+            tbt_ms = (slo.tbt_ms or self.config.slo_tbt_ms) if self.config.admission != "none" else 0.0
+            sub = await self._start_decode(request_id, prompt, result.first_token_id, sampling, deadline, reply, tbt_ms)
+            try:
+                yield first
+                async for event in self._tokens(sub, reply.decode_id, deadline):
                     finished = event.finish_reason is not None
                     yield event
+            finally:
+                await sub.unsubscribe()
+        except DecodeRefused as e:
+            outcome = RequestEvent(request_id=request_id, kind="decode_refused", instance_id=reply.decode_id)
+            raise Rejected(ScheduleReply(request_id=request_id, accepted=False, rejection="overloaded", reason=str(e),
+                                         retry_after_s=1.0)) from e
         finally:
             if not finished:  # cancelled, failed or abandoned: free the instances' slots
-                await self._cancel(request_id, "abandoned by gateway")
+                await self._publish(CANCEL, Cancel(request_id=request_id, reason="abandoned by gateway"))
+            await self._publish(REQUEST_EVENTS, outcome)  # the Conductor closes its books
 
-    async def _schedule(self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float) -> ScheduleReply:
+    async def _schedule(
+        self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo
+    ) -> ScheduleReply:
         ask = ScheduleRequest(
             request_id=request_id,
             prompt_len=len(prompt),
             block_hashes=hex_hashes(prompt, self.config.block_size, self.config.model_salt),
             max_tokens=sampling.max_tokens,
             deadline=deadline,
+            slo_ttft_ms=slo.ttft_ms,
+            slo_tbt_ms=slo.tbt_ms,
         )
         timeout = min(self.config.schedule_timeout_s, bus.remaining(deadline))
         try:
@@ -126,42 +162,58 @@ class Pipeline:
         log.info("scheduled", prefill=reply.prefill_id, decode=reply.decode_id)
         return reply
 
-    async def _decode(
-        self, request_id: str, prompt: list[int], first: int, sampling: Sampling, deadline: float, reply: ScheduleReply
-    ) -> AsyncIterator[Event]:
+    async def _start_decode(
+        self,
+        request_id: str,
+        prompt: list[int],
+        first: int,
+        sampling: Sampling,
+        deadline: float,
+        reply: ScheduleReply,
+        slo_tbt_ms: float,
+    ) -> Subscription:
+        """Hand the request to its decode instance; returns the subscription its tokens
+        will arrive on (the caller unsubscribes)."""
         # Subscribe before asking, so no chunk can be published before we listen.
         sub = await self.nc.subscribe(stream_subject(request_id))
+        ask = DecodeRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            first_token_id=first,
+            sampling=sampling,
+            deadline=deadline,
+            stream_subject=stream_subject(request_id),
+            slo_tbt_ms=slo_tbt_ms,
+        )
+        timeout = min(self.config.schedule_timeout_s * 2, bus.remaining(deadline))
         try:
-            ask = DecodeRequest(
-                request_id=request_id,
-                prompt_token_ids=prompt,
-                first_token_id=first,
-                sampling=sampling,
-                deadline=deadline,
-                stream_subject=stream_subject(request_id),
-            )
-            timeout = min(self.config.schedule_timeout_s * 2, bus.remaining(deadline))
-            try:
-                accept = await bus.request(self.nc, decode_subject(reply.decode_id), ask, DecodeAccept, timeout)
-            except (TimeoutError, MessageError) as e:
-                raise UpstreamError(503, f"decode instance {reply.decode_id} unavailable: {e}") from e
+            accept = await bus.request(self.nc, decode_subject(reply.decode_id), ask, DecodeAccept, timeout)
+            if accept.overloaded:
+                raise DecodeRefused(f"decode instance {reply.decode_id}: {accept.error}")
             if not accept.ok:
                 raise UpstreamError(503, f"decode instance {reply.decode_id} refused: {accept.error}")
-            seq = 0
-            while True:
-                chunk = await self._next_chunk(sub, reply.decode_id, deadline)
-                if chunk.seq != seq:
-                    raise UpstreamError(502, f"token stream out of order: got chunk {chunk.seq}, expected {seq}")
-                seq += 1
-                if chunk.error:
-                    raise UpstreamError(502, f"decode on {reply.decode_id} failed: {chunk.error}")
-                yield Event(chunk.token_ids, chunk.finish_reason)
-                if chunk.finish_reason is not None:
-                    return
-        finally:
+        except (TimeoutError, MessageError) as e:
             await sub.unsubscribe()
+            raise UpstreamError(503, f"decode instance {reply.decode_id} unavailable: {e}") from e
+        except BaseException:
+            await sub.unsubscribe()
+            raise
+        return sub
 
-    async def _next_chunk(self, sub, instance_id: str, deadline: float) -> TokenChunk:
+    async def _tokens(self, sub: Subscription, decode_id: str, deadline: float) -> AsyncIterator[Event]:
+        seq = 0
+        while True:
+            chunk = await self._next_chunk(sub, decode_id, deadline)
+            if chunk.seq != seq:
+                raise UpstreamError(502, f"token stream out of order: got chunk {chunk.seq}, expected {seq}")
+            seq += 1
+            if chunk.error:
+                raise UpstreamError(502, f"decode on {decode_id} failed: {chunk.error}")
+            yield Event(chunk.token_ids, chunk.finish_reason)
+            if chunk.finish_reason is not None:
+                return
+
+    async def _next_chunk(self, sub: Subscription, instance_id: str, deadline: float) -> TokenChunk:
         while True:
             left = bus.remaining(deadline)
             if left <= 0:
@@ -201,8 +253,8 @@ class Pipeline:
         if now - self.started > self.config.liveness_timeout_s and not self.registry.is_alive(instance_id, now):
             raise UpstreamError(503, f"instance {instance_id} stopped responding (missed heartbeats)")
 
-    async def _cancel(self, request_id: str, reason: str) -> None:
+    async def _publish(self, subject: str, message: Message) -> None:
         try:
-            await bus.publish(self.nc, CANCEL, Cancel(request_id=request_id, reason=reason))
-        except Exception as e:
-            log.warning("cancel not sent", error=str(e))
+            await bus.publish(self.nc, subject, message)
+        except Exception as e:  # best effort: deadlines clean up what a lost message leaves
+            log.warning("not sent", subject=subject, error=str(e))

@@ -10,7 +10,7 @@ from nats.aio.msg import Msg
 from shared import bus
 from shared.engine import generate
 from shared.instance import Instance
-from shared.messages import PrefillRequest, PrefillResult, encode
+from shared.messages import REQUEST_EVENTS, PrefillRequest, PrefillResult, RequestEvent, encode
 
 log = structlog.get_logger(__name__)
 
@@ -42,6 +42,8 @@ class Prefiller:
             result = PrefillResult(request_id=req.request_id, ok=False, error=f"prefill failed: {e}")
         log.info("prefill done", ok=result.ok, cached=result.num_cached_tokens, error=result.error or None)
         await msg.respond(encode(result))
+        event = RequestEvent(request_id=req.request_id, kind="prefill_done", instance_id=self.instance.instance_id)
+        await bus.publish(self.instance.nc, REQUEST_EVENTS, event)
 
     async def _first_token(self, req: PrefillRequest) -> PrefillResult:
         steps = [s async for s in generate(self.engine, req.request_id, req.prompt_token_ids, req.sampling, 1)]

@@ -13,7 +13,7 @@ from services.conductor.policy import (
     Request,
     Scheduler,
 )
-from services.conductor.predictor import Predictor
+from shared.predictor import Predictor
 
 BS = 128
 # prefill(n, p) = 1 ms + 0.01 ms·n (no attention terms: easy arithmetic); step = 5 ms + 1 ms·batch
