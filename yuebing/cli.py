@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from shared.config import ClusterConfig
+from shared.config import DEFAULT_PROFILE, ClusterConfig
 
 
 def _model_init(args: argparse.Namespace) -> int:
@@ -64,6 +64,30 @@ def _up(args: argparse.Namespace) -> int:
     return up(options)
 
 
+def _profile(args: argparse.Namespace) -> int:
+    from yuebing.profile import Grid, profile
+
+    grid = Grid(repeats=args.repeats)
+    meta = profile(Path(args.model), Path(args.out), grid, args.max_model_len)
+    errors = meta["held_out_mape_percent"]
+    print(f"wrote {args.out} in {meta['seconds']:.0f}s")
+    print(f"held-out error (MAPE): prefill {errors['prefill']:.1f} %, decode step {errors['decode']:.1f} %")
+    print(f"KV bytes per token {meta['kv_bytes_per_token']}, transport {meta['transfer_GBps']:.2f} GB/s")
+    return 0
+
+
+def _bench_conductor(args: argparse.Namespace) -> int:
+    from yuebing.bench import ConductorBench, print_conductor, run_conductor, write_json
+
+    cfg = ConductorBench(
+        sizes=tuple(args.sizes), indexed_blocks=args.blocks, decisions=args.decisions, policy=args.policy, admission=args.admission
+    )
+    result = run_conductor(cfg)
+    print_conductor(result)
+    write_json(result, args.json)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from yuebing.model import ModelSpec, default_model_dir
 
@@ -85,6 +109,23 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--force", action="store_true", help="overwrite an existing folder")
     init.add_argument("--if-missing", action="store_true", help="do nothing if a model is already there")
     init.set_defaults(func=_model_init)
+
+    prof = sub.add_parser("profile", help="measure the engine and fit the Conductor's time models")
+    prof.add_argument("--model", default=str(default_model_dir()))
+    prof.add_argument("--out", default=str(DEFAULT_PROFILE))
+    prof.add_argument("--repeats", type=int, default=3)
+    prof.add_argument("--max-model-len", type=int, default=4096)
+    prof.set_defaults(func=_profile)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="target", required=True)
+    bc = bench.add_parser("conductor", help="Conductor decisions per second and latency")
+    bc.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256], help="instance counts")
+    bc.add_argument("--blocks", type=int, default=1_000_000, help="blocks in the index")
+    bc.add_argument("--decisions", type=int, default=3000)
+    bc.add_argument("--policy", default="kvcentric")
+    bc.add_argument("--admission", default="predictive")
+    bc.add_argument("--json", help="also write the result here")
+    bc.set_defaults(func=_bench_conductor)
 
     c = ClusterConfig()
     upp = sub.add_parser("up", help="run the local cluster (Ctrl-C stops it)")
