@@ -14,6 +14,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -91,12 +92,19 @@ def measure(engine: Engine, grid: Grid, model_name: str) -> list[dict]:
     # selection, allocations). Then the minimum of the repeats: on a shared machine
     # noise only ever adds time.
     with tqdm(total=(len(prefill) + len(decode)) * (grid.repeats + 1), desc="profiling", unit="run") as bar:
+
+        def best(measure_once: Callable[[], float]) -> float:
+            times = []
+            for _ in range(grid.repeats + 1):
+                times.append(measure_once())
+                bar.update()
+            return min(times[1:])
+
         for n, p in prefill:
-            times = [engine.prefill_ms(n, p) for _ in range(grid.repeats + 1) if not bar.update()]
-            rows.append(_row(model_name, "prefill", n, p, 1, n + p, min(times[1:])))
+            rows.append(_row(model_name, "prefill", n, p, 1, n + p, best(lambda: engine.prefill_ms(n, p))))
         for batch, ctx in decode:
-            times = [engine.decode_step_ms(batch, ctx, grid.steps) for _ in range(grid.repeats + 1) if not bar.update()]
-            rows.append(_row(model_name, "decode", 1, ctx, batch, ctx, min(times[1:])))
+            ms = best(lambda: engine.decode_step_ms(batch, ctx, grid.steps))
+            rows.append(_row(model_name, "decode", 1, ctx, batch, ctx, ms))
     return rows
 
 
