@@ -66,13 +66,16 @@ class Predictor:
     def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
         if new_tokens <= 0:
             return 0.0
-        return max(self.floor_s, _dot(self.prefill_coef, prefill_terms(new_tokens, cached_tokens)) / 1e3)
+        a, b, c, d = self.prefill_coef  # prefill_terms, written out: this is the scheduler's hot path
+        n = new_tokens
+        return max(self.floor_s, (a + n * (b + c * cached_tokens + d * n)) / 1e3)
 
     def decode_step_s(self, batch: int, ctx_tokens: int) -> float:
         """One decode step for `batch` sequences holding `ctx_tokens` tokens in all."""
         if batch <= 0:
             return 0.0
-        return max(self.floor_s, _dot(self.decode_coef, decode_terms(batch, ctx_tokens / batch)) / 1e3)
+        a, b, c = self.decode_coef  # decode_terms, written out
+        return max(self.floor_s, (a + batch * b + c * ctx_tokens) / 1e3)
 
     def transfer_s(self, tokens: int) -> float:
         return tokens * self.kv_bytes_per_token / self.transfer_bytes_per_s
@@ -81,10 +84,6 @@ class Predictor:
         if row.phase == "prefill":
             return self.prefill_s(row.n, row.p) * 1e3
         return self.decode_step_s(row.batch, row.batch * row.ctx) * 1e3
-
-
-def _dot(a: Sequence[float], b: Sequence[float]) -> float:
-    return sum(x * y for x, y in zip(a, b, strict=True))
 
 
 def read_rows(path: str | Path, model: str | None = None) -> list[Row]:

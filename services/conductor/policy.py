@@ -34,7 +34,7 @@ class Request:
     slo_tbt_s: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PrefillLoad:
     """One prefill instance as the policy sees it, for one request."""
 
@@ -47,7 +47,7 @@ class PrefillLoad:
     free_blocks: int = 1 << 30  # cache room before it must evict
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DecodeItem:
     """A request on a decode instance: decoding from `start` until `end` (predicted)."""
 
@@ -56,19 +56,23 @@ class DecodeItem:
     ctx_tokens: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DecodeLoad:
     instance_id: str
     items: tuple[DecodeItem, ...]  # running now, or joining when their prefill ends
 
     def at(self, t: float) -> tuple[int, int]:
         """(batch, context tokens) of what will be decoding at time t."""
-        live = [i for i in self.items if i.start <= t < i.end]
-        return len(live), sum(i.ctx_tokens for i in live)
+        batch = tokens = 0
+        for i in self.items:
+            if i.start <= t < i.end:
+                batch += 1
+                tokens += i.ctx_tokens
+        return batch, tokens
 
 
 # --- outputs ------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PrefillChoice:
     instance_id: str
     ttft_s: float  # predicted: queue + transfer + prefill
@@ -117,11 +121,15 @@ PrefillPolicy = Callable[[Request, Sequence[PrefillLoad], Context], PrefillChoic
 
 
 # --- prefill policies ---------------------------------------------------------
+def _ttft(queue_s: float, cached_blocks: int, req: Request, ctx: Context) -> float:
+    """Queue, then prefill of what is not cached (at least the last token is computed)."""
+    cached = min(cached_blocks * ctx.params.block_size, req.prompt_len - 1)
+    return queue_s + ctx.predictor.prefill_s(req.prompt_len - cached, cached)
+
+
 def _plain(load: PrefillLoad, req: Request, ctx: Context) -> PrefillChoice:
-    """TTFT on an instance using only what it holds itself."""
-    cached = min(load.prefix_blocks * ctx.params.block_size, req.prompt_len - 1)
-    ttft = load.queue_s + ctx.predictor.prefill_s(req.prompt_len - cached, cached)
-    return PrefillChoice(load.instance_id, ttft, load.prefix_blocks)
+    """The choice of an instance using only what it holds itself."""
+    return PrefillChoice(load.instance_id, _ttft(load.queue_s, load.prefix_blocks, req, ctx), load.prefix_blocks)
 
 
 def random_policy(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
@@ -152,28 +160,29 @@ def overlap_load(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> Pr
 
 
 def cache_aware(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
-    return min((_plain(x, req, ctx) for x in loads), key=lambda c: c.ttft_s)
+    return _plain(min(loads, key=lambda x: _ttft(x.queue_s, x.prefix_blocks, req, ctx)), req, ctx)
 
 
 def kvcentric(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
     """Mooncake's Algorithm 1: an instance whose own prefix is much shorter than the
     best one may count the best one as cached if copying it beats recomputing it."""
     holder = max(loads, key=lambda x: x.prefix_blocks)
-    choices = []
+    best = (math.inf, holder, False)  # (ttft, instance, pulls)
     for load in loads:
-        plain = _plain(load, req, ctx)
-        choices.append(plain)
+        ttft, pull = _ttft(load.queue_s, load.prefix_blocks, req, ctx), False
         missing = holder.prefix_blocks - load.prefix_blocks
-        ratio = holder.prefix_blocks / load.prefix_blocks if load.prefix_blocks else math.inf
-        if load is holder or missing <= 0 or ratio <= ctx.params.balance_threshold:
-            continue
-        bs = ctx.params.block_size
-        cached = min(holder.prefix_blocks * bs, req.prompt_len - 1)
-        transfer = ctx.predictor.transfer_s(missing * bs)
-        ttft = load.queue_s + transfer + ctx.predictor.prefill_s(req.prompt_len - cached, cached)
-        if ttft < plain.ttft_s:  # transfer beats recompute
-            choices[-1] = PrefillChoice(load.instance_id, ttft, holder.prefix_blocks, holder.instance_id, missing)
-    return min(choices, key=lambda c: c.ttft_s)
+        if missing > 0 and holder.prefix_blocks > ctx.params.balance_threshold * load.prefix_blocks:
+            transfer = ctx.predictor.transfer_s(missing * ctx.params.block_size)
+            with_pull = _ttft(load.queue_s + transfer, holder.prefix_blocks, req, ctx)
+            if with_pull < ttft:  # transfer beats recompute
+                ttft, pull = with_pull, True
+        if ttft < best[0]:
+            best = (ttft, load, pull)
+    ttft, chosen, pull = best
+    if not pull:
+        return PrefillChoice(chosen.instance_id, ttft, chosen.prefix_blocks)
+    missing = holder.prefix_blocks - chosen.prefix_blocks
+    return PrefillChoice(chosen.instance_id, ttft, holder.prefix_blocks, holder.instance_id, missing)
 
 
 def preble(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:

@@ -31,11 +31,33 @@ class Assigned:
 class PrefillBook:
     busy_until: float = 0.0
     outstanding: dict[str, Assigned] = field(default_factory=dict)
-    window: deque[tuple[float, float, int, int]] = field(default_factory=deque)  # (at, prefill s, cached, prompt)
+    active_blocks: int = 0  # sum over outstanding
+    # What was assigned over the last WINDOW_S, and its running sums.
+    window: deque[Assigned] = field(default_factory=deque)
+    window_prefill_s: float = 0.0
+    window_cached: int = 0
+    window_prompt: int = 0
+
+    def add(self, request_id: str, a: Assigned) -> None:
+        self.outstanding[request_id] = a
+        self.active_blocks += a.blocks
+        self.window.append(a)
+        self.window_prefill_s += a.prefill_s
+        self.window_cached += a.cached_tokens
+        self.window_prompt += a.prompt_len
+
+    def done(self, request_id: str) -> bool:
+        a = self.outstanding.pop(request_id, None)
+        if a is not None:
+            self.active_blocks -= a.blocks
+        return a is not None
 
     def trim(self, now: float) -> None:
-        while self.window and self.window[0][0] < now - WINDOW_S:
-            self.window.popleft()
+        while self.window and self.window[0].at < now - WINDOW_S:
+            a = self.window.popleft()
+            self.window_prefill_s -= a.prefill_s
+            self.window_cached -= a.cached_tokens
+            self.window_prompt -= a.prompt_len
 
 
 @dataclass
@@ -66,15 +88,14 @@ class ClusterState:
         loads = []
         for iid, book in sorted(self.prefill.items()):
             book.trim(now)
-            prompt = sum(w[3] for w in book.window)
             loads.append(
                 PrefillLoad(
                     instance_id=iid,
                     queue_s=max(0.0, book.busy_until - now),
-                    active_blocks=sum(a.blocks for a in book.outstanding.values()),
+                    active_blocks=book.active_blocks,
                     prefix_blocks=prefixes[iid],
-                    hit_ratio=sum(w[2] for w in book.window) / prompt if prompt else 0.0,
-                    window_load_s=sum(w[1] for w in book.window),
+                    hit_ratio=book.window_cached / book.window_prompt if book.window_prompt else 0.0,
+                    window_load_s=book.window_prefill_s,
                     free_blocks=self.index.capacity_blocks - self.index.used_blocks(iid),
                 )
             )
@@ -91,8 +112,7 @@ class ClusterState:
         prefill_s = self.predictor.prefill_s(req.prompt_len - cached, cached)
         book = self.prefill[choice.instance_id]
         book.busy_until = max(now, book.busy_until) + prefill_s + self.predictor.transfer_s(choice.pull_blocks * bs)
-        book.outstanding[req.request_id] = Assigned(req.prompt_blocks, prefill_s, cached, req.prompt_len, now)
-        book.window.append((now, prefill_s, cached, req.prompt_len))
+        book.add(req.request_id, Assigned(req.prompt_blocks, prefill_s, cached, req.prompt_len, now))
         # The prefill engine keeps these blocks in its prefix cache afterwards.
         self.index.insert(choice.instance_id, hashes)
         start = now + decision.prefill.ttft_s
@@ -103,7 +123,7 @@ class ClusterState:
     def prefill_done(self, request_id: str, now: float) -> None:
         prefill_id, decode_id = self.placed.get(request_id, ("", ""))
         book = self.prefill.get(prefill_id)
-        if book is not None and book.outstanding.pop(request_id, None) is not None and not book.outstanding:
+        if book is not None and book.done(request_id) and not book.outstanding:
             book.busy_until = min(book.busy_until, now)  # idle now, whatever we predicted
         items = self.decode.get(decode_id)
         if items is not None and request_id in items:
