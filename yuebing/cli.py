@@ -47,6 +47,11 @@ def _up(args: argparse.Namespace) -> int:
         kv_cache_gib=args.kv_cache_gib,
         request_timeout_s=args.request_timeout,
         policy=args.policy,
+        admission=args.admission,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_tbt_ms=args.slo_tbt_ms,
+        profile=str(Path(args.profile).resolve()) if args.profile else "",
+        decode_time_s=args.decode_time,
         log_level=args.log_level,
     )
     options = UpOptions(
@@ -89,6 +94,7 @@ def _bench_conductor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from services.conductor.policy import ADMISSIONS, PREFILL_POLICIES
     from yuebing.model import ModelSpec, default_model_dir
 
     d = ModelSpec()
@@ -142,7 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     upp.add_argument("--block-size", type=int, default=c.block_size, help="tokens per pool block")
     upp.add_argument("--kv-cache-gib", type=int, default=c.kv_cache_gib, help="KV cache per engine (CPU)")
     upp.add_argument("--request-timeout", type=float, default=c.request_timeout_s, help="seconds")
-    upp.add_argument("--policy", default=c.policy)
+    upp.add_argument("--policy", default=c.policy, choices=PREFILL_POLICIES, help="prefill scheduling policy")
+    upp.add_argument("--admission", default=c.admission, choices=ADMISSIONS, help="early rejection mode")
+    upp.add_argument("--slo-ttft-ms", type=float, default=c.slo_ttft_ms, help="default TTFT SLO")
+    upp.add_argument("--slo-tbt-ms", type=float, default=c.slo_tbt_ms, help="default TBT SLO")
+    upp.add_argument("--profile", default="", help="time-model profile (default: the shipped one)")
+    upp.add_argument("--decode-time", type=float, default=c.decode_time_s, help="predictive admission's t_d, s")
     upp.add_argument("--log-level", default=c.log_level)
     upp.add_argument("--run-dir", help="where logs and the config go (default: a new temp dir)")
     upp.add_argument("--ready-file", help="write a JSON with the URL and pids once ready")

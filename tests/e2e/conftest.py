@@ -1,6 +1,9 @@
 """One real local cluster (`yuebing up`: nats-server, messenger, conductor, 1 prefill,
 1 decode, gateway) for the whole session, and a plain in-process vLLM engine on the
-same model as the reference for greedy outputs."""
+same model as the reference for greedy outputs.
+
+The cluster runs with predictive admission and the default (loose) SLOs, so only
+requests that ask for tight SLOs in their headers can be rejected."""
 
 from __future__ import annotations
 
@@ -63,6 +66,8 @@ def cluster_process(model_dir, tmp_path_factory):
         "--port", str(port),
         "--max-model-len", str(MAX_MODEL_LEN),
         "--request-timeout", "60",
+        "--policy", "kvcentric",
+        "--admission", "predictive",
         "--run-dir", str(tmp / "run"),
         "--ready-file", str(ready),
     ]  # fmt: skip

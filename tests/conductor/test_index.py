@@ -1,0 +1,25 @@
+import pytest
+
+from services.conductor.index import PrefixIndex
+
+
+def test_prefix_counts_leading_blocks_per_instance():
+    ix = PrefixIndex(capacity_blocks=100)
+    ix.insert("a", ["h1", "h2", "h3"])
+    ix.insert("b", ["h1", "x2"])
+    assert ix.prefix_blocks(["h1", "h2", "h3", "h4"], ["a", "b", "c"]) == {"a": 3, "b": 1, "c": 0}
+    # Holding a block is not enough: the blocks before it must be held too.
+    assert ix.prefix_blocks(["x1", "h2"], ["a"]) == {"a": 0}
+    assert len(ix) == 4
+
+
+def test_lru_capacity_forgets_least_recent_and_instances_can_leave():
+    ix = PrefixIndex(capacity_blocks=2)
+    ix.insert("a", ["h1", "h2"])
+    ix.insert("a", ["h1"])  # touch h1
+    assert ix.insert("a", ["h3"]) == ["h2"]
+    assert ix.prefix_blocks(["h1"], ["a"]) == {"a": 1}
+    ix.remove_instance("a")
+    assert len(ix) == 0 and ix.used_blocks("a") == 0
+    with pytest.raises(ValueError):
+        PrefixIndex(0)

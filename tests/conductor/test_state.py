@@ -1,0 +1,54 @@
+from services.conductor.index import PrefixIndex
+from services.conductor.policy import Decision, Params, PrefillChoice, Request
+from services.conductor.state import WINDOW_S, ClusterState
+from shared.predictor import Predictor
+
+PRED = Predictor(prefill_coef=(0.0, 1.0, 0.0, 0.0), decode_coef=(1.0, 1.0, 0.0))  # prefill: 1 ms per token
+PARAMS = Params(block_size=4, decode_time_s=5.0)
+
+
+def state() -> ClusterState:
+    s = ClusterState(PRED, PARAMS, PrefixIndex(capacity_blocks=1000))
+    s.add_instance("prefill", "p0")
+    s.add_instance("decode", "d0")
+    return s
+
+
+def assign(s: ClusterState, rid: str, now: float, prompt_len: int = 1000, ttft: float = 1.0) -> None:
+    req = Request(rid, prompt_len, prompt_len // 4, 10, 10.0, 1.0)
+    hashes = [f"{rid}-{i}" for i in range(prompt_len // 4)]
+    s.assign(req, hashes, Decision(PrefillChoice("p0", ttft, 0), "d0", 0.01), now)
+
+
+def test_queue_grows_with_assignments_and_drains_with_events():
+    s = state()
+    assign(s, "r1", now=0.0)
+    assign(s, "r2", now=0.0)
+    (load,) = s.prefill_loads([], now=0.0)
+    assert load.queue_s == 2.0 and load.active_blocks == 500
+    s.prefill_done("r1", now=0.5)
+    s.prefill_done("r2", now=0.6)
+    (load,) = s.prefill_loads([], now=0.6)
+    assert load.queue_s == 0.0 and load.active_blocks == 0  # idle once nothing is outstanding
+
+
+def test_decode_items_start_at_prefill_end_and_leave_when_finished():
+    s = state()
+    assign(s, "r1", now=0.0, ttft=2.0)
+    (dl,) = s.decode_loads()
+    assert dl.at(1.0) == (0, 0) and dl.at(2.5)[0] == 1  # joins when its prefill is predicted to end
+    s.prefill_done("r1", now=1.0)  # earlier than predicted
+    (dl,) = s.decode_loads()
+    assert dl.at(1.5)[0] == 1 and dl.at(6.5)[0] == 0  # decodes for t_d = 5 s from then
+    s.finished("r1", now=3.0)
+    assert s.decode_loads()[0].items == ()
+
+
+def test_window_forgets_old_work_and_index_remembers_blocks():
+    s = state()
+    assign(s, "r1", now=0.0)
+    assert s.prefill_loads([], now=1.0)[0].window_load_s == 1.0
+    assert s.prefill_loads([], now=WINDOW_S + 1)[0].window_load_s == 0.0
+    assert s.prefill_loads(["r1-0", "r1-1", "zz"], now=0.0)[0].prefix_blocks == 2
+    s.remove_instance("p0")
+    assert s.prefill_loads([], now=0.0) == []

@@ -1,0 +1,39 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from shared.predictor import Predictor, Row, fit, load_predictor, mape, read_rows
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "profiles" / "h100-dense-llama.json"
+
+
+def test_fit_recovers_the_terms_of_a_known_curve():
+    truth = Predictor(prefill_coef=(2.0, 0.01, 1e-6, 2e-6), decode_coef=(5.0, 0.1, 1e-4))
+    rows = [Row("prefill", n, p, 1, n + p, truth.prefill_s(n, p) * 1e3) for n in (64, 256, 1024, 4096) for p in (0, 512, 2048)]
+    rows += [Row("decode", 1, c, b, c, truth.decode_step_s(b, b * c) * 1e3) for b in (1, 4, 16) for c in (128, 1024)]
+    fitted = Predictor(fit(rows, "prefill"), fit(rows, "decode"))
+    assert mape(fitted, rows) < 0.01
+
+
+def test_too_few_rows_is_an_error():
+    with pytest.raises(ValueError, match="at least 4"):
+        fit([Row("decode", 1, 1, 1, 1, 1.0)], "decode")
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="../shared/profiles not beside the repo")
+def test_gpu_profile_fits_within_15_percent():
+    p = load_predictor(SHARED, "llama3-8b")
+    rows = read_rows(SHARED, "llama3-8b")
+    assert mape(p, [r for r in rows if r.phase == "prefill"]) < 15
+    assert p.prefill_s(8192) > p.prefill_s(1024, 7168)  # a cached prefix saves time
+
+
+def test_shipped_default_profile_loads():
+    from shared.config import DEFAULT_PROFILE
+
+    data = json.loads(DEFAULT_PROFILE.read_text())
+    assert data["meta"]["kv_bytes_per_token"] > 0
+    p = load_predictor(DEFAULT_PROFILE)
+    assert 0 < p.prefill_s(128) < p.prefill_s(2048)
+    assert 0 < p.decode_step_s(1, 512) <= p.decode_step_s(16, 16 * 512)
