@@ -25,8 +25,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dtype: str = "float32"
     # Tokens per pool block; the unit of block hashes (a multiple of vLLM's block size).
     block_size: int = 128
-    # KV cache each vLLM CPU engine reserves, GiB.
+    # KV cache each vLLM CPU engine reserves, GiB, and its compute threads (CPU).
     kv_cache_gib: int = 1
+    engine_threads: int = 1
     heartbeat_interval_s: float = 0.5
     # An instance silent for this long is treated as gone.
     liveness_timeout_s: float = 2.0
