@@ -10,9 +10,18 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from shared.config import ClusterConfig
 from shared.messages import FinishReason, Sampling
+
+
+@dataclass
+class EngineLoad:
+    """The engine scheduler's latest view of itself, for heartbeats."""
+
+    num_waiting: int = 0
+    kv_usage: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -39,12 +48,29 @@ def engine_environment(config: ClusterConfig) -> dict[str, str]:
     }
 
 
-def build_engine(config: ClusterConfig):  # -> vllm.v1.engine.async_llm.AsyncLLM
+def build_engine(config: ClusterConfig) -> tuple[Any, EngineLoad]:  # (vllm AsyncLLM, its live load)
     for key, value in engine_environment(config).items():
         os.environ.setdefault(key, value)
     # Imported here: vLLM takes seconds to import, and only engine services need it.
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    load = EngineLoad()
+
+    class LoadRecorder(StatLoggerBase):
+        """Keeps the scheduler's queue and KV usage where heartbeats read them."""
+
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                load.num_waiting = scheduler_stats.num_waiting_reqs
+                load.kv_usage = scheduler_stats.kv_cache_usage
+
+        def log_engine_initialized(self) -> None:
+            pass
 
     args = AsyncEngineArgs(
         model=config.model,
@@ -56,7 +82,7 @@ def build_engine(config: ClusterConfig):  # -> vllm.v1.engine.async_llm.AsyncLLM
         disable_log_stats=True,
         seed=0,
     )
-    return AsyncLLM.from_engine_args(args)
+    return AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder]), load
 
 
 def sampling_params(sampling: Sampling, max_tokens: int):  # -> vllm.SamplingParams

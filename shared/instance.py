@@ -15,6 +15,7 @@ from nats.aio.msg import Msg
 
 from shared import bus
 from shared.config import ClusterConfig
+from shared.engine import EngineLoad
 from shared.messages import CANCEL, HEARTBEAT, Cancel, Heartbeat, Role
 
 log = structlog.get_logger(__name__)
@@ -23,8 +24,11 @@ log = structlog.get_logger(__name__)
 class Instance:
     """Identity, load counters and the task of every request this instance runs."""
 
-    def __init__(self, role: Role, instance_id: str, node: str, config: ClusterConfig, nc: Client) -> None:
+    def __init__(
+        self, role: Role, instance_id: str, node: str, config: ClusterConfig, nc: Client, load: EngineLoad | None = None
+    ) -> None:
         self.role = role
+        self.load = load or EngineLoad()
         self.instance_id = instance_id
         self.node = node
         self.config = config
@@ -73,7 +77,11 @@ class Instance:
             pid=os.getpid(),
             seq=self._seq,
             sent_at=time.time(),
+            # Requests this instance holds (exact, and 0 the moment the last ends);
+            # the engine's stats come in steps and stop when it idles.
             num_running=len(self.requests),
+            num_waiting=self.load.num_waiting,
+            kv_usage=self.load.kv_usage,
             served_total=self.served_total,
             aborted_total=self.aborted_total,
         )
@@ -111,9 +119,9 @@ async def serve_engine(
     """Run an engine instance until `stop`: engine, NATS, handler, heartbeats."""
     from shared.engine import build_engine  # vLLM is heavy; only engine services pay for it
 
-    engine = build_engine(config)
+    engine, load = build_engine(config)
     nc = await bus.connect(config.nats_url, name=instance_id)
-    instance = Instance(role, instance_id, node, config, nc)
+    instance = Instance(role, instance_id, node, config, nc, load)
     await bus.subscribe(nc, subject, kind, make_handler(instance, engine))
     await instance.start()
     log.info(f"{role} ready", model=config.model, node=node)

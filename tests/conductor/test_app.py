@@ -1,0 +1,55 @@
+"""The live Conductor's logic without NATS: heartbeats, schedule requests, events."""
+
+import time
+
+from services.conductor.app import Conductor
+from shared.config import ClusterConfig
+from shared.messages import Heartbeat, RequestEvent, ScheduleRequest
+
+
+def hb(iid: str, role: str) -> Heartbeat:
+    return Heartbeat(instance_id=iid, role=role, node="node-0", pid=1, seq=1, sent_at=0.0)
+
+
+def ask(rid: str, hashes: list[str], slo_ttft_ms: float = 0.0) -> ScheduleRequest:
+    return ScheduleRequest(
+        request_id=rid, prompt_len=128 * len(hashes) + 5, block_hashes=hashes, max_tokens=16,
+        deadline=time.time() + 60, slo_ttft_ms=slo_ttft_ms,
+    )
+
+
+def conductor(**kw) -> Conductor:
+    c = Conductor(ClusterConfig(model="/m/tiny", policy="cache_aware", **kw))
+    for iid, role in [("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")]:
+        c.on_heartbeat(hb(iid, role), now=0.0)
+    return c
+
+
+def test_cache_aware_sends_a_shared_prefix_back_to_its_holder():
+    c = conductor()
+    first = c.schedule(ask("r1", ["a", "b", "c", "d"]), now=0.0)
+    other = c.schedule(ask("r2", ["x", "y"]), now=0.0)  # no prefix anywhere: the idle one
+    for rid in ("r1", "r2"):
+        c.on_event(RequestEvent(request_id=rid, kind="finished"), now=0.3)
+    again = c.schedule(ask("r3", ["a", "b", "c", "d", "e"]), now=0.4)
+    assert first.accepted and again.accepted
+    assert again.prefill_id == first.prefill_id != other.prefill_id
+    assert again.predicted_ttft_ms < first.predicted_ttft_ms  # four blocks are cached
+
+
+def test_admission_rejects_with_retry_after_and_dead_instances_are_unavailable():
+    c = conductor(admission="early_reject")
+    replies = [c.schedule(ask(f"r{i}", [f"h{i}-{j}" for j in range(20)], slo_ttft_ms=500), now=0.0) for i in range(30)]
+    rejected = [r for r in replies if not r.accepted]
+    assert rejected and all(r.rejection == "overloaded" and r.retry_after_s > 0 for r in rejected)
+    late = c.schedule(ask("late", ["z"]), now=10.0)  # no heartbeat for 10 s: everyone is gone
+    assert not late.accepted and late.rejection == "unavailable"
+
+
+def test_decode_refusal_counts_as_wasted_prefill_and_frees_the_books():
+    c = conductor()
+    assert c.schedule(ask("r1", ["a"]), now=0.0).accepted
+    c.on_event(RequestEvent(request_id="r1", kind="prefill_done", instance_id="p0"), now=0.1)
+    c.on_event(RequestEvent(request_id="r1", kind="decode_refused", instance_id="d0"), now=0.2)
+    assert c.counts["wasted_prefill"] == 1
+    assert all(not load.items for load in c.state.decode_loads())
