@@ -32,6 +32,7 @@ ROPE_THETA = 500000.0
 # logits in different orders (whole prompt at once vs. incrementally), so the top two
 # logits must rarely be within rounding noise of each other: a wide logit spread.
 LOGIT_STD = 8.0
+UNPRINTABLE_LOGIT_SCALE = 0.3
 # Attention and MLP each add ~unit RMS to the residual stream, as much as the token's
 # own embedding, and attention scores have std ~4 (sharp, not uniform): the next token
 # then depends on the context, not just on the last token, so a wrong or missing KV
@@ -143,6 +144,16 @@ def _config(spec: ModelSpec) -> dict:
     }
 
 
+def _output_scale(dtype):  # -> torch.Tensor of shape (VOCAB_SIZE, 1)
+    import torch
+
+    scale = torch.full((VOCAB_SIZE, 1), UNPRINTABLE_LOGIT_SCALE, dtype=dtype)
+    scale[32:127] = 1.0  # printable ASCII
+    scale[10] = 1.0  # newline
+    scale[256:] = 1.0  # special tokens
+    return scale
+
+
 def _write_weights(spec: ModelSpec, path: Path) -> None:
     import torch
     from safetensors.torch import save_file
@@ -170,7 +181,9 @@ def _write_weights(spec: ModelSpec, path: Path) -> None:
         tensors[p + "input_layernorm.weight"] = ones.clone()
         tensors[p + "post_attention_layernorm.weight"] = ones.clone()
     tensors["model.norm.weight"] = ones.clone()
-    tensors["lm_head.weight"] = normal(VOCAB_SIZE, h, LOGIT_STD / math.sqrt(h))
+    # Bytes outside printable ASCII get small logits, so greedy text is readable (and
+    # valid UTF-8); special tokens keep full-size logits, so generations can still end.
+    tensors["lm_head.weight"] = normal(VOCAB_SIZE, h, LOGIT_STD / math.sqrt(h)) * _output_scale(dtype)
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
