@@ -1,0 +1,124 @@
+"""Request traces in Mooncake's published format, and synthetic ones.
+
+One JSON object a line: `timestamp` (ms from the start), `input_length`,
+`output_length`, `hash_ids` (one id per 512-token block of the prompt; equal ids mean
+an equal prefix block; the last block may be partial). The simulator replays these
+at GPU scale; `yuebing bench` scales them down to a small model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+TRACE_BLOCK_TOKENS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+class TraceError(ValueError):
+    pass
+
+
+def parse_line(line: str, where: str) -> TraceRequest:
+    try:
+        raw = json.loads(line)
+        req = TraceRequest(
+            float(raw["timestamp"]), int(raw["input_length"]), int(raw["output_length"]), tuple(int(h) for h in raw["hash_ids"])
+        )
+    except (ValueError, KeyError, TypeError) as e:
+        raise TraceError(f"{where}: not a trace record ({e.__class__.__name__}: {e})") from e
+    if req.timestamp_ms < 0 or req.input_length <= 0 or req.output_length <= 0:
+        raise TraceError(f"{where}: timestamp must be >= 0 and lengths positive")
+    if len(req.hash_ids) != math.ceil(req.input_length / TRACE_BLOCK_TOKENS):
+        raise TraceError(f"{where}: {len(req.hash_ids)} hash ids for {req.input_length} tokens of {TRACE_BLOCK_TOKENS}-token blocks")
+    return req
+
+
+def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]:
+    """Read a trace; sorted by arrival. Any bad line is an error naming the line."""
+    out = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                out.append(parse_line(line, f"{path}:{number}"))
+            if limit is not None and len(out) >= limit:
+                break
+    if not out:
+        raise TraceError(f"{path}: no requests")
+    return sorted(out, key=lambda r: r.timestamp_ms)
+
+
+def write_trace(requests: Iterable[TraceRequest], path: str | Path) -> None:
+    with open(path, "w") as f:
+        for r in requests:
+            record = {"timestamp": r.timestamp_ms, "input_length": r.input_length, "output_length": r.output_length,
+                      "hash_ids": list(r.hash_ids)}
+            f.write(json.dumps(record) + "\n")
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    requests: int = 1000
+    rate_per_s: float = 1.0  # Poisson arrivals
+    input_mean: int = 8192  # tokens, log-normally spread
+    output_mean: int = 350
+    length_sigma: float = 0.6
+    shared_prefix_ratio: float = 0.5  # share of requests that start with a common prefix
+    prefixes: int = 8  # how many distinct common prefixes
+    prefix_share_of_input: float = 0.5  # how much of such a prompt the prefix is
+    seed: int = 0
+
+
+def synthetic(spec: SyntheticSpec) -> list[TraceRequest]:
+    rng = random.Random(spec.seed)
+    next_id = 0
+
+    def fresh(n: int) -> list[int]:
+        nonlocal next_id
+        ids = list(range(next_id, next_id + n))
+        next_id += n
+        return ids
+
+    prefix_blocks = max(1, int(spec.input_mean * spec.prefix_share_of_input) // TRACE_BLOCK_TOKENS)
+    prefixes = [fresh(prefix_blocks) for _ in range(spec.prefixes)]
+    t, out = 0.0, []
+    for _ in range(spec.requests):
+        t += rng.expovariate(spec.rate_per_s) * 1e3
+        n_in = max(1, int(rng.lognormvariate(math.log(spec.input_mean), spec.length_sigma)))
+        n_out = max(1, int(rng.lognormvariate(math.log(spec.output_mean), spec.length_sigma)))
+        blocks = math.ceil(n_in / TRACE_BLOCK_TOKENS)
+        ids = rng.choice(prefixes)[:blocks] if rng.random() < spec.shared_prefix_ratio else []
+        ids = ids + fresh(blocks - len(ids))
+        out.append(TraceRequest(round(t, 3), n_in, n_out, tuple(ids)))
+    return out
+
+
+def rescale(trace: Sequence[TraceRequest], speed: float = 1.0, length_factor: float = 1.0,
+            max_input: int | None = None, max_output: int | None = None) -> list[TraceRequest]:
+    """Replay `speed`× faster and with lengths × `length_factor` (hash ids kept, so a
+    block of 512 trace tokens becomes 512·factor tokens), capped to a model's limits."""
+    if speed <= 0 or length_factor <= 0:
+        raise ValueError("speed and length_factor must be positive")
+    out = []
+    for r in trace:
+        n_in = max(1, round(r.input_length * length_factor))
+        n_out = max(1, round(r.output_length * length_factor))
+        if max_input is not None:
+            n_in = min(n_in, max_input)
+        if max_output is not None:
+            n_out = min(n_out, max_output)
+        block = TRACE_BLOCK_TOKENS * length_factor
+        ids = r.hash_ids[: max(1, math.ceil(n_in / block))]
+        out.append(replace(r, timestamp_ms=r.timestamp_ms / speed, input_length=n_in, output_length=n_out, hash_ids=ids))
+    return out
