@@ -9,7 +9,10 @@ mode. Capacity per instance bounds the guess the way the engine's cache is bound
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+
+# A block's name: its chained hash (hex) in the cluster, a trace's hash id in the simulator.
+BlockId = Hashable
 
 
 class PrefixIndex:
@@ -17,14 +20,14 @@ class PrefixIndex:
         if capacity_blocks <= 0:
             raise ValueError("capacity_blocks must be positive")
         self.capacity_blocks = capacity_blocks
-        self._holders: dict[str, set[str]] = {}
-        self._lru: dict[str, OrderedDict[str, None]] = {}
+        self._holders: dict[BlockId, set[str]] = {}
+        self._lru: dict[str, OrderedDict[BlockId, None]] = {}
 
     def __len__(self) -> int:
         """Distinct blocks indexed."""
         return len(self._holders)
 
-    def insert(self, instance_id: str, hashes: Iterable[str]) -> list[str]:
+    def insert(self, instance_id: str, hashes: Iterable[BlockId]) -> list[BlockId]:
         """Record that `instance_id` holds these blocks (most recently used); returns
         the blocks it had to forget to stay within capacity."""
         lru = self._lru.setdefault(instance_id, OrderedDict())
@@ -45,7 +48,7 @@ class PrefixIndex:
         for h in self._lru.pop(instance_id, {}):
             self._forget(h, instance_id)
 
-    def prefix_blocks(self, hashes: Sequence[str], instances: Iterable[str]) -> dict[str, int]:
+    def prefix_blocks(self, hashes: Sequence[BlockId], instances: Iterable[str]) -> dict[str, int]:
         """For each instance, how many leading blocks of `hashes` it holds."""
         result = dict.fromkeys(instances, 0)
         alive = set(result)
@@ -60,7 +63,11 @@ class PrefixIndex:
     def used_blocks(self, instance_id: str) -> int:
         return len(self._lru.get(instance_id, ()))
 
-    def _forget(self, h: str, instance_id: str) -> None:
+    def holder_counts(self) -> list[int]:
+        """For every indexed block, how many instances hold it."""
+        return [len(holders) for holders in self._holders.values()]
+
+    def _forget(self, h: BlockId, instance_id: str) -> None:
         holders = self._holders.get(h)
         if holders is not None:
             holders.discard(instance_id)

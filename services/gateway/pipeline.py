@@ -122,7 +122,7 @@ class Pipeline:
                 return
             # Decode must accept before the first token goes out, so that a refusal
             # can still be a clean 429 rather than an error in the middle of a stream.
-            tbt_ms = (slo.tbt_ms or self.config.slo_tbt_ms) if self.config.admission != "none" else 0.0
+            tbt_ms = slo.tbt_ms or self.config.slo_tbt_ms
             sub = await self._start_decode(request_id, prompt, result.first_token_id, sampling, deadline, reply, tbt_ms)
             try:
                 yield first

@@ -1,0 +1,357 @@
+"""`yuebing sim`: a discrete-event simulation of a Yuebing cluster.
+
+Requests from a trace arrive at their timestamps; the Conductor's own code
+(`services.conductor`: Scheduler, ClusterState, PrefixIndex) places them; prefill
+instances work through their queues one request at a time (prefill time, and pull
+time for blocks copied from another node, from the profile's time models); decode
+instances run continuous batching, one step for the whole batch, re-checking the
+TBT SLO when a request arrives (a refusal there is a wasted prefill).
+
+Decode is simulated in segments rather than token by token: between two changes of
+a batch (a request joins or finishes) every step takes the same time, so a segment
+of k steps is one event. That is what lets 23k requests replay in seconds.
+
+Caches: each prefill instance holds the blocks it computed (and those it pulled) in
+its share of the node's DRAM, LRU-evicted at `pool_blocks`. The Conductor's index
+*is* that cache here, as it is in the live system once the store publishes KV
+events. `cache_aware` uses only a request's own instance's cache ("local");
+`kvcentric` may pull from any instance ("global pool").
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.conductor.index import PrefixIndex
+from services.conductor.policy import Decision, Params, Request, Scheduler
+from services.conductor.state import ClusterState
+from shared.predictor import Predictor
+from yuebing.metrics import Outcome, summarize
+from yuebing.trace import TRACE_BLOCK_TOKENS, TraceRequest
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    prefill: int = 8
+    decode: int = 8
+    policy: str = "kvcentric"
+    admission: str = "none"
+    # SLOs: absolute, or (when the *_x field is set) multiples of the request's own
+    # unloaded time (prefill alone; one decode step alone), as in the paper.
+    slo_ttft_s: float = 30.0
+    slo_tbt_s: float = 0.1
+    slo_ttft_x: float = 0.0
+    slo_tbt_x: float = 0.0
+    block_tokens: int = TRACE_BLOCK_TOKENS
+    pool_blocks: int = 20_000  # KV blocks each prefill instance's DRAM share holds
+    kv_bytes_per_token: int = 131_072  # LLaMA-8B, bf16
+    bandwidth_gbps: float = 25.0  # node-to-node KV transfer
+    layerwise: bool = True  # KV streams to decode while prefill computes
+    chunk_tokens: int = 0  # prefill chunk size; 0: the whole prompt at once
+    max_batch: int = 128  # decode instance's running batch limit
+    decode_time_s: float = 10.0  # predictive admission's t_d
+    speed: float = 1.0  # replay speed factor
+    sample_every_s: float = 10.0  # load-over-time sampling
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prefill < 1 or self.decode < 1:
+            raise ValueError("need at least one prefill and one decode instance")
+        if self.speed <= 0 or self.bandwidth_gbps <= 0 or self.pool_blocks <= 0:
+            raise ValueError("speed, bandwidth and pool size must be positive")
+
+
+@dataclass(slots=True)
+class SimRequest:
+    rid: str
+    trace: TraceRequest
+    arrival: float
+    hashes: list[int]
+    request: Request
+    outcome: Outcome
+    prefill_id: str = ""
+    decode_id: str = ""
+    pull_blocks: int = 0
+    cached_tokens: int = 0
+    first_token_at: float = 0.0
+    # Decode progress: tokens still to make, context attended, and the step times
+    # it saw as (step seconds, steps) segments.
+    remaining: int = 0
+    ctx: int = 0
+    segments: list[tuple[float, int]] = field(default_factory=list)
+
+
+@dataclass
+class PrefillInstance:
+    iid: str
+    queue: deque[SimRequest] = field(default_factory=deque)
+    busy: bool = False
+    busy_s: float = 0.0
+
+
+@dataclass
+class DecodeInstance:
+    iid: str
+    batch: list[SimRequest] = field(default_factory=list)
+    waiting: deque[SimRequest] = field(default_factory=deque)
+    seg_start: float = 0.0
+    seg_steps: int = 0
+    step_s: float = 0.0
+    version: int = 0  # invalidates a scheduled segment end when the batch changes
+
+
+class Simulation:
+    def __init__(self, config: SimConfig, predictor: Predictor) -> None:
+        self.config = config
+        self.predictor = Predictor(
+            predictor.prefill_coef,
+            predictor.decode_coef,
+            kv_bytes_per_token=config.kv_bytes_per_token,
+            transfer_bytes_per_s=config.bandwidth_gbps * 1e9,
+        )
+        params = Params(block_size=config.block_tokens, decode_time_s=config.decode_time_s)
+        self.scheduler = Scheduler(config.policy, config.admission, self.predictor, params, seed=config.seed)
+        self.index = PrefixIndex(config.pool_blocks)
+        self.state = ClusterState(self.predictor, params, self.index)
+        self.prefills = {f"p{i}": PrefillInstance(f"p{i}") for i in range(config.prefill)}
+        self.decodes = {f"d{i}": DecodeInstance(f"d{i}") for i in range(config.decode)}
+        for iid in self.prefills:
+            self.state.add_instance("prefill", iid)
+        for iid in self.decodes:
+            self.state.add_instance("decode", iid)
+        self.events: list[tuple[float, int, str, object, int]] = []
+        self._seq = itertools.count()
+        self.now = 0.0
+        self.samples: list[dict] = []
+
+    # --- event queue --------------------------------------------------------
+    def at(self, t: float, kind: str, obj: object, version: int = 0) -> None:
+        heapq.heappush(self.events, (t, next(self._seq), kind, obj, version))
+
+    def run(self, trace: Sequence[TraceRequest], progress: bool = False) -> list[Outcome]:
+        from tqdm import tqdm
+
+        requests = [self._request(i, r) for i, r in enumerate(trace)]
+        for r in requests:
+            self.at(r.arrival, "arrive", r)
+        if requests:
+            self.at(0.0, "sample", None)
+        bar = tqdm(total=len(requests), desc=f"sim {self.config.policy}/{self.config.admission}", unit="req",
+                   disable=not progress, leave=False)
+        handlers = {
+            "arrive": self._arrive,
+            "prefill_done": self._prefill_done,
+            "join": self._join,
+            "segment_end": self._segment_end,
+            "sample": self._sample,
+        }
+        while self.events:
+            t, _, kind, obj, version = heapq.heappop(self.events)
+            self.now = t
+            if kind == "arrive":
+                bar.update()
+            handlers[kind](obj, version)
+        bar.close()
+        return [r.outcome for r in requests]
+
+    # --- requests -----------------------------------------------------------
+    def _request(self, i: int, tr: TraceRequest) -> SimRequest:
+        c = self.config
+        full_blocks = tr.input_length // c.block_tokens
+        hashes = list(tr.hash_ids[:full_blocks])
+        ttft_slo = c.slo_ttft_x * self.predictor.prefill_s(tr.input_length) if c.slo_ttft_x else c.slo_ttft_s
+        tbt_slo = c.slo_tbt_x * self.predictor.decode_step_s(1, tr.input_length) if c.slo_tbt_x else c.slo_tbt_s
+        arrival = tr.timestamp_ms / 1e3 / c.speed
+        req = Request(f"r{i}", tr.input_length, len(hashes), tr.output_length, ttft_slo, tbt_slo)
+        outcome = Outcome(arrival, tr.input_length, tr.output_length, ttft_slo, tbt_slo)
+        return SimRequest(f"r{i}", tr, arrival, hashes, req, outcome, remaining=tr.output_length - 1)
+
+    def _arrive(self, r: SimRequest, _v: int) -> None:
+        loads = self.state.prefill_loads(r.hashes, self.now)
+        out = self.scheduler.schedule(r.request, loads, self.state.decode_loads(), self.now)
+        if not isinstance(out, Decision):
+            r.outcome.rejected = True
+            return
+        prefix = next(x.prefix_blocks for x in loads if x.instance_id == out.prefill.instance_id)
+        if out.prefill.pull_from:  # replication: the pulled blocks now live on the chosen instance too
+            self.index.insert(out.prefill.instance_id, r.hashes[: out.prefill.cached_blocks])
+        r.prefill_id, r.decode_id = out.prefill.instance_id, out.decode_id
+        r.pull_blocks = out.prefill.pull_blocks
+        r.cached_tokens = min(max(prefix, out.prefill.cached_blocks) * self.config.block_tokens, r.trace.input_length - 1)
+        self.state.assign(r.request, r.hashes, out, self.now)
+        inst = self.prefills[r.prefill_id]
+        inst.queue.append(r)
+        if not inst.busy:
+            self._start_prefill(inst)
+
+    # --- prefill ------------------------------------------------------------
+    def _prefill_seconds(self, r: SimRequest) -> float:
+        c = self.config
+        new = r.trace.input_length - r.cached_tokens
+        pull = self.predictor.transfer_s(r.pull_blocks * c.block_tokens)
+        if not c.chunk_tokens:
+            return pull + self.predictor.prefill_s(new, r.cached_tokens)
+        total, done = pull, r.cached_tokens
+        while done < r.trace.input_length:
+            n = min(c.chunk_tokens, r.trace.input_length - done)
+            total += self.predictor.prefill_s(n, done)
+            done += n
+        return total
+
+    def _start_prefill(self, inst: PrefillInstance) -> None:
+        r = inst.queue.popleft()
+        seconds = self._prefill_seconds(r)
+        inst.busy, inst.busy_s = True, inst.busy_s + seconds
+        self.at(self.now + seconds, "prefill_done", r)
+
+    def _prefill_done(self, r: SimRequest, _v: int) -> None:
+        inst = self.prefills[r.prefill_id]
+        inst.busy = False
+        if inst.queue:
+            self._start_prefill(inst)
+        self.state.prefill_done(r.rid, self.now)
+        r.first_token_at = self.now
+        r.outcome.ttft_s = self.now - r.arrival
+        r.outcome.cached_tokens = r.cached_tokens
+        # With layer-wise streaming only the last layer's KV is left to send now.
+        kv = self.predictor.transfer_s(r.trace.input_length)
+        if self.config.layerwise:
+            kv /= 32
+        self.at(self.now + kv, "join", r)
+
+    # --- decode -------------------------------------------------------------
+    def _join(self, r: SimRequest, _v: int) -> None:
+        inst = self.decodes[r.decode_id]
+        batch, tokens = len(inst.batch) + 1, sum(x.ctx for x in inst.batch) + r.trace.input_length
+        if self.predictor.decode_step_s(batch, tokens) > r.request.slo_tbt_s:  # the decode double-check
+            r.outcome.wasted_prefill = True
+            r.outcome.ttft_s = None
+            self.state.finished(r.rid, self.now)
+            return
+        if r.remaining <= 0:
+            self._finish(r)
+            return
+        r.ctx = r.trace.input_length + 1
+        inst.waiting.append(r)
+        if not inst.batch:
+            self._start_segment(inst)
+        else:
+            self._cut_segment(inst)
+
+    def _start_segment(self, inst: DecodeInstance) -> None:
+        while inst.waiting and len(inst.batch) < self.config.max_batch:
+            inst.batch.append(inst.waiting.popleft())
+        if not inst.batch:
+            return
+        steps = min(r.remaining for r in inst.batch)
+        tokens = sum(r.ctx for r in inst.batch) + len(inst.batch) * steps // 2  # context at mid-segment
+        inst.step_s = self.predictor.decode_step_s(len(inst.batch), tokens)
+        inst.seg_start, inst.seg_steps = self.now, steps
+        inst.version += 1
+        self.at(self.now + steps * inst.step_s, "segment_end", inst, inst.version)
+
+    def _cut_segment(self, inst: DecodeInstance) -> None:
+        """A request is waiting to join: end the running segment after the step in progress."""
+        done = math.ceil((self.now - inst.seg_start) / inst.step_s - 1e-9)
+        if 0 < done < inst.seg_steps:
+            inst.seg_steps = done
+            inst.version += 1
+            self.at(inst.seg_start + done * inst.step_s, "segment_end", inst, inst.version)
+
+    def _segment_end(self, inst: DecodeInstance, version: int) -> None:
+        if version != inst.version:
+            return  # this segment was cut short and rescheduled
+        k, still = inst.seg_steps, []
+        for r in inst.batch:
+            if not r.segments:  # the first decode token's gap: the wait since the first token
+                r.segments.append((self.now - (k - 1) * inst.step_s - r.first_token_at, 1))
+                if k > 1:
+                    r.segments.append((inst.step_s, k - 1))
+            else:
+                r.segments.append((inst.step_s, k))
+            r.remaining -= k
+            r.ctx += k
+            if r.remaining > 0:
+                still.append(r)
+            else:
+                self._finish(r)
+        inst.batch = still
+        self._start_segment(inst)
+
+    def _finish(self, r: SimRequest) -> None:
+        o = r.outcome
+        o.end_s = self.now
+        o.tbt_mean_s, o.tbt_p90_s, o.tbt_tail_s = segment_stats(r.segments)
+        self.state.finished(r.rid, self.now)
+
+    # --- load over time -----------------------------------------------------
+    def _sample(self, _obj: object, _v: int) -> None:
+        queue_s = [max(0.0, load.queue_s) for load in self.state.prefill_loads([], self.now)]
+        tbts = [self.predictor.decode_step_s(len(d.batch), sum(r.ctx for r in d.batch)) for d in self.decodes.values()]
+        self.samples.append(
+            {
+                "t": self.now,
+                "prefill_queue_s": sum(queue_s) / len(queue_s),
+                "decode_batch": sum(len(d.batch) for d in self.decodes.values()) / len(self.decodes),
+                "decode_tbt_s": sum(tbts) / len(tbts),
+            }
+        )
+        if self.events:  # sample for as long as anything else is still to happen
+            self.at(self.now + self.config.sample_every_s, "sample", None)
+
+    def replicas(self) -> dict[str, float]:
+        """How many instances hold each indexed block: hot blocks spread (kvcentric)."""
+        counts = self.index.holder_counts()
+        if not counts:
+            return {"blocks": 0, "mean": 0.0, "max": 0}
+        return {"blocks": len(counts), "mean": sum(counts) / len(counts), "max": max(counts)}
+
+
+def segment_stats(segments: Sequence[tuple[float, int]]) -> tuple[float, float, float]:
+    """(mean, p90, mean of the longest 10 %) of gaps given as (gap, count) runs."""
+    total = sum(n for _, n in segments)
+    if total == 0:
+        return 0.0, 0.0, 0.0
+    mean = sum(g * n for g, n in segments) / total
+    ordered = sorted(segments, reverse=True)
+    tail_n = max(1, math.ceil(total * 0.1))
+    p90_rank = total - math.ceil(0.9 * total)  # gaps longer than the p90 one
+    tail_sum, seen, p90 = 0.0, 0, ordered[-1][0]
+    for gap, n in ordered:
+        take = min(n, tail_n - seen)
+        if take > 0:
+            tail_sum += gap * take
+        if seen <= p90_rank < seen + n:
+            p90 = gap
+        seen += n
+    return mean, p90, tail_sum / tail_n
+
+
+def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predictor, progress: bool = False) -> dict:
+    """Run one configuration; returns the documented result object."""
+    import time
+
+    sim = Simulation(config, predictor)
+    started = time.perf_counter()
+    outcomes = sim.run(trace, progress)
+    wall = time.perf_counter() - started
+    duration = max((o.end_s for o in outcomes), default=0.0) or max(o.arrival_s for o in outcomes)
+    result = summarize(outcomes, duration)
+    busy = [p.busy_s for p in sim.prefills.values()]
+    result.update(
+        {
+            "policy": config.policy,
+            "admission": config.admission,
+            "prefill_busy_s": sum(busy),
+            "replicas": sim.replicas(),
+            "simulated_requests_per_s": len(trace) / wall if wall else 0.0,
+            "wall_s": wall,
+            "load_over_time": sim.samples,
+        }
+    )
+    return result
