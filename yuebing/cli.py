@@ -9,6 +9,9 @@ from pathlib import Path
 
 from shared.config import DEFAULT_PROFILE, ClusterConfig
 
+# GPU-measured curves beside the repo (../shared/profiles), for simulating GPU clusters.
+DEFAULT_SIM_PROFILE = Path(__file__).resolve().parents[2] / "shared" / "profiles" / "h100-dense-llama.json"
+
 
 def _model_init(args: argparse.Namespace) -> int:
     from yuebing.model import ModelSpec, write_model
@@ -93,6 +96,59 @@ def _bench_conductor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sim(args: argparse.Namespace) -> int:
+    import json
+
+    from shared.predictor import load_predictor
+    from yuebing import sim
+    from yuebing.trace import SyntheticSpec, load_trace, synthetic
+
+    if args.synthetic:
+        trace = synthetic(SyntheticSpec(requests=args.synthetic, rate_per_s=args.rate, seed=args.seed))
+    else:
+        trace = load_trace(args.trace, args.limit)
+    predictor = load_predictor(args.profile, args.profile_model or None)
+    base = sim.SimConfig(
+        prefill=args.prefill,
+        decode=args.decode,
+        slo_ttft_s=args.slo_ttft_ms / 1e3,
+        slo_tbt_s=args.slo_tbt_ms / 1e3,
+        slo_ttft_x=args.slo_ttft_x,
+        slo_tbt_x=args.slo_tbt_x,
+        pool_blocks=args.pool_blocks,
+        kv_bytes_per_token=args.kv_bytes_per_token,
+        bandwidth_gbps=args.bandwidth_gbps,
+        layerwise=not args.no_layerwise,
+        chunk_tokens=args.chunk_tokens,
+        max_batch=args.max_batch,
+        decode_time_s=args.decode_time,
+        speed=args.speed,
+        seed=args.seed,
+    )
+    from dataclasses import replace
+
+    policies, admissions = args.policy.split(","), args.admission.split(",")
+    configs = [replace(base, policy=p, admission=a) for p in policies for a in admissions]
+    if args.find_capacity:
+        found = [sim.find_capacity(trace, c, predictor, target=args.target) for c in configs]
+        print(f"highest replay speed with ≥ {args.target:.0%} of requests within both SLOs:")
+        for f in found:
+            print(f"  {f['policy']:>14}/{f['admission']:<13} speed {f['capacity_speed']:.3f}×  ({f.get('capacity_rps', 0):.2f} req/s)")
+        output: dict = {"trace": args.trace if not args.synthetic else "synthetic", "capacity": found}
+    else:
+        runs = sim.compare(trace, configs, predictor)
+        print(f"{len(trace)} requests, {args.prefill} prefill + {args.decode} decode, speed {args.speed}×")
+        print(sim.table([r.result for r in runs]))
+        output = {"trace": args.trace if not args.synthetic else "synthetic", "config": vars(args) | {"func": None},
+                  "runs": [r.result for r in runs]}
+        if args.plot_dir:
+            for path in sim.plot(runs, args.plot_dir):
+                print(f"wrote {path}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(output, indent=1, default=str) + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from services.conductor.policy import ADMISSIONS, PREFILL_POLICIES
     from yuebing.model import ModelSpec, default_model_dir
@@ -132,6 +188,38 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--admission", default="predictive")
     bc.add_argument("--json", help="also write the result here")
     bc.set_defaults(func=_bench_conductor)
+
+    sp = sub.add_parser("sim", help="simulate a cluster replaying a trace (policies from the Conductor)")
+    src = sp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="trace in Mooncake's JSONL format")
+    src.add_argument("--synthetic", type=int, metavar="N", help="N synthetic requests instead (Poisson)")
+    sp.add_argument("--rate", type=float, default=2.0, help="synthetic arrivals per second")
+    sp.add_argument("--limit", type=int, help="only the first N requests of the trace")
+    sp.add_argument("--profile", default=str(DEFAULT_SIM_PROFILE), help="timing profile (rows of measured times)")
+    sp.add_argument("--profile-model", default="llama3-8b", help="rows of this model (empty: all)")
+    sp.add_argument("--prefill", type=int, default=8)
+    sp.add_argument("--decode", type=int, default=8)
+    sp.add_argument("--policy", default="kvcentric", help="one name, or several comma-separated to compare")
+    sp.add_argument("--admission", default="none", help="one name, or several comma-separated to compare")
+    sp.add_argument("--compare", action="store_true", help="(the table compares every policy × admission given)")
+    sp.add_argument("--find-capacity", action="store_true", help="binary-search the highest replay speed meeting --target")
+    sp.add_argument("--target", type=float, default=0.9, help="share of requests within both SLOs")
+    sp.add_argument("--speed", type=float, default=1.0, help="replay speed factor")
+    sp.add_argument("--slo-ttft-ms", type=float, default=30_000.0)
+    sp.add_argument("--slo-tbt-ms", type=float, default=100.0)
+    sp.add_argument("--slo-ttft-x", type=float, default=0.0, help="TTFT SLO as a multiple of the unloaded prefill time")
+    sp.add_argument("--slo-tbt-x", type=float, default=0.0, help="TBT SLO as a multiple of the unloaded step time")
+    sp.add_argument("--pool-blocks", type=int, default=20_000, help="KV blocks per prefill instance's DRAM share")
+    sp.add_argument("--kv-bytes-per-token", type=int, default=131_072)
+    sp.add_argument("--bandwidth-gbps", type=float, default=25.0, help="node-to-node KV bandwidth, GB/s")
+    sp.add_argument("--no-layerwise", action="store_true", help="send KV only after the last layer")
+    sp.add_argument("--chunk-tokens", type=int, default=0, help="prefill chunk size (0: whole prompt)")
+    sp.add_argument("--max-batch", type=int, default=128, help="decode batch limit")
+    sp.add_argument("--decode-time", type=float, default=10.0, help="predictive admission's t_d, s")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--json", help="write the results here")
+    sp.add_argument("--plot-dir", help="write PNG plots here")
+    sp.set_defaults(func=_sim)
 
     c = ClusterConfig()
     upp = sub.add_parser("up", help="run the local cluster (Ctrl-C stops it)")

@@ -332,8 +332,14 @@ def segment_stats(segments: Sequence[tuple[float, int]]) -> tuple[float, float, 
     return mean, p90, tail_sum / tail_n
 
 
-def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predictor, progress: bool = False) -> dict:
-    """Run one configuration; returns the documented result object."""
+@dataclass
+class SimRun:
+    result: dict  # the documented result object (what --json writes)
+    outcomes: list[Outcome]  # one per request, for plots
+
+
+def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predictor, progress: bool = False) -> SimRun:
+    """Run one configuration."""
     import time
 
     sim = Simulation(config, predictor)
@@ -354,4 +360,106 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
             "load_over_time": sim.samples,
         }
     )
-    return result
+    return SimRun(result, outcomes)
+
+
+def compare(trace: Sequence[TraceRequest], configs: Sequence[SimConfig], predictor: Predictor, progress: bool = True) -> list[SimRun]:
+    return [simulate(trace, c, predictor, progress) for c in configs]
+
+
+def find_capacity(
+    trace: Sequence[TraceRequest], config: SimConfig, predictor: Predictor, target: float = 0.9,
+    lo: float = 0.05, hi: float = 64.0, steps: int = 12, progress: bool = True,
+) -> dict:
+    """The highest replay speed at which `target` of requests meet both SLOs (binary
+    search on a log scale), as DistServe and Mooncake compare systems."""
+    from dataclasses import replace
+
+    def attainment(speed: float) -> float:
+        return simulate(trace, replace(config, speed=speed), predictor).result["slo_attainment"]
+
+    if attainment(lo) < target:
+        return {"policy": config.policy, "admission": config.admission, "capacity_speed": 0.0, "target": target}
+    probes = []
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi)
+        a = attainment(mid)
+        probes.append({"speed": mid, "slo_attainment": a})
+        if progress:
+            print(f"  {config.policy}/{config.admission}: speed {mid:.3f} → attainment {a:.3f}", flush=True)
+        lo, hi = (mid, hi) if a >= target else (lo, mid)
+    rate = len(trace) / (max(r.timestamp_ms for r in trace) / 1e3) if len(trace) > 1 else 0.0
+    return {"policy": config.policy, "admission": config.admission, "capacity_speed": lo, "capacity_rps": rate * lo,
+            "target": target, "probes": probes}
+
+
+COLUMNS = [
+    ("policy", "policy", "{}"),
+    ("admission", "admission", "{}"),
+    ("TTFT mean s", lambda r: r["ttft_s"]["mean"], "{:.2f}"),
+    ("p90", lambda r: r["ttft_s"]["p90"], "{:.2f}"),
+    ("p99", lambda r: r["ttft_s"]["p99"], "{:.2f}"),
+    ("TBT mean ms", lambda r: r["tbt_s"]["mean"] * 1e3, "{:.1f}"),
+    ("p99", lambda r: r["tbt_s"]["p99"] * 1e3, "{:.1f}"),
+    ("SLO att.", "slo_attainment", "{:.3f}"),
+    ("goodput/s", "goodput_rps", "{:.2f}"),
+    ("done", "completed", "{}"),
+    ("rejected", "rejected", "{}"),
+    ("wasted", "wasted_prefill", "{}"),
+    ("hit rate", "cache_hit_rate", "{:.3f}"),
+    ("prefill s", "prefill_busy_s", "{:.0f}"),
+    ("replicas", lambda r: r["replicas"]["mean"], "{:.2f}"),
+    ("req/s sim", "simulated_requests_per_s", "{:.0f}"),
+]
+
+
+def table(results: Sequence[dict]) -> str:
+    cells = [[fmt.format(key(r) if callable(key) else r[key]) for _, key, fmt in COLUMNS] for r in results]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, (h, _, _) in enumerate(COLUMNS)]
+    lines = ["  ".join(h.rjust(w) for (h, _, _), w in zip(COLUMNS, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def plot(runs: Sequence[SimRun], out_dir: str) -> list[str]:
+    """CDFs of TTFT and TBT per run, and load over time (prefill queue vs decode
+    batch), where the oscillation of plain early rejection shows."""
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    label = [f"{r.result['policy']}/{r.result['admission']}" for r in runs]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, run in zip(label, runs):
+        done = [o for o in run.outcomes if o.completed]
+        for ax, values in ((a1, [o.ttft_s for o in done]), (a2, [o.tbt_tail_s * 1e3 for o in done])):
+            values.sort()
+            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name)
+    a1.set(xlabel="TTFT (s)", ylabel="share of completed requests", xscale="log", title="TTFT CDF")
+    a2.set(xlabel="TBT, mean of longest 10 % gaps (ms)", title="TBT CDF")
+    a1.legend(fontsize=7)
+    fig.tight_layout()
+    paths = [os.path.join(out_dir, "cdf.png")]
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.4 * len(runs)), sharex=True, squeeze=False)
+    for ax, name, run in zip(axes[:, 0], label, runs):
+        samples = run.result["load_over_time"]
+        t = [x["t"] for x in samples]
+        ax.plot(t, [x["prefill_queue_s"] for x in samples], color="tab:blue")
+        ax.set_ylabel("prefill queue (s)", color="tab:blue", fontsize=8)
+        twin = ax.twinx()
+        twin.plot(t, [x["decode_batch"] for x in samples], color="tab:orange")
+        twin.set_ylabel("decode batch", color="tab:orange", fontsize=8)
+        ax.set_title(name, fontsize=9)
+    axes[-1, 0].set_xlabel("simulated time (s)")
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "load_over_time.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
