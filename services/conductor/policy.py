@@ -262,10 +262,9 @@ class Scheduler:
             return Rejection("unavailable", f"no live {missing} instance", retry_after_s=1.0)
         choice = self.policy(req, prefills, self.ctx)
         prefill_end = now + choice.ttft_s
-        # Decode is chosen for when this request will reach it; admission decides on
-        # the load then (predictive) or now (early_reject).
-        when = now if self.admission == "early_reject" else prefill_end
-        decode, tbt = choose_decode(req, decodes, when, self.ctx)
+        # Decode is chosen for when this request will reach it. Admission judges the
+        # decode pool's load now (early_reject) or at that moment (predictive).
+        decode, tbt = choose_decode(req, decodes, prefill_end, self.ctx)
         if self.admission != "none":
             if choice.ttft_s > req.slo_ttft_s:
                 return Rejection(
@@ -273,11 +272,13 @@ class Scheduler:
                     f"predicted TTFT {choice.ttft_s * 1e3:.0f} ms exceeds the SLO of {req.slo_ttft_s * 1e3:.0f} ms",
                     retry_after_s=choice.ttft_s - req.slo_ttft_s,
                 )
-            if tbt > req.slo_tbt_s:
+            judged, judged_tbt = (decode, tbt) if self.admission == "predictive" else choose_decode(req, decodes, now, self.ctx)
+            if judged_tbt > req.slo_tbt_s:
+                when = prefill_end if self.admission == "predictive" else now
                 return Rejection(
                     "overloaded",
-                    f"predicted TBT {tbt * 1e3:.1f} ms on {decode.instance_id} exceeds the SLO of {req.slo_tbt_s * 1e3:.1f} ms",
-                    retry_after_s=self._decode_drain_s(decode, when, now),
+                    f"predicted TBT {judged_tbt * 1e3:.1f} ms on {judged.instance_id} exceeds the SLO of {req.slo_tbt_s * 1e3:.1f} ms",
+                    retry_after_s=self._decode_drain_s(judged, when, now),
                 )
         return Decision(choice, decode.instance_id, tbt)
 

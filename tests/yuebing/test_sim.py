@@ -1,0 +1,79 @@
+"""The simulator: exact timing on tiny cases, and the direction of Mooncake's
+scheduling results on real and synthetic traces."""
+
+from pathlib import Path
+
+import pytest
+
+from shared.predictor import Predictor
+from yuebing.metrics import gap_stats
+from yuebing.sim import SimConfig, segment_stats, simulate
+from yuebing.trace import SyntheticSpec, TraceRequest, load_trace, synthetic
+
+# prefill 1 ms per token; decode step 10 ms flat (no batch or context cost)
+FLAT = Predictor(prefill_coef=(0.0, 1.0, 0.0, 0.0), decode_coef=(10.0, 0.0, 0.0))
+H100_8B = Predictor(prefill_coef=(7.15, 0.0156, 2.1e-06, 7.65e-07), decode_coef=(10.6, -0.0076, 4.0e-05))
+CONVERSATION = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
+
+
+def test_segment_stats_equal_gap_stats_of_the_expanded_gaps():
+    segments = [(0.5, 1), (0.01, 40), (0.03, 7), (0.02, 12)]
+    expanded = [g for g, n in segments for _ in range(n)]
+    assert segment_stats(segments) == pytest.approx(gap_stats(expanded))
+
+
+def test_one_request_is_timed_exactly():
+    trace = [TraceRequest(0.0, 1000, 11, (1, 2))]
+    run = simulate(trace, SimConfig(prefill=1, decode=1, policy="round_robin", layerwise=False, kv_bytes_per_token=0), FLAT)
+    (o,) = run.outcomes
+    assert o.ttft_s == pytest.approx(1.0)  # 1000 tokens at 1 ms
+    assert o.end_s == pytest.approx(1.0 + 10 * 0.010)  # 10 more tokens at 10 ms a step
+    assert o.tbt_mean_s == pytest.approx(0.010)
+
+
+def test_queueing_and_cache_reuse_on_one_instance():
+    # The second request shares the first's two full blocks and arrives while it runs.
+    trace = [TraceRequest(0.0, 1100, 2, (1, 2, 3)), TraceRequest(100.0, 1100, 2, (1, 2, 4))]
+    run = simulate(trace, SimConfig(prefill=1, decode=1, policy="cache_aware", kv_bytes_per_token=0), FLAT)
+    first, second = run.outcomes
+    assert second.cached_tokens == 1024
+    assert second.ttft_s == pytest.approx(1.1 - 0.1 + 0.076)  # waits for the first, then 76 new tokens
+    assert run.result["cache_hit_rate"] == pytest.approx(1024 / 2200)
+
+
+def test_a_tbt_slo_no_decode_can_meet_is_wasted_prefill_without_admission_and_rejected_with_it():
+    trace = [TraceRequest(float(i), 600, 5, (i, i + 1000)) for i in range(5)]
+    base = SimConfig(prefill=1, decode=1, policy="round_robin", slo_tbt_s=0.005, kv_bytes_per_token=0)
+    none = simulate(trace, base, FLAT).result
+    pred = simulate(trace, SimConfig(**{**base.__dict__, "admission": "predictive"}), FLAT).result
+    assert (none["wasted_prefill"], none["rejected"]) == (5, 0)
+    assert (pred["wasted_prefill"], pred["rejected"]) == (0, 5)
+    assert pred["prefill_busy_s"] == 0 < none["prefill_busy_s"]
+
+
+def ranking_traces():
+    traces = [("synthetic", synthetic(SyntheticSpec(requests=3000, rate_per_s=12.0, input_mean=8000, shared_prefix_ratio=0.6,
+                                                    prefixes=30, seed=1)))]
+    if CONVERSATION.exists():
+        traces.append(("conversation", load_trace(CONVERSATION, limit=4000)))
+    return traces
+
+
+@pytest.mark.parametrize("name, trace", ranking_traces(), ids=lambda x: x if isinstance(x, str) else "")
+def test_scheduling_ranks_random_least_loaded_cache_aware_kvcentric(name, trace):
+    speed = 4.0 if name == "conversation" else 1.0
+    ttft = {}
+    for policy in ("random", "least_loaded", "cache_aware", "kvcentric"):
+        result = simulate(trace, SimConfig(prefill=8, decode=8, policy=policy, speed=speed), H100_8B).result
+        ttft[policy] = result["ttft_s"]["mean"]
+    assert ttft["random"] > ttft["least_loaded"] > ttft["cache_aware"] >= ttft["kvcentric"] * 0.98, ttft
+
+
+@pytest.mark.parametrize("name, trace", ranking_traces(), ids=lambda x: x if isinstance(x, str) else "")
+def test_global_pool_hits_more_and_prefills_less_than_local_caches(name, trace):
+    config = SimConfig(prefill=8, decode=8, pool_blocks=1500, speed=4.0 if name == "conversation" else 1.0)
+    local = simulate(trace, SimConfig(**{**config.__dict__, "policy": "cache_aware"}), H100_8B).result
+    pooled = simulate(trace, SimConfig(**{**config.__dict__, "policy": "kvcentric"}), H100_8B).result
+    assert pooled["cache_hit_rate"] > local["cache_hit_rate"]
+    assert pooled["prefill_busy_s"] < local["prefill_busy_s"]
+    assert pooled["replicas"]["mean"] > local["replicas"]["mean"]  # hot blocks spread
