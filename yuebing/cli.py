@@ -129,6 +129,8 @@ def _sim(args: argparse.Namespace) -> int:
 
     policies, admissions = args.policy.split(","), args.admission.split(",")
     configs = [replace(base, policy=p, admission=a) for p in policies for a in admissions]
+    if args.pd_total:  # P:D sweep at a fixed total, for the first policy/admission
+        configs = [replace(configs[0], prefill=p, decode=args.pd_total - p) for p in range(1, args.pd_total)]
     if args.find_capacity:
         found = [sim.find_capacity(trace, c, predictor, target=args.target) for c in configs]
         print(f"highest replay speed with ≥ {args.target:.0%} of requests within both SLOs:")
@@ -139,6 +141,9 @@ def _sim(args: argparse.Namespace) -> int:
         runs = sim.compare(trace, configs, predictor)
         print(f"{len(trace)} requests, {args.prefill} prefill + {args.decode} decode, speed {args.speed}×")
         print(sim.table([r.result for r in runs]))
+        if args.pd_total:
+            best = max(runs, key=lambda r: r.result["goodput_rps"]).result
+            print(f"goodput peaks at {best['prefill']} prefill : {best['decode']} decode ({best['goodput_rps']:.2f} req/s)")
         output = {"trace": args.trace if not args.synthetic else "synthetic", "config": vars(args) | {"func": None},
                   "runs": [r.result for r in runs]}
         if args.plot_dir:
@@ -204,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--compare", action="store_true", help="(the table compares every policy × admission given)")
     sp.add_argument("--find-capacity", action="store_true", help="binary-search the highest replay speed meeting --target")
     sp.add_argument("--target", type=float, default=0.9, help="share of requests within both SLOs")
+    sp.add_argument("--pd-total", type=int, default=0, help="sweep prefill:decode splits of this many instances")
     sp.add_argument("--speed", type=float, default=1.0, help="replay speed factor")
     sp.add_argument("--slo-ttft-ms", type=float, default=30_000.0)
     sp.add_argument("--slo-tbt-ms", type=float, default=100.0)

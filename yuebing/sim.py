@@ -353,6 +353,9 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
         {
             "policy": config.policy,
             "admission": config.admission,
+            "prefill": config.prefill,
+            "decode": config.decode,
+            "speed": config.speed,
             "prefill_busy_s": sum(busy),
             "replicas": sim.replicas(),
             "simulated_requests_per_s": len(trace) / wall if wall else 0.0,
@@ -396,6 +399,7 @@ def find_capacity(
 COLUMNS = [
     ("policy", "policy", "{}"),
     ("admission", "admission", "{}"),
+    ("P:D", lambda r: f"{r['prefill']}:{r['decode']}", "{}"),
     ("TTFT mean s", lambda r: r["ttft_s"]["mean"], "{:.2f}"),
     ("p90", lambda r: r["ttft_s"]["p90"], "{:.2f}"),
     ("p99", lambda r: r["ttft_s"]["p99"], "{:.2f}"),
