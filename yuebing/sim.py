@@ -53,7 +53,7 @@ class SimConfig:
     bandwidth_gbps: float = 25.0  # node-to-node KV transfer
     layerwise: bool = True  # KV streams to decode while prefill computes
     chunk_tokens: int = 0  # prefill chunk size; 0: the whole prompt at once
-    max_batch: int = 128  # decode instance's running batch limit
+    max_batch: int = 128  # requests a decode instance's KV cache holds; one more is refused
     decode_time_s: float = 10.0  # predictive admission's t_d
     speed: float = 1.0  # replay speed factor
     sample_every_s: float = 10.0  # load-over-time sampling
@@ -117,7 +117,7 @@ class Simulation:
         params = Params(block_size=config.block_tokens, decode_time_s=config.decode_time_s)
         self.scheduler = Scheduler(config.policy, config.admission, self.predictor, params, seed=config.seed)
         self.index = PrefixIndex(config.pool_blocks)
-        self.state = ClusterState(self.predictor, params, self.index)
+        self.state = ClusterState(self.predictor, params, self.index, decode_capacity=config.max_batch)
         self.prefills = {f"p{i}": PrefillInstance(f"p{i}") for i in range(config.prefill)}
         self.decodes = {f"d{i}": DecodeInstance(f"d{i}") for i in range(config.decode)}
         for iid in self.prefills:
@@ -228,7 +228,8 @@ class Simulation:
     def _join(self, r: SimRequest, _v: int) -> None:
         inst = self.decodes[r.decode_id]
         batch, tokens = len(inst.batch) + 1, sum(x.ctx for x in inst.batch) + r.trace.input_length
-        if self.predictor.decode_step_s(batch, tokens) > r.request.slo_tbt_s:  # the decode double-check
+        full = len(inst.batch) + len(inst.waiting) >= self.config.max_batch
+        if full or self.predictor.decode_step_s(batch, tokens) > r.request.slo_tbt_s:  # the decode double-check
             r.outcome.wasted_prefill = True
             r.outcome.ttft_s = None
             self.state.finished(r.rid, self.now)

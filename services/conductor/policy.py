@@ -60,6 +60,7 @@ class DecodeItem:
 class DecodeLoad:
     instance_id: str
     items: tuple[DecodeItem, ...]  # running now, or joining when their prefill ends
+    capacity: int = 1 << 30  # requests its KV cache can hold at once
 
     def at(self, t: float) -> tuple[int, int]:
         """(batch, context tokens) of what will be decoding at time t."""
@@ -69,6 +70,12 @@ class DecodeLoad:
                 batch += 1
                 tokens += i.ctx_tokens
         return batch, tokens
+
+    def peak(self, t0: float, t1: float) -> tuple[int, int]:
+        """The largest (batch, context tokens) at any moment of [t0, t1): the load only
+        grows when a request joins, so the moments to look at are t0 and every start."""
+        moments = [t0, *(i.start for i in self.items if t0 < i.start < t1)]
+        return max((self.at(t) for t in moments), default=(0, 0))
 
 
 # --- outputs ------------------------------------------------------------------
@@ -228,15 +235,20 @@ ADMISSIONS = ("none", "early_reject", "predictive")
 
 
 # --- decode choice and admission ----------------------------------------------
-def tbt_at(load: DecodeLoad, t: float, req: Request, ctx: Context) -> float:
-    """Predicted TBT on `load` at time t, with this request in the batch."""
-    batch, tokens = load.at(t)
+def tbt_at(load: DecodeLoad, t: float, req: Request, ctx: Context, until: float | None = None) -> float:
+    """Predicted TBT on `load` at time t (or at its busiest until `until`), with this
+    request in the batch; infinite when its KV cache would have no room for it."""
+    batch, tokens = load.at(t) if until is None else load.peak(t, until)
+    if batch + 1 > load.capacity:
+        return math.inf
     return ctx.predictor.decode_step_s(batch + 1, tokens + req.prompt_len)
 
 
-def choose_decode(req: Request, loads: Sequence[DecodeLoad], t: float, ctx: Context) -> tuple[DecodeLoad, float]:
-    """The decode instance with the lowest predicted TBT at time t."""
-    tbts = [(tbt_at(x, t, req, ctx), x.instance_id, x) for x in loads]
+def choose_decode(
+    req: Request, loads: Sequence[DecodeLoad], t: float, ctx: Context, until: float | None = None
+) -> tuple[DecodeLoad, float]:
+    """The decode instance with the lowest predicted TBT at time t (or over [t, until))."""
+    tbts = [(tbt_at(x, t, req, ctx, until), x.instance_id, x) for x in loads]
     tbt, _, load = min(tbts, key=lambda x: (x[0], x[1]))
     return load, tbt
 
@@ -262,9 +274,11 @@ class Scheduler:
             return Rejection("unavailable", f"no live {missing} instance", retry_after_s=1.0)
         choice = self.policy(req, prefills, self.ctx)
         prefill_end = now + choice.ttft_s
-        # Decode is chosen for when this request will reach it. Admission judges the
-        # decode pool's load now (early_reject) or at that moment (predictive).
-        decode, tbt = choose_decode(req, decodes, prefill_end, self.ctx)
+        # Decode is chosen for when this request will be on it: from the end of its
+        # prefill for t_d (Mooncake's uniform decode time), judged at its busiest, so
+        # that admitting it cannot overfill a decode for requests admitted before.
+        # Admission judges that (predictive) or the decode pool's load now (early_reject).
+        decode, tbt = choose_decode(req, decodes, prefill_end, self.ctx, prefill_end + self.ctx.params.decode_time_s)
         if self.admission != "none":
             if choice.ttft_s > req.slo_ttft_s:
                 return Rejection(
@@ -277,7 +291,9 @@ class Scheduler:
                 when = prefill_end if self.admission == "predictive" else now
                 return Rejection(
                     "overloaded",
-                    f"predicted TBT {judged_tbt * 1e3:.1f} ms on {judged.instance_id} exceeds the SLO of {req.slo_tbt_s * 1e3:.1f} ms",
+                    f"predicted TBT {judged_tbt * 1e3:.1f} ms on {judged.instance_id} exceeds the SLO of {req.slo_tbt_s * 1e3:.1f} ms"
+                    if judged_tbt < math.inf
+                    else f"no decode instance has room for it (best: {judged.instance_id})",
                     retry_after_s=self._decode_drain_s(judged, when, now),
                 )
         return Decision(choice, decode.instance_id, tbt)

@@ -67,6 +67,7 @@ class ClusterState:
     index: PrefixIndex
     prefill: dict[str, PrefillBook] = field(default_factory=dict)
     decode: dict[str, dict[str, DecodeItem]] = field(default_factory=dict)
+    decode_capacity: int = 1 << 30  # requests one decode instance can hold at once
     # Where each request is, so events that name only the request find their books.
     placed: dict[str, tuple[str, str]] = field(default_factory=dict)
 
@@ -102,7 +103,7 @@ class ClusterState:
         return loads
 
     def decode_loads(self) -> list[DecodeLoad]:
-        return [DecodeLoad(iid, tuple(items.values())) for iid, items in sorted(self.decode.items())]
+        return [DecodeLoad(iid, tuple(items.values()), self.decode_capacity) for iid, items in sorted(self.decode.items())]
 
     # --- events -------------------------------------------------------------
     def assign(self, req: Request, hashes: Sequence[str], decision: Decision, now: float) -> None:
