@@ -153,3 +153,16 @@ def test_no_instances_is_unavailable_and_names_are_checked():
         sched("clairvoyant")
     with pytest.raises(ValueError, match="predictive"):
         sched(admission="maybe")
+
+
+def test_decode_load_peaks_where_requests_join_and_capacity_is_a_hard_limit():
+    load = DecodeLoad("d0", (DecodeItem(0.0, 5.0, 100), DecodeItem(2.0, 8.0, 100), DecodeItem(6.0, 9.0, 100)), capacity=2)
+    assert load.at(1.0) == (1, 100) and load.peak(1.0, 7.0) == (2, 200)
+    # A request decoding over [1, 11) would make three at t=2: no room, wherever it looks.
+    r = req(1024)
+    s = Scheduler("cache_aware", "predictive", PRED, Params(block_size=BS, decode_time_s=10.0))
+    out = s.schedule(r, [p("a", queue_s=1.0)], [load], now=0.0)
+    assert isinstance(out, Rejection) and "room" in out.reason
+    # With t_d short enough to finish before the next join, it fits.
+    s = Scheduler("cache_aware", "predictive", PRED, Params(block_size=BS, decode_time_s=0.5))
+    assert isinstance(s.schedule(r, [p("a", queue_s=1.0)], [load], now=0.0), Decision)
