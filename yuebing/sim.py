@@ -77,7 +77,8 @@ class SimRequest:
     prefill_id: str = ""
     decode_id: str = ""
     pull_blocks: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # reused, from its own cache or pulled
+    local_cached_tokens: int = 0  # reused from its own cache only
     first_token_at: float = 0.0
     # Decode progress: tokens still to make, context attended, and the step times
     # it saw as (step seconds, steps) segments.
@@ -128,6 +129,7 @@ class Simulation:
         self._seq = itertools.count()
         self.now = 0.0
         self.samples: list[dict] = []
+        self.requests: list[SimRequest] = []
 
     # --- event queue --------------------------------------------------------
     def at(self, t: float, kind: str, obj: object, version: int = 0) -> None:
@@ -136,7 +138,7 @@ class Simulation:
     def run(self, trace: Sequence[TraceRequest], progress: bool = False) -> list[Outcome]:
         from tqdm import tqdm
 
-        requests = [self._request(i, r) for i, r in enumerate(trace)]
+        requests = self.requests = [self._request(i, r) for i, r in enumerate(trace)]
         for r in requests:
             self.at(r.arrival, "arrive", r)
         if requests:
@@ -183,6 +185,7 @@ class Simulation:
         r.prefill_id, r.decode_id = out.prefill.instance_id, out.decode_id
         r.pull_blocks = out.prefill.pull_blocks
         r.cached_tokens = min(max(prefix, out.prefill.cached_blocks) * self.config.block_tokens, r.trace.input_length - 1)
+        r.local_cached_tokens = min(prefix * self.config.block_tokens, r.trace.input_length - 1)
         self.state.assign(r.request, r.hashes, out, self.now)
         inst = self.prefills[r.prefill_id]
         inst.queue.append(r)
@@ -346,6 +349,7 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
     sim = Simulation(config, predictor)
     started = time.perf_counter()
     outcomes = sim.run(trace, progress)
+    admitted = [r for r in sim.requests if r.prefill_id]
     wall = time.perf_counter() - started
     duration = max((o.end_s for o in outcomes), default=0.0) or max(o.arrival_s for o in outcomes)
     result = summarize(outcomes, duration)
@@ -358,6 +362,10 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
             "decode": config.decode,
             "speed": config.speed,
             "prefill_busy_s": sum(busy),
+            # Of prompt tokens of admitted requests: reused from the instance's own cache
+            # ("local"), and reused at all, pulls from other instances included ("global").
+            "hit_rate_local": sum(r.local_cached_tokens for r in admitted) / max(1, sum(r.trace.input_length for r in admitted)),
+            "hit_rate_global": sum(r.cached_tokens for r in admitted) / max(1, sum(r.trace.input_length for r in admitted)),
             "replicas": sim.replicas(),
             "simulated_requests_per_s": len(trace) / wall if wall else 0.0,
             "wall_s": wall,
