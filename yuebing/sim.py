@@ -52,6 +52,9 @@ class SimConfig:
     kv_bytes_per_token: int = 131_072  # LLaMA-8B, bf16
     bandwidth_gbps: float = 25.0  # node-to-node KV transfer
     layerwise: bool = True  # KV streams to decode while prefill computes
+    # The live cluster until KV transfer lands: decode recomputes the prompt instead
+    # of receiving its KV (what `yuebing bench fidelity` compares against).
+    decode_recomputes: bool = False
     chunk_tokens: int = 0  # prefill chunk size; 0: the whole prompt at once
     max_batch: int = 128  # requests a decode instance's KV cache holds; one more is refused
     decode_time_s: float = 10.0  # predictive admission's t_d
@@ -221,11 +224,11 @@ class Simulation:
         r.first_token_at = self.now
         r.outcome.ttft_s = self.now - r.arrival
         r.outcome.cached_tokens = r.cached_tokens
-        # With layer-wise streaming only the last layer's KV is left to send now.
-        kv = self.predictor.transfer_s(r.trace.input_length)
-        if self.config.layerwise:
-            kv /= 32
-        self.at(self.now + kv, "join", r)
+        if self.config.decode_recomputes:
+            delay = self.predictor.prefill_s(r.trace.input_length + 1)
+        else:  # with layer-wise streaming only the last layer's KV is left to send now
+            delay = self.predictor.transfer_s(r.trace.input_length) / (32 if self.config.layerwise else 1)
+        self.at(self.now + delay, "join", r)
 
     # --- decode -------------------------------------------------------------
     def _join(self, r: SimRequest, _v: int) -> None:
