@@ -59,6 +59,10 @@ class Engine:
         self.vocab = 256  # byte tokens exist in every byte-level tokenizer; any ids work for timing
         self.rng = random.Random(0)
 
+    def close(self) -> None:
+        """Stop the engine-core process now, not whenever the garbage collector runs."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def prompt(self, n: int) -> list[int]:
         return [self.rng.randrange(self.vocab) for _ in range(n)]
 
@@ -164,7 +168,10 @@ def profile(model_dir: Path, out: Path, grid: Grid, max_model_len: int = 4096) -
     model_dir = model_dir.resolve()
     started = time.perf_counter()
     engine = Engine(str(model_dir), max_model_len)
-    rows = measure(engine, grid, model_dir.name)
+    try:
+        rows = measure(engine, grid, model_dir.name)
+    finally:
+        engine.close()
     typed = [Row(r["phase"], r["n"], r["p"], r["batch"], r["ctx"], r["ms"]) for r in rows]
     errors = held_out_error(typed)
     meta = {

@@ -53,38 +53,69 @@ def model_dir() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def cluster_process(model_dir, tmp_path_factory):
-    """Starts `yuebing up` without waiting, so the reference engine loads meanwhile."""
-    tmp = tmp_path_factory.mktemp("cluster")
-    port = free_port()
-    ready = tmp / "ready.json"
-    log = tmp / "launcher.log"
+@dataclass
+class Launch:
+    """A `yuebing up` child process and where it reports."""
+
+    proc: subprocess.Popen
+    ready: Path
+    log: Path
+
+    def wait(self) -> Cluster:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.ready.exists():
+            if self.proc.poll() is not None:
+                pytest.fail(f"yuebing up exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"cluster not ready after {START_TIMEOUT_S}s:\n{self.log.read_text()[-4000:]}")
+            time.sleep(0.5)
+        state = json.loads(self.ready.read_text())
+        return Cluster(state["url"], state["nats_url"], state["pids"], Path(state["run_dir"]), self.proc, self.log)
+
+    def stop(self) -> None:
+        """Ctrl-C, then check that every process it started is gone."""
+        descendants = _descendants(self.proc.pid)
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            pytest.fail("yuebing up did not stop within 60 s of SIGINT")
+        time.sleep(0.5)
+        orphans = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not orphans, f"processes left behind after stop: {orphans}"
+        assert "stopped" in self.log.read_text()
+
+
+def launch(model_dir: Path, tmp: Path, *flags: str) -> Launch:
     argv = [
         sys.executable, "-m", "yuebing", "up",
         "--model", str(model_dir),
-        "--port", str(port),
+        "--port", str(free_port()),
         "--max-model-len", str(MAX_MODEL_LEN),
         "--request-timeout", "60",
-        "--policy", "kvcentric",
-        "--admission", "predictive",
         "--run-dir", str(tmp / "run"),
-        "--ready-file", str(ready),
+        "--ready-file", str(tmp / "ready.json"),
+        *flags,
     ]  # fmt: skip
+    log = tmp / "launcher.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    yield proc, ready, log, tmp / "run"
-    descendants = _descendants(proc.pid)
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("yuebing up did not stop within 60 s of SIGINT")
-    time.sleep(0.5)
-    orphans = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not orphans, f"processes left behind after stop: {orphans}"
-    assert "stopped" in log.read_text()
+    return Launch(proc, tmp / "ready.json", log)
+
+
+@pytest.fixture(scope="session")
+def launcher(model_dir):
+    """Starts another cluster: launcher(tmp_dir, *flags) → Launch (wait() it, stop() it)."""
+    return lambda tmp, *flags: launch(model_dir, tmp, *flags)
+
+
+@pytest.fixture(scope="session")
+def cluster_process(model_dir, tmp_path_factory):
+    """Starts `yuebing up` without waiting, so the reference engine loads meanwhile."""
+    started = launch(model_dir, tmp_path_factory.mktemp("cluster"), "--policy", "kvcentric", "--admission", "predictive")
+    yield started
+    started.stop()
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -96,16 +127,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 @pytest.fixture(scope="session")
 def cluster(cluster_process) -> Cluster:
-    proc, ready, log, run_dir = cluster_process
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not ready.exists():
-        if proc.poll() is not None:
-            pytest.fail(f"yuebing up exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"cluster not ready after {START_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
-        time.sleep(0.5)
-    state = json.loads(ready.read_text())
-    return Cluster(state["url"], state["nats_url"], state["pids"], Path(state["run_dir"]), proc, log)
+    return cluster_process.wait()
 
 
 class Reference:
