@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from shared.config import DEFAULT_PROFILE, ClusterConfig
@@ -154,6 +155,106 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay_trace(args: argparse.Namespace) -> list:
+    """The trace a live run replays, scaled to the small model."""
+    from yuebing.trace import SyntheticSpec, load_trace, rescale, synthetic
+
+    if args.synthetic:
+        spec = SyntheticSpec(requests=args.synthetic, rate_per_s=args.rate, input_mean=args.input_mean,
+                             output_mean=args.output_mean, seed=args.seed)
+        trace = synthetic(spec)
+    else:
+        trace = load_trace(args.trace, args.limit)
+    return rescale(trace, speed=args.speed, length_factor=args.length_factor, max_input=args.max_input,
+                   max_output=args.max_output)
+
+
+def _replay_options(args: argparse.Namespace):
+    from yuebing.replay import ReplayOptions
+    from yuebing.trace import TRACE_BLOCK_TOKENS
+
+    return ReplayOptions(
+        model=args.model_name, block_tokens=round(TRACE_BLOCK_TOKENS * args.length_factor), slo_ttft_ms=args.slo_ttft_ms,
+        slo_tbt_ms=args.slo_tbt_ms, api_key=args.api_key, salt=args.prompt_seed,
+    )
+
+
+def _bench_replay(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from yuebing.metrics import summarize
+    from yuebing.replay import replay
+    from yuebing.sim import plot_cdfs
+
+    trace = _replay_trace(args)
+    outcomes, wall = asyncio.run(replay(args.url, trace, _replay_options(args)))
+    result = summarize(outcomes, wall)
+    ttft, tbt = result["ttft_s"], result["tbt_s"]
+    print(f"{len(trace)} requests against {args.url} in {wall:.1f}s")
+    print(f"TTFT ms mean {ttft['mean'] * 1e3:.1f}  p50 {ttft['p50'] * 1e3:.1f}  p90 {ttft['p90'] * 1e3:.1f}  p99 {ttft['p99'] * 1e3:.1f}")
+    print(f"TBT  ms mean {tbt['mean'] * 1e3:.2f}  p50 {tbt['p50'] * 1e3:.2f}  p90 {tbt['p90'] * 1e3:.2f}  p99 {tbt['p99'] * 1e3:.2f}")
+    print(f"completed {result['completed']}  rejected (429) {result['rejected']}  failed {result['failed']}  "
+          f"SLO attainment {result['slo_attainment']:.3f}  goodput {result['goodput_rps']:.2f}/s  "
+          f"cache hit rate {result['cache_hit_rate']:.3f}")
+    if args.plot_dir:
+        Path(args.plot_dir).mkdir(parents=True, exist_ok=True)
+        print("wrote", plot_cdfs({"live": outcomes}, str(Path(args.plot_dir) / "cdf.png")))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"url": args.url, "trace": args.trace or "synthetic", "speed": args.speed,
+                                               "length_factor": args.length_factor, **result}, indent=1) + "\n")
+    return 0 if result["failed"] == 0 else 1
+
+
+def _bench_fidelity(args: argparse.Namespace) -> int:
+    import json
+
+    from shared.config import profile_path
+    from shared.predictor import load_predictor
+    from yuebing.replay import fidelity
+    from yuebing.sim import SimConfig
+
+    trace = _replay_trace(args)
+    profile = Path(args.profile) if args.profile else profile_path(ClusterConfig())
+    meta = json.loads(profile.read_text())["meta"]
+    options = _replay_options(args)
+    config = SimConfig(
+        prefill=args.prefill, decode=args.decode, policy=args.policy, block_tokens=options.block_tokens,
+        pool_blocks=args.pool_blocks, kv_bytes_per_token=meta["kv_bytes_per_token"], bandwidth_gbps=meta["transfer_GBps"],
+        decode_recomputes=True, slo_ttft_s=1e9, slo_tbt_s=1e9,
+    )
+    result = fidelity(args.url, trace, options, config, load_predictor(profile))
+    for key, c in result["compare"].items():
+        print(f"{key:>12}: live {c['live'] * 1e3:8.2f} ms   sim {c['sim'] * 1e3:8.2f} ms   sim/live {c['sim_over_live']:.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return 0
+
+
+def _live_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared by the benchmarks that replay a trace against a live gateway."""
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="trace in Mooncake's JSONL format")
+    src.add_argument("--synthetic", type=int, metavar="N", help="N synthetic requests instead")
+    p.add_argument("--rate", type=float, default=1.0, help="synthetic arrivals per second (before --speed)")
+    p.add_argument("--input-mean", type=int, default=4096, help="synthetic prompt tokens (before --length-factor)")
+    p.add_argument("--output-mean", type=int, default=256, help="synthetic output tokens (before --length-factor)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, help="only the first N requests of the trace")
+    p.add_argument("--speed", type=float, default=1.0, help="replay speed factor")
+    p.add_argument("--length-factor", type=float, default=0.25, help="scale lengths (and 512-token blocks) by this")
+    p.add_argument("--max-input", type=int, default=2048)
+    p.add_argument("--max-output", type=int, default=64)
+    p.add_argument("--model-name", default="yuebing-tiny")
+    p.add_argument("--slo-ttft-ms", type=float, default=0.0, help="sent as x-yuebing-slo-ttft-ms (0: cluster default)")
+    p.add_argument("--slo-tbt-ms", type=float, default=0.0, help="sent as x-yuebing-slo-tbt-ms (0: cluster default)")
+    p.add_argument("--api-key", default=os.environ.get("YUEBING_API_KEY"))
+    p.add_argument("--prompt-seed", type=int, default=int(time.time()),
+                   help="salt of the prompt tokens (default: now, so nothing is cached from an earlier run)")
+    p.add_argument("--json", help="also write the result here")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from services.conductor.policy import ADMISSIONS, PREFILL_POLICIES
     from yuebing.model import ModelSpec, default_model_dir
@@ -193,6 +294,18 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--admission", default="predictive")
     bc.add_argument("--json", help="also write the result here")
     bc.set_defaults(func=_bench_conductor)
+    br = bench.add_parser("replay", help="replay a trace against a live gateway (streaming)")
+    _live_flags(br)
+    br.add_argument("--plot-dir", help="write TTFT/TBT CDFs here")
+    br.set_defaults(func=_bench_replay)
+    bf = bench.add_parser("fidelity", help="the same trace live and in the simulator: mean TTFT and TBT")
+    _live_flags(bf)
+    bf.add_argument("--prefill", type=int, default=1, help="the live cluster's prefill instances")
+    bf.add_argument("--decode", type=int, default=1, help="the live cluster's decode instances")
+    bf.add_argument("--policy", default="round_robin", help="the live cluster's policy")
+    bf.add_argument("--pool-blocks", type=int, default=2048, help="prefix-cache blocks per prefill engine")
+    bf.add_argument("--profile", default="", help="the live profile (default: the shipped one)")
+    bf.set_defaults(func=_bench_fidelity)
 
     sp = sub.add_parser("sim", help="simulate a cluster replaying a trace (policies from the Conductor)")
     src = sp.add_mutually_exclusive_group(required=True)

@@ -107,6 +107,7 @@ class DecodeInstance:
     seg_steps: int = 0
     step_s: float = 0.0
     version: int = 0  # invalidates a scheduled segment end when the batch changes
+    recompute_s: float = 0.0  # prompt recomputation waiting to be run (decode_recomputes)
 
 
 class Simulation:
@@ -225,7 +226,7 @@ class Simulation:
         r.outcome.ttft_s = self.now - r.arrival
         r.outcome.cached_tokens = r.cached_tokens
         if self.config.decode_recomputes:
-            delay = self.predictor.prefill_s(r.trace.input_length + 1)
+            delay = 0.0  # the decode instance will spend the time itself (see _join)
         else:  # with layer-wise streaming only the last layer's KV is left to send now
             delay = self.predictor.transfer_s(r.trace.input_length) / (32 if self.config.layerwise else 1)
         self.at(self.now + delay, "join", r)
@@ -244,6 +245,10 @@ class Simulation:
             self._finish(r)
             return
         r.ctx = r.trace.input_length + 1
+        if self.config.decode_recomputes:
+            # The engine prefills the prompt again in its next step: that step takes the
+            # prefill's time, for the whole batch.
+            inst.recompute_s += self.predictor.prefill_s(r.trace.input_length + 1)
         inst.waiting.append(r)
         if not inst.batch:
             self._start_segment(inst)
@@ -258,6 +263,8 @@ class Simulation:
         steps = min(r.remaining for r in inst.batch)
         tokens = sum(r.ctx for r in inst.batch) + len(inst.batch) * steps // 2  # context at mid-segment
         inst.step_s = self.predictor.decode_step_s(len(inst.batch), tokens)
+        if inst.recompute_s:  # one long step that carries the recomputation
+            steps, inst.step_s, inst.recompute_s = 1, inst.step_s + inst.recompute_s, 0.0
         inst.seg_start, inst.seg_steps = self.now, steps
         inst.version += 1
         self.at(self.now + steps * inst.step_s, "segment_end", inst, inst.version)
@@ -437,6 +444,28 @@ def table(results: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot_cdfs(outcomes_by_name: dict[str, Sequence[Outcome]], path: str) -> str:
+    """TTFT and TBT CDFs of completed requests, one line per named run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, outcomes in outcomes_by_name.items():
+        done = [o for o in outcomes if o.completed]
+        for ax, values in ((a1, [o.ttft_s for o in done]), (a2, [o.tbt_tail_s * 1e3 for o in done])):
+            values.sort()
+            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name)
+    a1.set(xlabel="TTFT (s)", ylabel="share of completed requests", xscale="log", title="TTFT CDF")
+    a2.set(xlabel="TBT, mean of longest 10 % gaps (ms)", title="TBT CDF")
+    a1.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(runs: Sequence[SimRun], out_dir: str) -> list[str]:
     """CDFs of TTFT and TBT per run, and load over time (prefill queue vs decode
     batch), where the oscillation of plain early rejection shows."""
@@ -449,19 +478,7 @@ def plot(runs: Sequence[SimRun], out_dir: str) -> list[str]:
 
     os.makedirs(out_dir, exist_ok=True)
     label = [f"{r.result['policy']}/{r.result['admission']}" for r in runs]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, run in zip(label, runs):
-        done = [o for o in run.outcomes if o.completed]
-        for ax, values in ((a1, [o.ttft_s for o in done]), (a2, [o.tbt_tail_s * 1e3 for o in done])):
-            values.sort()
-            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name)
-    a1.set(xlabel="TTFT (s)", ylabel="share of completed requests", xscale="log", title="TTFT CDF")
-    a2.set(xlabel="TBT, mean of longest 10 % gaps (ms)", title="TBT CDF")
-    a1.legend(fontsize=7)
-    fig.tight_layout()
-    paths = [os.path.join(out_dir, "cdf.png")]
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths = [plot_cdfs(dict(zip(label, (r.outcomes for r in runs))), os.path.join(out_dir, "cdf.png"))]
 
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.4 * len(runs)), sharex=True, squeeze=False)
     for ax, name, run in zip(axes[:, 0], label, runs):
