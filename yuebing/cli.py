@@ -102,12 +102,8 @@ def _sim(args: argparse.Namespace) -> int:
 
     from shared.predictor import load_predictor
     from yuebing import sim
-    from yuebing.trace import SyntheticSpec, load_trace, synthetic
 
-    if args.synthetic:
-        trace = synthetic(SyntheticSpec(requests=args.synthetic, rate_per_s=args.rate, seed=args.seed))
-    else:
-        trace = load_trace(args.trace, args.limit)
+    trace = _load_trace(args)
     predictor = load_predictor(args.profile, args.profile_model or None)
     base = sim.SimConfig(
         prefill=args.prefill,
@@ -155,17 +151,38 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay_trace(args: argparse.Namespace) -> list:
-    """The trace a live run replays, scaled to the small model."""
-    from yuebing.trace import SyntheticSpec, load_trace, rescale, synthetic
+def _load_trace(args: argparse.Namespace) -> list:
+    """--trace FILE (optionally --limit), or --synthetic N (see _trace_flags)."""
+    from yuebing.trace import SyntheticSpec, load_trace, synthetic
 
     if args.synthetic:
         spec = SyntheticSpec(requests=args.synthetic, rate_per_s=args.rate, input_mean=args.input_mean,
                              output_mean=args.output_mean, seed=args.seed)
-        trace = synthetic(spec)
-    else:
-        trace = load_trace(args.trace, args.limit)
-    return rescale(trace, speed=args.speed, length_factor=args.length_factor, max_input=args.max_input,
+        return synthetic(spec)
+    return load_trace(args.trace, args.limit)
+
+
+def _trace_flags(p: argparse.ArgumentParser) -> None:
+    """Where requests come from, for the simulator and the live benchmarks alike."""
+    from yuebing.trace import SyntheticSpec
+
+    d = SyntheticSpec()
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="trace in Mooncake's JSONL format")
+    src.add_argument("--synthetic", type=int, metavar="N", help="N synthetic requests instead (Poisson arrivals)")
+    p.add_argument("--rate", type=float, default=d.rate_per_s, help="synthetic arrivals per second")
+    p.add_argument("--input-mean", type=int, default=d.input_mean, help="synthetic prompt tokens")
+    p.add_argument("--output-mean", type=int, default=d.output_mean, help="synthetic output tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, help="only the first N requests of the trace")
+    p.add_argument("--json", help="also write the result here")
+
+
+def _replay_trace(args: argparse.Namespace) -> list:
+    """The trace a live run replays, scaled to the small model."""
+    from yuebing.trace import rescale
+
+    return rescale(_load_trace(args), speed=args.speed, length_factor=args.length_factor, max_input=args.max_input,
                    max_output=args.max_output)
 
 
@@ -234,14 +251,7 @@ def _bench_fidelity(args: argparse.Namespace) -> int:
 def _live_flags(p: argparse.ArgumentParser) -> None:
     """Flags shared by the benchmarks that replay a trace against a live gateway."""
     p.add_argument("--url", default="http://127.0.0.1:8000")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", help="trace in Mooncake's JSONL format")
-    src.add_argument("--synthetic", type=int, metavar="N", help="N synthetic requests instead")
-    p.add_argument("--rate", type=float, default=1.0, help="synthetic arrivals per second (before --speed)")
-    p.add_argument("--input-mean", type=int, default=4096, help="synthetic prompt tokens (before --length-factor)")
-    p.add_argument("--output-mean", type=int, default=256, help="synthetic output tokens (before --length-factor)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, help="only the first N requests of the trace")
+    _trace_flags(p)
     p.add_argument("--speed", type=float, default=1.0, help="replay speed factor")
     p.add_argument("--length-factor", type=float, default=0.25, help="scale lengths (and 512-token blocks) by this")
     p.add_argument("--max-input", type=int, default=2048)
@@ -252,7 +262,6 @@ def _live_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=os.environ.get("YUEBING_API_KEY"))
     p.add_argument("--prompt-seed", type=int, default=int(time.time()),
                    help="salt of the prompt tokens (default: now, so nothing is cached from an earlier run)")
-    p.add_argument("--json", help="also write the result here")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -308,11 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     bf.set_defaults(func=_bench_fidelity)
 
     sp = sub.add_parser("sim", help="simulate a cluster replaying a trace (policies from the Conductor)")
-    src = sp.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", help="trace in Mooncake's JSONL format")
-    src.add_argument("--synthetic", type=int, metavar="N", help="N synthetic requests instead (Poisson)")
-    sp.add_argument("--rate", type=float, default=2.0, help="synthetic arrivals per second")
-    sp.add_argument("--limit", type=int, help="only the first N requests of the trace")
+    _trace_flags(sp)
     sp.add_argument("--profile", default=str(DEFAULT_SIM_PROFILE), help="timing profile (rows of measured times)")
     sp.add_argument("--profile-model", default="llama3-8b", help="rows of this model (empty: all)")
     sp.add_argument("--prefill", type=int, default=8)
@@ -335,8 +340,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--chunk-tokens", type=int, default=0, help="prefill chunk size (0: whole prompt)")
     sp.add_argument("--max-batch", type=int, default=128, help="decode batch limit")
     sp.add_argument("--decode-time", type=float, default=10.0, help="predictive admission's t_d, s")
-    sp.add_argument("--seed", type=int, default=0)
-    sp.add_argument("--json", help="write the results here")
     sp.add_argument("--plot-dir", help="write PNG plots here")
     sp.set_defaults(func=_sim)
 
