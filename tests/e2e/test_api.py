@@ -130,3 +130,13 @@ def test_health_and_metrics(cluster, client):
     metrics = httpx.get(f"{cluster.url}/metrics", timeout=10).text
     assert 'yuebing_gateway_requests_total{endpoint="chat",status="200"}' in metrics
     assert "yuebing_gateway_ttft_seconds_bucket" in metrics
+
+
+def test_stop_strings_end_the_output_before_them(client):
+    full = client.completions.create(model="yuebing-tiny", prompt="Stop here:", max_tokens=32, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = full[10:13]
+    assert len(stop) == 3
+    cut = client.completions.create(model="yuebing-tiny", prompt="Stop here:", max_tokens=32, temperature=0,
+                                    stop=[stop], extra_body={"ignore_eos": True}).choices[0]
+    assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
