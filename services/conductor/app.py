@@ -12,7 +12,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from services.conductor.index import PrefixIndex
-from services.conductor.policy import Decision, Params, Request, Scheduler
+from services.conductor.policy import Decision, DecodeLoad, Params, Request, Scheduler
 from shared.predictor import load_predictor
 from services.conductor.state import ClusterState
 from shared import bus, service
@@ -31,6 +31,7 @@ from shared.messages import (
 )
 
 log = structlog.get_logger(__name__)
+KV_FULL = 0.98  # share of a decode engine's KV cache in use beyond which it has no room
 
 
 class Conductor:
@@ -71,9 +72,9 @@ class Conductor:
             slo_tbt_s=(ask.slo_tbt_ms or self.config.slo_tbt_ms) / 1e3,
         )
         live_prefill = {hb.instance_id for hb in self.registry.alive("prefill", now)}
-        live_decode = {hb.instance_id for hb in self.registry.alive("decode", now)}
+        live_decode = {hb.instance_id: hb for hb in self.registry.alive("decode", now)}
         prefills = [x for x in self.state.prefill_loads(ask.block_hashes, now) if x.instance_id in live_prefill]
-        decodes = [x for x in self.state.decode_loads() if x.instance_id in live_decode]
+        decodes = [self._with_room(x, live_decode[x.instance_id]) for x in self.state.decode_loads() if x.instance_id in live_decode]
         out = self.scheduler.schedule(req, prefills, decodes, now)
         log.debug("decision", request_id=req.request_id, request=req, prefills=prefills, decodes=decodes, out=out)
         if not isinstance(out, Decision):
@@ -94,6 +95,14 @@ class Conductor:
             pull_from=out.prefill.pull_from,
             pull_blocks=out.prefill.pull_blocks,
         )
+
+    @staticmethod
+    def _with_room(load: DecodeLoad, hb: Heartbeat) -> DecodeLoad:
+        """A decode engine that reports its KV cache full takes nobody new, whatever
+        the books say (they only know what this Conductor sent it)."""
+        if hb.kv_usage >= KV_FULL:
+            return DecodeLoad(load.instance_id, load.items, capacity=min(load.capacity, len(load.items)))
+        return load
 
     def on_event(self, event: RequestEvent, now: float) -> None:
         if event.kind == "prefill_done":

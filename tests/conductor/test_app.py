@@ -53,3 +53,13 @@ def test_decode_refusal_counts_as_wasted_prefill_and_frees_the_books():
     c.on_event(RequestEvent(request_id="r1", kind="decode_refused", instance_id="d0"), now=0.2)
     assert c.counts["wasted_prefill"] == 1
     assert all(not load.items for load in c.state.decode_loads())
+
+
+def test_a_decode_engine_reporting_a_full_kv_cache_gets_no_new_request():
+    c = conductor(admission="predictive")
+    full = Heartbeat(instance_id="d0", role="decode", node="node-0", pid=1, seq=2, sent_at=0.0, kv_usage=0.99)
+    c.on_heartbeat(full, now=0.5)
+    reply = c.schedule(ask("r1", ["a"]), now=0.6)
+    assert not reply.accepted and reply.rejection == "overloaded" and "room" in reply.reason
+    c.on_heartbeat(hb("d0", "decode"), now=0.7)  # usage back to 0
+    assert c.schedule(ask("r2", ["a"]), now=0.8).accepted
