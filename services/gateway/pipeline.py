@@ -96,25 +96,7 @@ class Pipeline:
         finished = False
         outcome: RequestEvent = RequestEvent(request_id=request_id, kind="finished")
         try:
-            result = await self._watch(
-                reply.prefill_id,
-                bus.request(
-                    self.nc,
-                    prefill_subject(reply.prefill_id),
-                    PrefillRequest(
-                        request_id=request_id,
-                        prompt_token_ids=prompt,
-                        sampling=sampling,
-                        deadline=deadline,
-                        decode_id=reply.decode_id,
-                    ),
-                    PrefillResult,
-                    timeout=bus.remaining(deadline),
-                ),
-                deadline,
-            )
-            if not result.ok:
-                raise UpstreamError(502, f"prefill on {reply.prefill_id} failed: {result.error}")
+            result = await self._prefill(request_id, prompt, sampling, deadline, reply)
             first = Event([result.first_token_id], result.finish_reason, result.num_cached_tokens)
             if result.finish_reason is not None:
                 finished = True
@@ -139,6 +121,20 @@ class Pipeline:
             if not finished:  # cancelled, failed or abandoned: free the instances' slots
                 await self._publish(CANCEL, Cancel(request_id=request_id, reason="abandoned by gateway"))
             await self._publish(REQUEST_EVENTS, outcome)  # the Conductor closes its books
+
+    async def _prefill(
+        self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, reply: ScheduleReply
+    ) -> PrefillResult:
+        ask = PrefillRequest(
+            request_id=request_id, prompt_token_ids=prompt, sampling=sampling, deadline=deadline, decode_id=reply.decode_id
+        )
+        subject = prefill_subject(reply.prefill_id)
+        result = await self._watch(
+            reply.prefill_id, bus.request(self.nc, subject, ask, PrefillResult, timeout=bus.remaining(deadline)), deadline
+        )
+        if not result.ok:
+            raise UpstreamError(502, f"prefill on {reply.prefill_id} failed: {result.error}")
+        return result
 
     async def _schedule(
         self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo
