@@ -59,14 +59,6 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]
     return sorted(out, key=lambda r: r.timestamp_ms)
 
 
-def write_trace(requests: Iterable[TraceRequest], path: str | Path) -> None:
-    with open(path, "w") as f:
-        for r in requests:
-            record = {"timestamp": r.timestamp_ms, "input_length": r.input_length, "output_length": r.output_length,
-                      "hash_ids": list(r.hash_ids)}
-            f.write(json.dumps(record) + "\n")
-
-
 @dataclass(frozen=True)
 class SyntheticSpec:
     requests: int = 1000
