@@ -45,6 +45,15 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     decode_time_s: float = 10.0
     # Blocks the Conductor assumes each prefill engine's prefix cache holds.
     index_capacity_blocks: int = 2048
+    # KV transfer. kv_dir: where each node's messenger puts its pool file and local
+    # sockets (shared memory; empty: /dev/shm/yuebing-<uid>); pool_bytes: each node
+    # pool's size; kv_wait_s: how long decode waits for blocks still in transit
+    # before computing them; kv_stream_layers: send each layer as prefill computes
+    # it (False: send a block after its last layer, for comparison).
+    kv_dir: str = ""
+    pool_bytes: int = 512 << 20
+    kv_wait_s: float = 2.0
+    kv_stream_layers: bool = True
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -60,10 +69,16 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("SLOs and decode_time_s must be positive")
         if self.index_capacity_blocks <= 0:
             raise ValueError("index_capacity_blocks must be positive")
+        if self.pool_bytes <= 0 or self.kv_wait_s < 0:
+            raise ValueError("pool_bytes must be positive and kv_wait_s not negative")
 
     @property
     def served_model_name(self) -> str:
         return self.model_name or Path(self.model).name
+
+    @property
+    def kv_root(self) -> str:
+        return self.kv_dir or f"/dev/shm/yuebing-{os.getuid()}"
 
     @property
     def model_salt(self) -> bytes:

@@ -48,7 +48,28 @@ def engine_environment(config: ClusterConfig) -> dict[str, str]:
     }
 
 
-def build_engine(config: ClusterConfig) -> tuple[Any, EngineLoad]:  # (vllm AsyncLLM, its live load)
+def kv_transfer_config(config: ClusterConfig, node: str):  # -> vllm KVTransferConfig
+    """The Yuebing connector (shared/kv_connector.py), talking to `node`'s messenger."""
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(
+        kv_connector="YuebingConnector",
+        kv_connector_module_path="shared.kv_connector",
+        kv_role="kv_both",
+        # A block that fails to load is computed instead of failing the request.
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={
+            "kv_dir": config.kv_root,
+            "node": node,
+            "block_size": config.block_size,
+            "salt": config.served_model_name,
+            "model": config.served_model_name,
+        },
+    )
+
+
+def build_engine(config: ClusterConfig, node: str | None = None) -> tuple[Any, EngineLoad]:  # (vllm AsyncLLM, its live load)
+    """An engine; with `node`, wired to that node's pool through the KV connector."""
     for key, value in engine_environment(config).items():
         os.environ.setdefault(key, value)
     # Imported here: vLLM takes seconds to import, and only engine services need it.
@@ -81,11 +102,13 @@ def build_engine(config: ClusterConfig) -> tuple[Any, EngineLoad]:  # (vllm Asyn
         enable_prefix_caching=True,
         disable_log_stats=True,
         seed=0,
+        block_size=config.block_size,
+        kv_transfer_config=kv_transfer_config(config, node) if node else None,
     )
     return AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder]), load
 
 
-def sampling_params(sampling: Sampling, max_tokens: int):  # -> vllm.SamplingParams
+def sampling_params(sampling: Sampling, max_tokens: int, kv_transfer_params: dict[str, Any] | None = None):  # -> vllm.SamplingParams
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -99,14 +122,21 @@ def sampling_params(sampling: Sampling, max_tokens: int):  # -> vllm.SamplingPar
         stop_token_ids=list(sampling.stop_token_ids),
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
+        extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
     )
 
 
 async def generate(
-    engine, request_id: str, prompt_token_ids: list[int], sampling: Sampling, max_tokens: int
+    engine,
+    request_id: str,
+    prompt_token_ids: list[int],
+    sampling: Sampling,
+    max_tokens: int,
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> AsyncIterator[Step]:
-    """Run one request; cancelling the consumer aborts it inside the engine."""
-    params = sampling_params(sampling, max_tokens)
+    """Run one request; cancelling the consumer aborts it inside the engine.
+    `kv_transfer_params` is what the Yuebing connector reads (see shared/kv_connector.py)."""
+    params = sampling_params(sampling, max_tokens, kv_transfer_params)
     prompt = {"prompt_token_ids": prompt_token_ids}
     async for out in engine.generate(prompt, params, request_id):
         completion = out.outputs[0]

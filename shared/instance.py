@@ -36,6 +36,7 @@ class Instance:
         self.requests: dict[str, asyncio.Task[Any]] = {}
         self.served_total = 0
         self.aborted_total = 0
+        self.endpoint = ""  # messengers: their transfer endpoint, announced in heartbeats
         self._seq = 0
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -84,6 +85,7 @@ class Instance:
             kv_usage=self.load.kv_usage,
             served_total=self.served_total,
             aborted_total=self.aborted_total,
+            endpoint=self.endpoint,
         )
 
     async def beat(self) -> None:
@@ -119,7 +121,7 @@ async def serve_engine(
     """Run an engine instance until `stop`: engine, NATS, handler, heartbeats."""
     from shared.engine import build_engine  # vLLM is heavy; only engine services pay for it
 
-    engine, load = build_engine(config)
+    engine, load = build_engine(config, node)
     nc = await bus.connect(config.nats_url, name=instance_id)
     instance = Instance(role, instance_id, node, config, nc, load)
     await bus.subscribe(nc, subject, kind, make_handler(instance, engine))

@@ -31,6 +31,11 @@ def decode_subject(instance_id: str) -> str:
     return f"{PREFIX}.decode.{instance_id}"
 
 
+def messenger_subject(node: str) -> str:
+    """A node messenger's control and stats (request/reply)."""
+    return f"{PREFIX}.messenger.{node}"
+
+
 def stream_subject(request_id: str) -> str:
     """Where a decode instance publishes the tokens of one request."""
     return f"{PREFIX}.stream.{request_id}"
@@ -57,6 +62,7 @@ class Heartbeat(Message):
     kv_usage: float = 0.0
     served_total: int = 0
     aborted_total: int = 0
+    endpoint: str = ""  # messengers: where other messengers send blocks
 
 
 # --- scheduling ---------------------------------------------------------------
@@ -103,6 +109,8 @@ class PrefillRequest(Message):
     sampling: Sampling
     deadline: float
     decode_id: str
+    # The decode instance's node: prefill's messenger streams the prompt's KV there.
+    kv_dest_node: str = ""
 
 
 class PrefillResult(Message):
@@ -122,6 +130,7 @@ class DecodeRequest(Message):
     deadline: float
     stream_subject: str
     slo_tbt_ms: float = 0.0  # decode double-checks it on arrival; 0: no check
+    kv_blocks: int = 0  # prompt blocks prefill streams to decode's node; the rest is computed
 
 
 class DecodeAccept(Message):
@@ -146,11 +155,40 @@ class TokenChunk(Message):
     token_ids: list[int]
     finish_reason: FinishReason | None = None
     error: str = ""
+    # First chunk only: prompt tokens whose KV decode loaded instead of computing.
+    kv_loaded_tokens: int = 0
 
 
 class Cancel(Message):
     request_id: str
     reason: str = ""
+
+
+# --- messengers --------------------------------------------------------------
+class MessengerCommand(Message):
+    """stats: report counters; fault: corrupt the payload of the next `corrupt_next`
+    layers this messenger sends (fault injection for tests; nothing else sets it)."""
+
+    op: Literal["stats", "fault"]
+    corrupt_next: int = 0
+
+
+class MessengerStats(Message):
+    node: str
+    endpoint: str = ""
+    pool_slots: int = 0
+    ready: int = 0
+    filling: int = 0
+    pinned: int = 0
+    layers_out: int = 0
+    layers_in: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+    blocks_received: int = 0
+    checksum_failures: int = 0
+    sends_dropped: int = 0
+    corrupted_on_purpose: int = 0
+    corrupt_pending: int = 0
 
 
 # --- codec --------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -93,6 +94,7 @@ class Cluster:
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
     failed: bool = False  # a required child died
+    kv_dir: Path | None = None  # pool files and node sockets, removed at stop
 
     @property
     def url(self) -> str:
@@ -128,7 +130,13 @@ class Cluster:
         run_dir.mkdir(parents=True, exist_ok=True)
         nats_port = o.nats_port or free_port()
         config = o.config
-        config = ClusterConfig(**{**{f: getattr(config, f) for f in config.__struct_fields__}, "nats_url": f"nats://127.0.0.1:{nats_port}"})
+        # Each cluster gets its own pool files and node sockets, so two clusters on one
+        # machine (tests do this) never share a node.
+        shm = Path("/dev/shm")
+        kv_dir = config.kv_dir or str((shm if shm.is_dir() else run_dir) / f"{run_dir.name}-kv")
+        self.kv_dir = Path(kv_dir)
+        fields = {f: getattr(config, f) for f in config.__struct_fields__}
+        config = ClusterConfig(**{**fields, "nats_url": f"nats://127.0.0.1:{nats_port}", "kv_dir": kv_dir})
         config_path = run_dir / "cluster.json"
         save_config(config, config_path)
         self.plan(run_dir, config_path, nats_port)
@@ -212,6 +220,8 @@ class Cluster:
         services = [c for c in self.children if c.name != "nats"]
         self._stop_group(services, grace_s)
         self._stop_group([c for c in self.children if c.name == "nats"], grace_s)
+        if self.kv_dir is not None and not self.options.config.kv_dir:
+            shutil.rmtree(self.kv_dir, ignore_errors=True)
 
     def _stop_group(self, children: list[Child], grace_s: float) -> None:
         for child in children:

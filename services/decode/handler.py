@@ -58,19 +58,25 @@ class Decoder:
             del self.context[req.request_id]
 
     async def _generate(self, req: DecodeRequest) -> None:
-        # SEAM (KV transfer): until the Yuebing KV connector lands, the decode engine
-        # recomputes the prompt (and the first token) here instead of loading the KV
-        # that prefill computed. The connector replaces exactly this prompt.
+        # The engine runs prompt + first token. The connector loads the prompt's blocks
+        # that prefill streamed into this node's pool and the engine computes only the
+        # rest: the prompt's last partial block, the first token, and any block that
+        # did not arrive within kv_wait_s (see shared/kv_connector.py).
         prompt = [*req.prompt_token_ids, req.first_token_id]
+        kv = {"yb_expect": req.kv_blocks, "yb_wait_s": min(self.instance.config.kv_wait_s, bus.remaining(req.deadline))}
         seq = 0
-        log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens)
+        log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens, kv_blocks=req.kv_blocks)
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
                 async for step in generate(
-                    self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - 1
+                    self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - 1, kv
                 ):
+                    if seq == 0:
+                        log.info("decode kv", loaded_tokens=step.num_cached_tokens,
+                                 computed_prompt_tokens=len(req.prompt_token_ids) - step.num_cached_tokens)
                     chunk = TokenChunk(
-                        request_id=req.request_id, seq=seq, token_ids=step.token_ids, finish_reason=step.finish_reason
+                        request_id=req.request_id, seq=seq, token_ids=step.token_ids, finish_reason=step.finish_reason,
+                        kv_loaded_tokens=step.num_cached_tokens if seq == 0 else 0,
                     )
                     await bus.publish(self.instance.nc, req.stream_subject, chunk)
                     seq += 1

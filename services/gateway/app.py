@@ -193,7 +193,7 @@ class Gateway:
                     finish = "stop"
                 if finish is not None:
                     delta += text.flush()
-                yield delta, finish, event.num_cached_tokens
+                yield delta, finish, event.num_cached_tokens, event.kv_loaded_tokens
                 if finish is not None:
                     await events.aclose()  # a stop string ends it early: cancels the rest
                     break
@@ -219,9 +219,10 @@ class Gateway:
 
     async def _complete(self, p: Prepared) -> web.Response:
         text = TextStream(self.tokenizer, p.options.stop)
-        finish, cached = None, 0
-        async for _delta, finish_reason, num_cached in self._events(p, text):
+        finish, cached, loaded = None, 0, 0
+        async for _delta, finish_reason, num_cached, kv_loaded in self._events(p, text):
             cached = cached or num_cached
+            loaded = loaded or kv_loaded
             finish = finish_reason or finish
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
         if p.kind == "chat":
@@ -232,6 +233,7 @@ class Gateway:
             **self._envelope(p, chunk=False),
             "choices": [choice],
             "usage": protocol.usage(len(p.prompt), len(text.token_ids), cached),
+            "yuebing": protocol.transfer_report(len(p.prompt), loaded, decoded=len(text.token_ids) > 1),
         }
         if p.options.return_token_ids:
             choice["token_ids"] = text.token_ids
@@ -250,15 +252,16 @@ class Gateway:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": p.request_id}
         )
         await response.prepare(request)
-        cached = 0
+        cached = loaded = 0
         sent_tokens = 0
         try:
             if p.kind == "chat":
                 await self._send(response, p, {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
             pending = [first] if first is not None else []
             async for item in _chain(pending, events):
-                delta, finish, num_cached = item
+                delta, finish, num_cached, kv_loaded = item
                 cached = cached or num_cached
+                loaded = loaded or kv_loaded
                 choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
                 if p.kind == "chat":
                     choice["delta"] = {"content": delta} if delta else {}
@@ -276,7 +279,12 @@ class Gateway:
             await response.write_eof()
             raise
         if p.options.include_usage:
-            usage = {**self._envelope(p, chunk=True), "choices": [], "usage": protocol.usage(len(p.prompt), len(text.token_ids), cached)}
+            usage = {
+                **self._envelope(p, chunk=True),
+                "choices": [],
+                "usage": protocol.usage(len(p.prompt), len(text.token_ids), cached),
+                "yuebing": protocol.transfer_report(len(p.prompt), loaded, decoded=len(text.token_ids) > 1),
+            }
             await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

@@ -62,6 +62,8 @@ class Event:
     token_ids: list[int]
     finish_reason: FinishReason | None
     num_cached_tokens: int = 0
+    # Prompt tokens whose KV decode loaded from the pool rather than computing.
+    kv_loaded_tokens: int = 0
 
 
 class Rejected(Exception):
@@ -125,8 +127,14 @@ class Pipeline:
     async def _prefill(
         self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, reply: ScheduleReply
     ) -> PrefillResult:
+        decode = self.registry.latest.get(reply.decode_id)
         ask = PrefillRequest(
-            request_id=request_id, prompt_token_ids=prompt, sampling=sampling, deadline=deadline, decode_id=reply.decode_id
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            sampling=sampling,
+            deadline=deadline,
+            decode_id=reply.decode_id,
+            kv_dest_node=decode.node if decode is not None else "",
         )
         subject = prefill_subject(reply.prefill_id)
         result = await self._watch(
@@ -180,6 +188,7 @@ class Pipeline:
             deadline=deadline,
             stream_subject=stream_subject(request_id),
             slo_tbt_ms=slo_tbt_ms,
+            kv_blocks=len(prompt) // self.config.block_size,
         )
         timeout = min(self.config.schedule_timeout_s * 2, bus.remaining(deadline))
         try:
@@ -205,7 +214,7 @@ class Pipeline:
             seq += 1
             if chunk.error:
                 raise UpstreamError(502, f"decode on {decode_id} failed: {chunk.error}")
-            yield Event(chunk.token_ids, chunk.finish_reason)
+            yield Event(chunk.token_ids, chunk.finish_reason, kv_loaded_tokens=chunk.kv_loaded_tokens)
             if chunk.finish_reason is not None:
                 return
 

@@ -46,7 +46,10 @@ class Prefiller:
         await bus.publish(self.instance.nc, REQUEST_EVENTS, event)
 
     async def _first_token(self, req: PrefillRequest) -> PrefillResult:
-        steps = [s async for s in generate(self.engine, req.request_id, req.prompt_token_ids, req.sampling, 1)]
+        # The connector saves the prompt's blocks into this node's pool layer by layer,
+        # and the messenger streams them to the decode node while we compute.
+        kv = {"yb_dest": req.kv_dest_node}
+        steps = [s async for s in generate(self.engine, req.request_id, req.prompt_token_ids, req.sampling, 1, kv)]
         token_ids = [t for s in steps for t in s.token_ids]
         if len(token_ids) != 1:
             raise RuntimeError(f"engine returned {len(token_ids)} tokens for a 1-token prefill")

@@ -1,0 +1,255 @@
+"""A node's messenger: owns the node pool and moves its blocks.
+
+It answers the node's engines (hello, reserve, pin, unpin, snapshot), takes the
+workers' "layer written" notes, streams each written layer to the messengers that
+want the block, receives layers from other messengers into its own pool, and tells
+its engines which blocks became ready or failed. Every handler is synchronous and
+quick; app.py owns the sockets and the tasks that call in here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import structlog
+
+from services.messenger.pool import BlockPool, Slot, State
+from services.messenger.transport import Transport
+from shared.kv_pool import Geometry, Header, PoolFile, checksum, model_id
+from shared.kv_wire import (
+    NO_ROOM,
+    BlockEvent,
+    Control,
+    Hello,
+    LayerFrame,
+    Pin,
+    Reply,
+    Reserve,
+    Snapshot,
+    Unpin,
+    Written,
+    frame_decoder,
+    pool_path,
+)
+from shared.messages import MessengerStats
+
+log = structlog.get_logger(__name__)
+_encode = msgspec.msgpack.Encoder().encode
+FAILED_MEMORY_S = 30.0  # layers of a block that failed are ignored this long
+
+
+@dataclass
+class Counters:
+    layers_out: int = 0
+    layers_in: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+    blocks_received: int = 0
+    checksum_failures: int = 0
+    sends_dropped: int = 0
+    corrupted_on_purpose: int = 0
+
+
+class Messenger:
+    def __init__(
+        self, node: str, kv_dir: str, pool_bytes: int, transport: Transport, stream_layers: bool = True
+    ) -> None:
+        self.node = node
+        self.kv_dir = kv_dir
+        self.pool_bytes = pool_bytes
+        self.transport = transport
+        self.stream_layers = stream_layers
+        self.file: PoolFile | None = None
+        self.pool: BlockPool | None = None
+        self.pool_id = ""
+        self.model = ""
+        self.peers: dict[str, str] = {}  # node → transport endpoint
+        self.events: list[BlockEvent] = []  # to publish to the engines (app.py drains it)
+        self.counters = Counters()
+        self.corrupt_next = 0
+        self._failed: dict[bytes, float] = {}
+
+    # --- engines (control socket) --------------------------------------------------
+    def control(self, message: Control) -> Reply:
+        if isinstance(message, Hello):
+            return self._hello(message)
+        if self.pool is None:
+            return Reply(ok=False, error="no pool yet: no engine has said hello on this node")
+        if isinstance(message, Reserve):
+            return self._reserve(message)
+        if isinstance(message, Pin):
+            return Reply(pool_id=self.pool_id, slots=self.pool.pin_ready(message.owner, message.hashes))
+        if isinstance(message, Unpin):
+            self.pool.unpin(message.owner)
+            return Reply(pool_id=self.pool_id)
+        if isinstance(message, Snapshot):
+            return Reply(pool_id=self.pool_id, ready=self.pool.ready_hashes())
+        return Reply(ok=False, error=f"unknown call {type(message).__name__}")
+
+    def _hello(self, hello: Hello) -> Reply:
+        if self.file is None:
+            Path(self.kv_dir).mkdir(parents=True, exist_ok=True)
+            slots = self.pool_bytes // hello.geometry.slot_bytes
+            if slots < 1:
+                return Reply(ok=False, error=f"pool_bytes {self.pool_bytes} holds no block of {hello.geometry.slot_bytes} bytes")
+            path = pool_path(self.kv_dir, self.node)
+            self.file = PoolFile(path, hello.geometry, slots, create=True)
+            self.pool = BlockPool(slots, hello.geometry.layers)
+            self.pool_id = uuid.uuid4().hex[:12]
+            self.model = hello.model
+            log.info("pool created", path=str(path), slots=slots, block_bytes=hello.geometry.slot_bytes,
+                     geometry=msgspec.structs.asdict(hello.geometry), pool_id=self.pool_id)
+        elif hello.geometry != self.file.geometry or hello.model != self.model:
+            return Reply(ok=False, error=f"this node's pool holds {self.model} blocks of {self.file.geometry}, "
+                                         f"not {hello.model} blocks of {hello.geometry}")
+        return Reply(pool_id=self.pool_id, pool_path=str(self.file.path), pool_slots=self.file.slots, geometry=self.file.geometry)
+
+    def _reserve(self, r: Reserve) -> Reply:
+        assert self.pool is not None
+        now = time.monotonic()
+        dest = r.dest if r.dest and r.dest != self.node else ""
+        slots = []
+        for h in r.hashes:
+            index, slot = self.pool.reserve(h, r.owner, now)
+            slots.append(index)
+            if slot is not None and dest:
+                self._want(slot, dest)
+        self._publish_evictions()
+        if NO_ROOM in slots:
+            log.warning("pool full of pinned blocks", owner=r.owner, refused=slots.count(NO_ROOM))
+        return Reply(pool_id=self.pool_id, slots=slots)
+
+    def _want(self, slot: Slot, dest: str) -> None:
+        """`dest` wants this block: send what has arrived, and the rest as it arrives."""
+        if slot.state is State.READY:
+            self._send_block(slot, dest)
+            return
+        slot.dests.add(dest)
+        if self.stream_layers:
+            for layer in sorted(slot.arrived):
+                self._send_layer(slot, layer, dest)
+
+    # --- workers (written socket) ----------------------------------------------------
+    def written(self, w: Written) -> None:
+        if self.pool is None or self.file is None or w.pool_id != self.pool_id:
+            log.warning("written note for another pool dropped", pool_id=w.pool_id)
+            return
+        for index, expected in zip(w.slots, w.checksums):
+            if not 0 <= index < self.file.slots:
+                continue
+            slot = self.pool.slots[index]
+            good = checksum(self.file.layer(index, w.layer)) == expected
+            self._arrived(slot, w.layer, expected, good)
+
+    def _arrived(self, slot: Slot, layer: int, layer_sum: int, good: bool) -> None:
+        assert self.pool is not None and self.file is not None
+        dests, block_hash = set(slot.dests), slot.block_hash
+        outcome = self.pool.layer_arrived(slot, layer, layer_sum, good)
+        if outcome == "failed":
+            self.counters.checksum_failures += 1
+            self._failed[block_hash] = time.monotonic()
+            self.events.append(BlockEvent(kind="failed", pool_id=self.pool_id, hashes=[block_hash]))
+            log.warning("block failed its checksum: dropped", block=block_hash.hex()[:16], layer=layer)
+            return
+        if outcome == "ignored":
+            return
+        if self.stream_layers:
+            for dest in dests:
+                self._send_layer(slot, layer, dest)
+        if outcome == "ready":
+            self.file.write_header(slot.index, Header(block_hash, model_id(self.model), self.file.geometry,
+                                                      [slot.checksums[i] for i in range(self.pool.layers)]))
+            if not self.stream_layers:
+                for dest in dests:
+                    self._send_block(slot, dest)
+            slot.dests.clear()
+            self.events.append(BlockEvent(kind="ready", pool_id=self.pool_id, hashes=[block_hash]))
+
+    # --- other messengers (transport) ----------------------------------------------
+    def _send_block(self, slot: Slot, dest: str) -> None:
+        for layer in range(self.pool.layers if self.pool else 0):
+            self._send_layer(slot, layer, dest)
+
+    def _send_layer(self, slot: Slot, layer: int, dest: str) -> None:
+        assert self.file is not None
+        endpoint = self.peers.get(dest)
+        if endpoint is None:
+            self.counters.sends_dropped += 1
+            log.warning("no messenger known for node", node=dest)
+            return
+        header = _encode(LayerFrame(block_hash=slot.block_hash, layer=layer, checksum=slot.checksums[layer],
+                                    geometry=self.file.geometry, model=self.model))
+        payload: memoryview | bytes = self.file.layer(slot.index, layer)
+        if self.corrupt_next > 0:
+            self.corrupt_next -= 1
+            self.counters.corrupted_on_purpose += 1
+            damaged = bytearray(payload)
+            damaged[len(damaged) // 2] ^= 0xFF
+            payload = bytes(damaged)
+        if self.transport.send(endpoint, header, payload):
+            self.counters.layers_out += 1
+            self.counters.bytes_out += len(payload)
+        else:
+            self.counters.sends_dropped += 1
+
+    def received(self, header: bytes, payload: memoryview) -> None:
+        """One layer from another messenger: into the pool, checked, maybe completing a block."""
+        if self.pool is None or self.file is None:
+            return
+        try:
+            frame = frame_decoder.decode(header)
+        except msgspec.DecodeError as e:
+            log.warning("bad transfer frame dropped", error=str(e))
+            return
+        if frame.geometry != self.file.geometry or frame.model != self.model or len(payload) != self.file.geometry.layer_bytes:
+            log.warning("transfer frame for another geometry dropped", model=frame.model)
+            return
+        now = time.monotonic()
+        if now - self._failed.get(frame.block_hash, -FAILED_MEMORY_S) < FAILED_MEMORY_S:
+            return
+        slot = self.pool.begin_receive(frame.block_hash, now)
+        self._publish_evictions()
+        if slot is None:
+            return
+        target = self.file.layer(slot.index, frame.layer)
+        target[:] = payload
+        self.counters.layers_in += 1
+        self.counters.bytes_in += len(payload)
+        self._arrived(slot, frame.layer, frame.checksum, checksum(target) == frame.checksum)
+        if slot.state is State.READY:
+            self.counters.blocks_received += 1
+
+    def _publish_evictions(self) -> None:
+        if self.pool is not None:
+            evicted = self.pool.take_evicted()
+            if evicted:
+                self.events.append(BlockEvent(kind="evicted", pool_id=self.pool_id, hashes=evicted))
+
+    # --- status --------------------------------------------------------------------
+    def take_events(self) -> list[BlockEvent]:
+        out, self.events = self.events, []
+        return out
+
+    def stats(self) -> MessengerStats:
+        counts = self.pool.counts() if self.pool else {}
+        c = self.counters
+        return MessengerStats(
+            node=self.node, endpoint=self.transport.endpoint, pool_slots=counts.get("slots", 0), ready=counts.get("ready", 0),
+            filling=counts.get("filling", 0), pinned=counts.get("pinned", 0), layers_out=c.layers_out, layers_in=c.layers_in,
+            bytes_out=c.bytes_out, bytes_in=c.bytes_in, blocks_received=c.blocks_received,
+            checksum_failures=c.checksum_failures, sends_dropped=c.sends_dropped,
+            corrupted_on_purpose=c.corrupted_on_purpose, corrupt_pending=self.corrupt_next,
+        )
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            try:
+                os.unlink(self.file.path)
+            except OSError:
+                pass

@@ -1,0 +1,161 @@
+"""Bookkeeping of a node's block pool: which slot holds which block, how far it has
+arrived, who pins it, and which slot to reuse next. Pure logic, no I/O: the
+messenger app moves the bytes and calls in here.
+
+A slot is FREE, FILLING (layers arriving) or READY (every layer arrived with a good
+checksum). Only READY blocks are visible: lookups, pins and events never see a
+torn block. Pinned blocks are never reused; among the rest, the least recently used
+ready block goes first, and a FILLING slot whose writer went silent is reclaimed
+after `fill_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Literal
+
+from shared.kv_wire import NO_ROOM, NOT_NEEDED
+
+
+class State(enum.Enum):
+    FREE = "free"
+    FILLING = "filling"
+    READY = "ready"
+
+
+@dataclass
+class Slot:
+    index: int
+    state: State = State.FREE
+    block_hash: bytes = b""
+    arrived: set[int] = field(default_factory=set)  # layers in, checksum verified
+    checksums: dict[int, int] = field(default_factory=dict)
+    owners: set[str] = field(default_factory=set)  # pins
+    dests: set[str] = field(default_factory=set)  # nodes that want this block
+    since: float = 0.0  # when it started filling
+
+
+Arrival = Literal["partial", "ready", "failed", "ignored"]
+
+
+class BlockPool:
+    def __init__(self, slots: int, layers: int, fill_timeout_s: float = 30.0) -> None:
+        self.slots = [Slot(i) for i in range(slots)]
+        self.layers = layers
+        self.fill_timeout_s = fill_timeout_s
+        self.by_hash: dict[bytes, Slot] = {}
+        self.lru: OrderedDict[int, None] = OrderedDict()  # ready slots, oldest first
+        self.free = list(range(slots - 1, -1, -1))
+        self.owned: dict[str, set[int]] = {}
+        self.evicted: list[bytes] = []  # ready blocks dropped since take_evicted()
+
+    # --- lookups -------------------------------------------------------------------
+    def get(self, block_hash: bytes) -> Slot | None:
+        return self.by_hash.get(block_hash)
+
+    def ready_hashes(self) -> list[bytes]:
+        return [self.slots[i].block_hash for i in self.lru]
+
+    def counts(self) -> dict[str, int]:
+        filling = sum(1 for s in self.by_hash.values() if s.state is State.FILLING)
+        pinned = sum(1 for s in self.slots if s.owners)
+        return {"slots": len(self.slots), "ready": len(self.lru), "filling": filling, "pinned": pinned}
+
+    # --- writers -------------------------------------------------------------------
+    def reserve(self, block_hash: bytes, owner: str, now: float) -> tuple[int, Slot | None]:
+        """A slot to write `block_hash` into, pinned for `owner`. Returns NOT_NEEDED
+        with the existing slot when the block is already here or arriving, NO_ROOM
+        when every slot is pinned."""
+        slot = self.by_hash.get(block_hash)
+        if slot is not None:
+            self._pin(slot, owner)
+            return NOT_NEEDED, slot
+        slot = self._allocate(block_hash, now)
+        if slot is None:
+            return NO_ROOM, None
+        self._pin(slot, owner)
+        return slot.index, slot
+
+    def begin_receive(self, block_hash: bytes, now: float) -> Slot | None:
+        """The slot a block arriving from another node goes to; None when it is
+        already complete here or there is no room."""
+        slot = self.by_hash.get(block_hash)
+        if slot is not None:
+            return slot if slot.state is State.FILLING else None
+        return self._allocate(block_hash, now)
+
+    def layer_arrived(self, slot: Slot, layer: int, checksum: int, good: bool) -> Arrival:
+        """Record one layer. A bad checksum drops the whole block."""
+        if slot.state is not State.FILLING or not 0 <= layer < self.layers:
+            return "ignored"
+        if not good:
+            self.drop(slot)
+            return "failed"
+        slot.arrived.add(layer)
+        slot.checksums[layer] = checksum
+        if len(slot.arrived) < self.layers:
+            return "partial"
+        slot.state = State.READY
+        self.lru[slot.index] = None
+        return "ready"
+
+    def drop(self, slot: Slot) -> None:
+        """Forget a block and free its slot (pins included: its readers must recompute)."""
+        if self.by_hash.get(slot.block_hash) is slot:
+            del self.by_hash[slot.block_hash]
+        self.lru.pop(slot.index, None)
+        for owner in slot.owners:
+            self.owned.get(owner, set()).discard(slot.index)
+        index = slot.index
+        self.slots[index] = Slot(index)
+        self.free.append(index)
+
+    # --- readers -------------------------------------------------------------------
+    def pin_ready(self, owner: str, hashes: list[bytes]) -> list[int]:
+        """Pin the leading run of `hashes` that is ready here; returns their slots."""
+        out = []
+        for h in hashes:
+            slot = self.by_hash.get(h)
+            if slot is None or slot.state is not State.READY:
+                break
+            self._pin(slot, owner)
+            self.lru.move_to_end(slot.index)
+            out.append(slot.index)
+        return out
+
+    def unpin(self, owner: str) -> None:
+        for index in self.owned.pop(owner, set()):
+            self.slots[index].owners.discard(owner)
+
+    def take_evicted(self) -> list[bytes]:
+        out, self.evicted = self.evicted, []
+        return out
+
+    # --- internals -----------------------------------------------------------------
+    def _pin(self, slot: Slot, owner: str) -> None:
+        slot.owners.add(owner)
+        self.owned.setdefault(owner, set()).add(slot.index)
+
+    def _allocate(self, block_hash: bytes, now: float) -> Slot | None:
+        index = self._victim(now)
+        if index is None:
+            return None
+        slot = self.slots[index] = Slot(index, State.FILLING, block_hash, since=now)
+        self.by_hash[block_hash] = slot
+        return slot
+
+    def _victim(self, now: float) -> int | None:
+        if self.free:
+            return self.free.pop()
+        for index in self.lru:
+            if not self.slots[index].owners:
+                self.evicted.append(self.slots[index].block_hash)
+                self.drop(self.slots[index])
+                return self.free.pop()
+        for slot in list(self.by_hash.values()):
+            if slot.state is State.FILLING and now - slot.since > self.fill_timeout_s:
+                self.drop(slot)
+                return self.free.pop()
+        return None
