@@ -1,5 +1,5 @@
-"""One real local cluster (`yuebing up`: nats-server, messenger, conductor, 1 prefill,
-1 decode, gateway) for the whole session, and a plain in-process vLLM engine on the
+"""One real local cluster (`yuebing up`: nats-server, two nodes' messengers,
+conductor, 1 prefill on node-0, 1 decode on node-1, gateway) for the whole session, and a plain in-process vLLM engine on the
 same model as the reference for greedy outputs.
 
 The cluster runs with predictive admission and the default (loose) SLOs, so only
@@ -113,7 +113,9 @@ def launcher(model_dir):
 @pytest.fixture(scope="session")
 def cluster_process(model_dir, tmp_path_factory):
     """Starts `yuebing up` without waiting, so the reference engine loads meanwhile."""
-    started = launch(model_dir, tmp_path_factory.mktemp("cluster"), "--policy", "kvcentric", "--admission", "predictive")
+    started = launch(
+        model_dir, tmp_path_factory.mktemp("cluster"), "--policy", "kvcentric", "--admission", "predictive", "--nodes", "2"
+    )
     yield started
     started.stop()
 

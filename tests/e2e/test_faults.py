@@ -4,7 +4,9 @@ instances; a decode process that dies ends the stream with an error, not a hang.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
+import random
 import signal
 import time
 import uuid
@@ -59,6 +61,45 @@ def test_client_disconnect_cancels_the_request_on_the_instance(cluster):
             break
         assert time.monotonic() < deadline, f"decode-0 still running the abandoned request: {hb}"
     assert "decode cancelled" in cluster.log("decode-0") and request_id in cluster.log("decode-0")
+
+
+@pytest.mark.destructive
+def test_killing_the_decode_nodes_messenger_mid_transfer(cluster, client, reference):
+    """node-1's messenger dies while prefill streams a prompt's KV to it: the request
+    still ends within its deadline (decode computes what never arrived, or a clean
+    error), and the next request is served, its prompt computed by decode."""
+    rnd = random.Random(11)
+    prompts = [[rnd.randrange(32, 127) for _ in range(990)] for _ in range(3)]
+
+    def complete(ids):
+        try:
+            r = client.completions.create(model="yuebing-tiny", prompt=ids, max_tokens=8, temperature=0,
+                                          extra_body={"return_token_ids": True})
+            return r.choices[0].model_extra["token_ids"]
+        except openai.APIStatusError as e:
+            return e  # a clean error is allowed; a hang is not
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        start = time.monotonic()
+        futures = [pool.submit(complete, p) for p in prompts]
+        time.sleep(0.3)  # prefill of three ~1k-token prompts is under way
+        os.kill(cluster.pids["messenger-1"], signal.SIGKILL)
+        results = [f.result(timeout=60) for f in futures]
+    assert time.monotonic() - start < 30
+    want = reference.greedy(prompts, 8)
+    for got, expected in zip(results, want):
+        if isinstance(got, Exception):
+            assert got.status_code >= 500 and got.message
+        else:
+            assert got == expected
+    # The cluster goes on without node-1's pool: decode computes whole prompts.
+    start = time.monotonic()
+    ids = [rnd.randrange(32, 127) for _ in range(500)]
+    r = client.completions.create(model="yuebing-tiny", prompt=ids, max_tokens=8, temperature=0,
+                                  extra_body={"return_token_ids": True})
+    assert r.choices[0].model_extra["token_ids"] == reference.greedy([ids], 8)[0]
+    assert r.model_extra["yuebing"]["decode_kv_loaded_tokens"] == 0
+    assert time.monotonic() - start < 10
 
 
 @pytest.mark.destructive

@@ -1,0 +1,95 @@
+"""KV transfer on the real cluster (prefill on node-0, decode on node-1, two
+messengers talking ZeroMQ TCP): decode loads what prefill computed instead of
+computing it again, and its greedy output still equals plain vLLM token for token.
+
+"Computed by decode" comes from vLLM's own counter (the decode request's
+num_cached_tokens, reported in the response's `yuebing` field), not from logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import random
+
+import nats
+import pytest
+
+from shared.messages import MessengerCommand, MessengerStats, decode, encode, messenger_subject
+
+pytestmark = pytest.mark.e2e
+
+BLOCK = 128
+MAX_TOKENS = 12
+
+
+def messenger(nats_url: str, node: str, corrupt_next: int | None = None) -> MessengerStats:
+    async def ask() -> MessengerStats:
+        nc = await nats.connect(nats_url)
+        try:
+            cmd = MessengerCommand(op="stats") if corrupt_next is None else MessengerCommand(op="fault", corrupt_next=corrupt_next)
+            msg = await nc.request(messenger_subject(node), encode(cmd), timeout=5)
+            return decode(msg.data, MessengerStats)
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    rnd = random.Random(seed)
+    return [rnd.randrange(32, 127) for _ in range(length)]
+
+
+def complete(client, ids: list[int]):
+    r = client.completions.create(
+        model="yuebing-tiny", prompt=ids, max_tokens=MAX_TOKENS, temperature=0, extra_body={"return_token_ids": True}
+    )
+    assert r.model_extra["prompt_token_ids"] == ids
+    return r.choices[0].model_extra["token_ids"], r.model_extra["yuebing"]
+
+
+# Shorter than a block, not a multiple of it, exactly two blocks, near the 1024-token limit.
+LENGTHS = [60, 300, 2 * BLOCK, 1000]
+
+
+def test_decode_loads_prefill_kv_and_matches_plain_vllm(cluster, client, reference):
+    before = messenger(cluster.nats_url, "node-1")
+    prompts = [prompt(n, seed=n) for n in LENGTHS]
+    results = [complete(client, p) for p in prompts]
+    want = reference.greedy(prompts, MAX_TOKENS)
+    for p, (tokens, report), expected in zip(prompts, results, want):
+        assert tokens == expected, f"prompt of {len(p)} tokens"
+        full_blocks = len(p) // BLOCK * BLOCK
+        assert report["decode_kv_loaded_tokens"] == full_blocks, report
+        assert report["decode_computed_prompt_tokens"] <= BLOCK - 1, report
+    after = messenger(cluster.nats_url, "node-1")
+    sent_blocks = sum(n // BLOCK for n in LENGTHS)
+    assert after.blocks_received - before.blocks_received == sent_blocks
+    assert after.checksum_failures == before.checksum_failures
+
+
+def test_concurrent_requests_each_load_their_own_blocks(cluster, client, reference):
+    prompts = [prompt(200 + 97 * i, seed=100 + i) for i in range(6)]
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda p: complete(client, p), prompts))
+    assert [tokens for tokens, _ in results] == reference.greedy(prompts, MAX_TOKENS)
+    for p, (_, report) in zip(prompts, results):
+        assert report["decode_computed_prompt_tokens"] <= BLOCK - 1, report
+        assert report["decode_kv_loaded_tokens"] == len(p) // BLOCK * BLOCK
+
+
+def test_a_block_corrupted_in_transit_is_detected_and_recomputed(cluster, client, reference):
+    before = messenger(cluster.nats_url, "node-1")
+    # The prefill node's messenger flips a byte in the next layer it sends: block 0.
+    armed = messenger(cluster.nats_url, "node-0", corrupt_next=1)
+    assert armed.corrupt_pending == 1
+    p = prompt(700, seed=7)
+    tokens, report = complete(client, p)
+    assert tokens == reference.greedy([p], MAX_TOKENS)[0]
+    after = messenger(cluster.nats_url, "node-1")
+    assert after.checksum_failures == before.checksum_failures + 1
+    assert messenger(cluster.nats_url, "node-0").corrupt_pending == 0
+    # Block 0 never became visible, so decode computed the prompt from there on.
+    assert report["decode_kv_loaded_tokens"] == 0
+    assert report["decode_computed_prompt_tokens"] == len(p)
