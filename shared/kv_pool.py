@@ -126,7 +126,24 @@ class PoolFile:
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
+        if create:
+            self._populate()
         self.view = memoryview(self._map)
+
+    def _populate(self) -> None:
+        """Fault every page in now: a fresh shared-memory page costs a fault and a
+        zeroing on first write, which otherwise lands on the first transfers (it
+        measured 1.5 GB/s instead of memcpy speed)."""
+        advice = getattr(mmap, "MADV_POPULATE_WRITE", None)
+        if advice is not None:
+            try:
+                self._map.madvise(advice)
+                return
+            except OSError:  # kernels before 5.14
+                pass
+        page = mmap.PAGESIZE
+        for offset in range(0, len(self._map), page):
+            self._map[offset] = 0
 
     def slot(self, slot: int) -> memoryview:
         start = slot * self.geometry.slot_bytes

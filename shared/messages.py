@@ -176,6 +176,7 @@ class MessengerCommand(Message):
 class MessengerStats(Message):
     node: str
     endpoint: str = ""
+    peers: list[str] = []  # nodes whose messengers this one can send to
     pool_slots: int = 0
     ready: int = 0
     filling: int = 0

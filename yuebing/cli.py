@@ -97,6 +97,18 @@ def _bench_conductor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_transfer(args: argparse.Namespace) -> int:
+    from yuebing import transfer_bench
+    from yuebing.bench import write_json
+
+    sizes = [int(k) * 1024 for k in args.sizes_kib]
+    print(f"messenger → messenger over ZeroMQ TCP loopback, {args.total_mib} MiB per block size:")
+    results = transfer_bench.run(sizes, args.total_mib << 20)
+    print(transfer_bench.table(results))
+    write_json(transfer_bench.to_json(results), args.json)
+    return 0
+
+
 def _sim(args: argparse.Namespace) -> int:
     import json
 
@@ -303,6 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--admission", default="predictive")
     bc.add_argument("--json", help="also write the result here")
     bc.set_defaults(func=_bench_conductor)
+    bt = bench.add_parser("transfer", help="messenger→messenger throughput vs memcpy, per block size")
+    bt.add_argument("--sizes-kib", type=int, nargs="+", default=[64, 256, 1024, 4096, 16384], help="block sizes, KiB")
+    bt.add_argument("--total-mib", type=int, default=256, help="bytes moved per block size, MiB")
+    bt.add_argument("--json", help="also write the result here")
+    bt.set_defaults(func=_bench_transfer)
     br = bench.add_parser("replay", help="replay a trace against a live gateway (streaming)")
     _live_flags(br)
     br.add_argument("--plot-dir", help="write TTFT/TBT CDFs here")

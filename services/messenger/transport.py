@@ -9,6 +9,7 @@ payload goes out as a zero-copy frame straight from the pool's shared memory.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Protocol
 
 import zmq
@@ -33,8 +34,22 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+def keep_receive_buffers() -> None:
+    """ZeroMQ mallocs a buffer per received message. glibc serves big ones with a
+    fresh mmap and unmaps it on free, so every multi-MiB layer paid a page fault
+    per 4 KiB; keeping them on the heap lets the memory be reused warm."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc caps it at 32 MiB
+    libc.mallopt(m_trim_threshold, 256 << 20)
+
+
 class ZmqTransport:
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        keep_receive_buffers()
         self._ctx = zmq.asyncio.Context()
         self._send_ctx = zmq.Context()  # plain sockets: NOBLOCK sends, no futures
         self._pull = self._ctx.socket(zmq.PULL)
