@@ -21,7 +21,7 @@ from shared.kv_wire import (
     Control,
     Reply,
     Snapshot,
-    Written,
+    Note,
     control_encoder,
     control_endpoint,
     event_decoder,
@@ -63,7 +63,8 @@ class MessengerClient:
             log.warning("messenger did not answer", node=self.node, call=type(message).__name__)
             return None
 
-    def written(self, message: Written) -> bool:
+    def note(self, message: Note) -> bool:
+        """Fire and forget: a dead messenger costs nothing here."""
         try:
             self._push.send(control_encoder.encode(message), zmq.NOBLOCK)
             return True

@@ -36,7 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from shared.block_hash import block_hashes
 from shared.kv_client import MessengerClient, PoolFollower
 from shared.kv_pool import Geometry, PoolFile, checksum
-from shared.kv_wire import Hello, Pin, Reserve, Unpin, Written
+from shared.kv_wire import Hello, Pin, Release, Reserve, Written
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -160,7 +160,8 @@ class YuebingConnector(KVConnectorBase_V1):
         waiting = ready < len(want) and not self.follower.any_failed(want[ready:])
         if waiting and self.follower.alive and time.monotonic() < t.wait_until:
             return None, False  # asked again next step
-        reply = self.client.call(Pin(owner=request.request_id, hashes=want[:ready])) if ready else None
+        pin = ready and self.follower.alive
+        reply = self.client.call(Pin(owner=request.request_id, hashes=want[:ready])) if pin else None
         t.load_first, t.load_slots = first, (reply.slots if reply is not None and reply.ok else [])
         if reply is not None:
             self.pool_id = reply.pool_id
@@ -199,6 +200,8 @@ class YuebingConnector(KVConnectorBase_V1):
         assert self._kv_cache_manager is not None
         block_ids = self._kv_cache_manager.get_block_ids(req_id)[0][t.saved : done]
         t.saved = done
+        if self.follower is not None and not self.follower.alive:
+            return []  # no messenger: nothing to save into; decode computes these blocks
         reply = self.client.call(Reserve(owner=req_id, hashes=hashes, dest=t.dest or ""))
         if reply is None or not reply.ok:
             return []  # decode will compute these blocks
@@ -208,7 +211,7 @@ class YuebingConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         # Saves are copied into the pool inside the step, so vLLM's blocks are free to go.
         if self.tracked.pop(request.request_id, None) is not None:
-            self.client.call(Unpin(owner=request.request_id))
+            self.client.note(Release(owner=request.request_id))
         return False, None
 
     # ================================= worker side =================================
@@ -291,7 +294,7 @@ class YuebingConnector(KVConnectorBase_V1):
             for event in self._layer_loaded:
                 event.set()
             for load in loads:
-                self.client.call(Unpin(owner=load.request_id))
+                self.client.note(Release(owner=load.request_id))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._load_thread is not None:
@@ -311,7 +314,7 @@ class YuebingConnector(KVConnectorBase_V1):
             self._slot_layer(save.slot, layer).view(block.shape).copy_(block)
             sums.append(checksum(self.pool.layer(save.slot, layer)))
         # The messenger streams this layer on at once (layer-wise transfer).
-        self.client.written(Written(pool_id=meta.pool_id, layer=layer, slots=[s.slot for s in meta.saves], checksums=sums))
+        self.client.note(Written(pool_id=meta.pool_id, layer=layer, slots=[s.slot for s in meta.saves], checksums=sums))
 
     def wait_for_save(self) -> None:
         if self._load_thread is not None:

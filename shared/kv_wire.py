@@ -2,8 +2,8 @@
 between messengers (ZeroMQ TCP): schemas and endpoint names.
 
 Three local sockets per node, all bound by the messenger:
-- control (REQ → ROUTER): hello, reserve, pin, unpin, snapshot; always answered;
-- written (PUSH → PULL): a worker says "layer i of these slots is in the pool";
+- control (REQ → ROUTER): hello, reserve, pin, snapshot; always answered;
+- notes (PUSH → PULL): "layer i of these slots is in the pool", "release my pins";
 - events (PUB → SUB): blocks that became ready or failed, and a tick that tells the
   engines the messenger is alive.
 Between messengers a transfer is a stream of two-frame messages, (LayerFrame, bytes),
@@ -67,15 +67,11 @@ class Pin(msgspec.Struct, tag="pin", kw_only=True):
     hashes: list[bytes]
 
 
-class Unpin(msgspec.Struct, tag="unpin", kw_only=True):
-    owner: str
-
-
 class Snapshot(msgspec.Struct, tag="snapshot", kw_only=True):
     """Every ready block, so an engine that (re)connects can fill its index."""
 
 
-Control = Hello | Reserve | Pin | Unpin | Snapshot
+Control = Hello | Reserve | Pin | Snapshot
 
 
 class Reply(msgspec.Struct, kw_only=True):
@@ -89,12 +85,23 @@ class Reply(msgspec.Struct, kw_only=True):
     ready: list[bytes] = []
 
 
-# --- written: worker → messenger ------------------------------------------------------
-class Written(msgspec.Struct, kw_only=True):
+# --- notes: engine → messenger, never answered (so never waited for) ------------------
+class Written(msgspec.Struct, tag="written", kw_only=True):
+    """Layer `layer` of these slots is in the pool, with these checksums."""
+
     pool_id: str
     layer: int
     slots: list[int]
     checksums: list[int]
+
+
+class Release(msgspec.Struct, tag="release", kw_only=True):
+    """Drop `owner`'s pins: its load is done, or it finished."""
+
+    owner: str
+
+
+Note = Written | Release
 
 
 # --- events: messenger → engines ------------------------------------------------------
@@ -119,6 +126,6 @@ class LayerFrame(msgspec.Struct, kw_only=True):
 control_encoder = msgspec.msgpack.Encoder()
 control_decoder = msgspec.msgpack.Decoder(Control)
 reply_decoder = msgspec.msgpack.Decoder(Reply)
-written_decoder = msgspec.msgpack.Decoder(Written)
+note_decoder = msgspec.msgpack.Decoder(Note)
 event_decoder = msgspec.msgpack.Decoder(BlockEvent)
 frame_decoder = msgspec.msgpack.Decoder(LayerFrame)

@@ -56,6 +56,9 @@ def _up(args: argparse.Namespace) -> int:
         slo_tbt_ms=args.slo_tbt_ms,
         profile=str(Path(args.profile).resolve()) if args.profile else "",
         decode_time_s=args.decode_time,
+        pool_bytes=args.pool_mib << 20,
+        kv_wait_s=args.kv_wait,
+        kv_stream_layers=not args.no_kv_streaming,
         log_level=args.log_level,
     )
     options = UpOptions(
@@ -106,6 +109,16 @@ def _bench_transfer(args: argparse.Namespace) -> int:
     results = transfer_bench.run(sizes, args.total_mib << 20)
     print(transfer_bench.table(results))
     write_json(transfer_bench.to_json(results), args.json)
+    return 0
+
+
+def _bench_ttft(args: argparse.Namespace) -> int:
+    from yuebing import ttft_bench
+    from yuebing.bench import write_json
+
+    results = ttft_bench.run(Path(args.model).resolve(), args.prompt_tokens, args.repeats, args.max_model_len)
+    print(ttft_bench.table(results, args.prompt_tokens))
+    write_json(ttft_bench.to_json(results, args.prompt_tokens), args.json)
     return 0
 
 
@@ -320,6 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--total-mib", type=int, default=256, help="bytes moved per block size, MiB")
     bt.add_argument("--json", help="also write the result here")
     bt.set_defaults(func=_bench_transfer)
+    btt = bench.add_parser("ttft", help="TTFT of a long prompt: colocated vLLM vs disaggregated, streaming on/off")
+    btt.add_argument("--model", default=str(default_model_dir()))
+    btt.add_argument("--prompt-tokens", type=int, default=2048)
+    btt.add_argument("--repeats", type=int, default=11, help="prompts per deployment (medians are reported)")
+    btt.add_argument("--max-model-len", type=int, default=4096)
+    btt.add_argument("--json", help="also write the result here")
+    btt.set_defaults(func=_bench_ttft)
     br = bench.add_parser("replay", help="replay a trace against a live gateway (streaming)")
     _live_flags(br)
     br.add_argument("--plot-dir", help="write TTFT/TBT CDFs here")
@@ -381,6 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     upp.add_argument("--slo-tbt-ms", type=float, default=c.slo_tbt_ms, help="default TBT SLO")
     upp.add_argument("--profile", default="", help="time-model profile (default: the shipped one)")
     upp.add_argument("--decode-time", type=float, default=c.decode_time_s, help="predictive admission's t_d, s")
+    upp.add_argument("--pool-mib", type=int, default=c.pool_bytes >> 20, help="each node's KV block pool, MiB")
+    upp.add_argument("--kv-wait", type=float, default=c.kv_wait_s, help="seconds decode waits for blocks in transit")
+    upp.add_argument("--no-kv-streaming", action="store_true",
+                     help="send a block after its last layer instead of layer by layer (for comparison)")
     upp.add_argument("--log-level", default=c.log_level)
     upp.add_argument("--run-dir", help="where logs and the config go (default: a new temp dir)")
     upp.add_argument("--ready-file", help="write a JSON with the URL and pids once ready")

@@ -191,7 +191,7 @@ def measure(block_bytes: int, total_bytes: int, work: Path) -> TransferResult:
         batch = max(1, (4 << 20) // block_bytes)  # notes of about 4 MiB of blocks each
         start = time.perf_counter()
         for i in range(0, blocks, batch):
-            a.written(Written(pool_id=reply.pool_id, layer=0, slots=slots.slots[i : i + batch], checksums=sums[i : i + batch]))
+            a.note(Written(pool_id=reply.pool_id, layer=0, slots=slots.slots[i : i + batch], checksums=sums[i : i + batch]))
         ready = 0
         while ready < blocks:
             if not sub.poll(30_000):

@@ -134,7 +134,8 @@ class Pipeline:
             sampling=sampling,
             deadline=deadline,
             decode_id=reply.decode_id,
-            kv_dest_node=decode.node if decode is not None else "",
+            # A one-token request never reaches decode: its KV stays on prefill's node.
+            kv_dest_node=decode.node if decode is not None and sampling.max_tokens > 1 else "",
         )
         subject = prefill_subject(reply.prefill_id)
         result = await self._watch(

@@ -26,7 +26,7 @@ from shared.kv_wire import (
     control_encoder,
     control_endpoint,
     events_endpoint,
-    written_decoder,
+    note_decoder,
     written_endpoint,
 )
 from shared.liveness import Registry
@@ -76,7 +76,7 @@ class MessengerService:
 
     def start(self) -> None:
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-            ("control", self._control_once), ("written", self._written_once),
+            ("control", self._control_once), ("notes", self._notes_once),
             ("transfer", self._transfer_once), ("tick", self._tick_once),
         ]
         self.tasks = [asyncio.create_task(self._forever(name, step), name=name) for name, step in loops]
@@ -99,9 +99,9 @@ class MessengerService:
             reply = Reply(ok=False, error=f"bad control message: {e}")
         await self.sockets.control.send_multipart([identity, empty, control_encoder.encode(reply)])
 
-    async def _written_once(self) -> None:
+    async def _notes_once(self) -> None:
         body = await self.sockets.written.recv()
-        self.messenger.written(written_decoder.decode(body))
+        self.messenger.note(note_decoder.decode(body))
 
     async def _transfer_once(self) -> None:
         header, payload = await self.messenger.transport.receive()

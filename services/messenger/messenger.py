@@ -1,7 +1,7 @@
 """A node's messenger: owns the node pool and moves its blocks.
 
-It answers the node's engines (hello, reserve, pin, unpin, snapshot), takes the
-workers' "layer written" notes, streams each written layer to the messengers that
+It answers the node's engines (hello, reserve, pin, snapshot), takes the
+workers' notes (layer written, pins released), streams each written layer to the messengers that
 want the block, receives layers from other messengers into its own pool, and tells
 its engines which blocks became ready or failed. Every handler is synchronous and
 quick; app.py owns the sockets and the tasks that call in here.
@@ -23,6 +23,7 @@ from services.messenger.transport import Transport
 from shared.kv_pool import Geometry, Header, PoolFile, checksum, model_id
 from shared.kv_wire import (
     NO_ROOM,
+    Note,
     BlockEvent,
     Control,
     Hello,
@@ -31,7 +32,7 @@ from shared.kv_wire import (
     Reply,
     Reserve,
     Snapshot,
-    Unpin,
+    Release,
     Written,
     frame_decoder,
     pool_path,
@@ -84,9 +85,6 @@ class Messenger:
             return self._reserve(message)
         if isinstance(message, Pin):
             return Reply(pool_id=self.pool_id, slots=self.pool.pin_ready(message.owner, message.hashes))
-        if isinstance(message, Unpin):
-            self.pool.unpin(message.owner)
-            return Reply(pool_id=self.pool_id)
         if isinstance(message, Snapshot):
             return Reply(pool_id=self.pool_id, ready=self.pool.ready_hashes())
         return Reply(ok=False, error=f"unknown call {type(message).__name__}")
@@ -134,7 +132,14 @@ class Messenger:
             for layer in sorted(slot.arrived):
                 self._send_layer(slot, layer, dest)
 
-    # --- workers (written socket) ----------------------------------------------------
+    # --- engines (notes socket) ------------------------------------------------------
+    def note(self, note: Note) -> None:
+        if isinstance(note, Release):
+            if self.pool is not None:
+                self.pool.unpin(note.owner)
+        else:
+            self.written(note)
+
     def written(self, w: Written) -> None:
         if self.pool is None or self.file is None or w.pool_id != self.pool_id:
             log.warning("written note for another pool dropped", pool_id=w.pool_id)
