@@ -40,6 +40,7 @@ def parser() -> argparse.ArgumentParser:
     p = service.parser("messenger", instance=True)
     p.add_argument("--host", default="127.0.0.1", help="address other messengers reach this one on")
     p.add_argument("--port", type=int, default=0, help="transfer port (0: any free port)")
+    p.add_argument("--advertise-host", default="", help="the name peers use to reach --host (default: --host)")
     return p
 
 
@@ -137,7 +138,7 @@ class MessengerService:
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
-    transport = ZmqTransport(args.host, args.port)
+    transport = ZmqTransport(args.host, args.port, args.advertise_host)
     messenger = Messenger(args.node, config.kv_root, config.pool_bytes, transport, config.kv_stream_layers)
     sockets = LocalSockets(config.kv_root, args.node)
     svc = MessengerService(config, args.node, messenger, sockets)

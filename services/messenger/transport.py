@@ -48,7 +48,7 @@ def keep_receive_buffers() -> None:
 
 
 class ZmqTransport:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, advertise_host: str = "") -> None:
         keep_receive_buffers()
         self._ctx = zmq.asyncio.Context()
         self._send_ctx = zmq.Context()  # plain sockets: NOBLOCK sends, no futures
@@ -60,7 +60,7 @@ class ZmqTransport:
             self._pull.bind(f"tcp://{host}:{port}")
         else:
             port = self._pull.bind_to_random_port(f"tcp://{host}")
-        self.endpoint = f"tcp://{host}:{port}"
+        self.endpoint = f"tcp://{advertise_host or host}:{port}"
         self._peers: dict[str, zmq.Socket] = {}
 
     def connect(self, endpoint: str) -> None:

@@ -53,3 +53,21 @@ def test_docker_compose_accepts_the_file():
         pytest.skip("docker compose plugin not installed")
     r = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_engines_share_their_nodes_pool_volume_with_its_messenger():
+    spec = _compose()["services"]
+    config = load_config(ROOT / "compose" / "cluster.json")
+
+    def node_and_kv(service: dict) -> tuple[str, str]:
+        cmd = service["command"]
+        node = cmd[cmd.index("--node") + 1]
+        (volume,) = [v.split(":")[0] for v in service["volumes"] if v.endswith(f":{config.kv_dir}")]
+        return node, volume
+
+    messengers = dict(node_and_kv(s) for s in spec.values() if "services.messenger" in s["command"])
+    engines = [s for s in spec.values() if {"services.prefill", "services.decode"} & set(s["command"])]
+    assert len(messengers) == 2 and engines
+    for engine in engines:
+        node, volume = node_and_kv(engine)
+        assert messengers[node] == volume
