@@ -52,6 +52,11 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # it (False: send a block after its last layer, for comparison).
     kv_dir: str = ""
     pool_bytes: int = 512 << 20
+    # Node pools: eviction policy ("lru" or "lfu"), and an optional SSD tier: each
+    # node's messenger keeps up to ssd_bytes of DRAM-evicted blocks in ssd_dir/<node>.
+    eviction: str = "lru"
+    ssd_dir: str = ""
+    ssd_bytes: int = 0
     kv_wait_s: float = 2.0
     kv_stream_layers: bool = True
     log_level: str = "info"
@@ -69,8 +74,10 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("SLOs and decode_time_s must be positive")
         if self.index_capacity_blocks <= 0:
             raise ValueError("index_capacity_blocks must be positive")
-        if self.pool_bytes <= 0 or self.kv_wait_s < 0:
-            raise ValueError("pool_bytes must be positive and kv_wait_s not negative")
+        if self.pool_bytes <= 0 or self.kv_wait_s < 0 or self.ssd_bytes < 0:
+            raise ValueError("pool_bytes must be positive, kv_wait_s and ssd_bytes not negative")
+        if self.eviction not in ("lru", "lfu"):
+            raise ValueError(f"eviction must be lru or lfu, got {self.eviction!r}")
 
     @property
     def served_model_name(self) -> str:

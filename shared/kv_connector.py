@@ -6,11 +6,13 @@ WORKER: copies bytes between vLLM's KV cache and the pool). The two halves share
 nothing but the per-step `YuebingMeta` that the scheduler half builds.
 
 A request says what it wants through `SamplingParams.extra_args["kv_transfer_params"]`:
-- prefill: `{"yb_dest": node}` — save every full prompt block into the node pool as
+- `{"yb_dest": node}` (prefill) — save every full prompt block into the node pool as
   each layer is computed; the messenger streams each layer on to `node`'s messenger;
-- decode: `{"yb_expect": n, "yb_wait_s": s}` — n prompt blocks are on their way:
-  wait up to s seconds for them to be ready in the node pool, then load what is
-  there layer by layer while the rest of the prompt is computed.
+- `{"yb_expect": n, "yb_wait_s": s}` (decode; prefill after a pull) — the first n
+  prompt blocks are on their way: wait up to s seconds for them to be ready in the
+  node pool.
+Either way, the leading prompt blocks that are in the node pool (whoever computed
+them, from DRAM or SSD) are loaded layer by layer while the rest is computed.
 
 The prompt's tail that does not fill a block, and the first token (which prefill
 sampled but never ran through the model), are computed by decode: at most
@@ -147,17 +149,18 @@ class YuebingConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         t = self.tracked.get(request.request_id)
-        if t is None or not t.expect or self.follower is None:
+        if t is None or self.follower is None:
             return 0, False
         bs = self.opts.block_size
         # Never claim the block holding the last token: vLLM must compute at least one.
-        last = min(t.expect, (request.num_tokens - 1) // bs)
+        last = min(len(t.hashes), (request.num_tokens - 1) // bs)
         first = num_computed_tokens // bs
         if first >= last:
             return 0, False
         want = t.hashes[first:last]
         ready = self.follower.leading_ready(want)
-        waiting = ready < len(want) and not self.follower.any_failed(want[ready:])
+        expected = min(t.expect, last) - first
+        waiting = ready < expected and not self.follower.any_failed(want[ready:expected])
         if waiting and self.follower.alive and time.monotonic() < t.wait_until:
             return None, False  # asked again next step
         pin = ready and self.follower.alive
@@ -165,9 +168,9 @@ class YuebingConnector(KVConnectorBase_V1):
         t.load_first, t.load_slots = first, (reply.slots if reply is not None and reply.ok else [])
         if reply is not None:
             self.pool_id = reply.pool_id
-        if len(t.load_slots) < len(want):
+        if len(t.load_slots) < expected:
             log.info("kv blocks missing, computing them", request_id=request.request_id,
-                     loaded=len(t.load_slots), missing=len(want) - len(t.load_slots), messenger_alive=self.follower.alive)
+                     loaded=len(t.load_slots), missing=expected - len(t.load_slots), messenger_alive=self.follower.alive)
         return len(t.load_slots) * bs, False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:

@@ -20,6 +20,7 @@ HEARTBEAT = f"{PREFIX}.heartbeat"  # every instance and messenger publishes here
 SCHEDULE = f"{PREFIX}.conductor.schedule"  # request/reply, queue group "conductor"
 CANCEL = f"{PREFIX}.cancel"  # broadcast: whoever holds the request aborts it
 REQUEST_EVENTS = f"{PREFIX}.events.request"  # progress of a request, for the Conductor's books
+KV_EVENTS = f"{PREFIX}.events.kv"  # blocks stored in / evicted from / removed from a node's pool
 CONDUCTOR_QUEUE = "conductor"
 
 
@@ -166,11 +167,40 @@ class Cancel(Message):
 
 # --- messengers --------------------------------------------------------------
 class MessengerCommand(Message):
-    """stats: report counters; fault: corrupt the payload of the next `corrupt_next`
-    layers this messenger sends (fault injection for tests; nothing else sets it)."""
+    """stats: report counters; snapshot: list every block held (a KvSnapshot);
+    pull: fetch `hashes` from `node`'s messenger into this node's pool; send: push
+    `hashes` to `node` (what a pull asks the holder); fault: corrupt the payload of
+    the next `corrupt_next` layers sent (fault injection for tests only)."""
 
-    op: Literal["stats", "fault"]
+    op: Literal["stats", "snapshot", "pull", "send", "fault"]
+    node: str = ""
+    hashes: list[str] = []
     corrupt_next: int = 0
+
+
+class MessengerAck(Message):
+    ok: bool
+    error: str = ""
+    blocks: int = 0  # pull/send: blocks that are on their way
+
+
+Tier = Literal["dram", "ssd"]
+
+
+class KvEvent(Message):
+    """stored: now in `tier`; evicted: left `tier` (it may still be in a lower one);
+    removed: gone from the node."""
+
+    node: str
+    kind: Literal["stored", "evicted", "removed"]
+    tier: Tier
+    hashes: list[str]
+
+
+class KvSnapshot(Message):
+    node: str
+    dram: list[str]
+    ssd: list[str] = []
 
 
 class MessengerStats(Message):
@@ -190,6 +220,13 @@ class MessengerStats(Message):
     sends_dropped: int = 0
     corrupted_on_purpose: int = 0
     corrupt_pending: int = 0
+    ssd_blocks: int = 0
+    hits_dram: int = 0
+    hits_ssd: int = 0
+    misses: int = 0
+    evictions: int = 0
+    spills: int = 0
+    ssd_dropped: int = 0
 
 
 # --- codec --------------------------------------------------------------------

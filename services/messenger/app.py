@@ -12,9 +12,12 @@ from pathlib import Path
 import msgspec
 import structlog
 import zmq
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 import zmq.asyncio
 
-from services.messenger.messenger import Messenger
+from services.messenger.messenger import Messenger, PoolOptions
+from services.messenger.pool import EVICTION_POLICIES
 from services.messenger.transport import ZmqTransport
 from shared import bus, service
 from shared.config import ClusterConfig
@@ -30,7 +33,17 @@ from shared.kv_wire import (
     written_endpoint,
 )
 from shared.liveness import Registry
-from shared.messages import HEARTBEAT, Heartbeat, MessengerCommand, encode, messenger_subject
+from shared.messages import (
+    HEARTBEAT,
+    KV_EVENTS,
+    Heartbeat,
+    Message,
+    MessageError,
+    MessengerAck,
+    MessengerCommand,
+    encode,
+    messenger_subject,
+)
 
 log = structlog.get_logger(__name__)
 TICK_S = 0.25  # how often engines hear that we are alive
@@ -41,6 +54,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address other messengers reach this one on")
     p.add_argument("--port", type=int, default=0, help="transfer port (0: any free port)")
     p.add_argument("--advertise-host", default="", help="the name peers use to reach --host (default: --host)")
+    p.add_argument("--pool-bytes", type=int, help="DRAM pool size (default: the config's pool_bytes)")
+    p.add_argument("--eviction", choices=EVICTION_POLICIES, help="default: the config's (lru)")
+    p.add_argument("--ssd-path", help="folder of the SSD tier (default: <config ssd_dir>/<node> if ssd_dir is set)")
+    p.add_argument("--ssd-bytes", type=int, help="SSD tier size (default: the config's ssd_bytes)")
     return p
 
 
@@ -74,6 +91,7 @@ class MessengerService:
         self.sockets = sockets
         self.registry = Registry(config.liveness_timeout_s)
         self.tasks: list[asyncio.Task[None]] = []
+        self.nc: Client | None = None
 
     def start(self) -> None:
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -115,6 +133,9 @@ class MessengerService:
     async def _flush_events(self) -> None:
         for event in self.messenger.take_events():
             await self.sockets.events.send(control_encoder.encode(event))
+        if self.nc is not None:
+            for kv in self.messenger.take_kv_events():
+                await self.nc.publish(KV_EVENTS, encode(kv))
 
     async def on_heartbeat(self, hb: Heartbeat, _msg: object) -> None:
         if hb.role != "messenger" or not hb.endpoint or hb.node == self.node:
@@ -125,11 +146,36 @@ class MessengerService:
             self.messenger.transport.connect(hb.endpoint)
         self.registry.observe(hb, time.monotonic())
 
-    async def on_command(self, cmd: MessengerCommand, msg: object) -> None:
-        if cmd.op == "fault":
-            self.messenger.corrupt_next = max(0, cmd.corrupt_next)
-            log.warning("fault injection armed", corrupt_next=cmd.corrupt_next)
-        await msg.respond(encode(self.messenger.stats()))  # type: ignore[attr-defined]
+    async def on_command(self, cmd: MessengerCommand, msg: Msg) -> None:
+        try:
+            hashes = [bytes.fromhex(h) for h in cmd.hashes]
+        except ValueError:
+            await msg.respond(encode(MessengerAck(ok=False, error="hashes must be hex")))
+            return
+        if cmd.op == "snapshot":
+            reply: Message = self.messenger.snapshot()
+        elif cmd.op == "send":
+            reply = MessengerAck(ok=True, blocks=self.messenger.send_to(cmd.node, hashes))
+        elif cmd.op == "pull":
+            reply = await self._pull(cmd.node, cmd.hashes)
+        else:
+            if cmd.op == "fault":
+                self.messenger.corrupt_next = max(0, cmd.corrupt_next)
+                log.warning("fault injection armed", corrupt_next=cmd.corrupt_next)
+            reply = self.messenger.stats()
+        await self._flush_events()
+        await msg.respond(encode(reply))
+
+    async def _pull(self, holder: str, hashes: list[str]) -> MessengerAck:
+        """Ask `holder`'s messenger to send these blocks here; they arrive as transfers."""
+        if self.nc is None or holder == self.node:
+            return MessengerAck(ok=False, error="nothing to pull from")
+        ask = MessengerCommand(op="send", node=self.node, hashes=hashes)
+        try:
+            return await bus.request(self.nc, messenger_subject(holder), ask, MessengerAck, timeout=1.0)
+        except (TimeoutError, MessageError) as e:
+            log.warning("pull failed", holder=holder, error=str(e))
+            return MessengerAck(ok=False, error=f"{holder}: {e}")
 
     async def close(self) -> None:
         for task in self.tasks:
@@ -137,13 +183,25 @@ class MessengerService:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
+def pool_options(config: ClusterConfig, args: argparse.Namespace) -> PoolOptions:
+    ssd_path = args.ssd_path or (str(Path(config.ssd_dir) / args.node) if config.ssd_dir else "")
+    return PoolOptions(
+        pool_bytes=args.pool_bytes or config.pool_bytes,
+        eviction=args.eviction or config.eviction,
+        ssd_path=ssd_path,
+        ssd_bytes=args.ssd_bytes if args.ssd_bytes is not None else config.ssd_bytes,
+        stream_layers=config.kv_stream_layers,
+    )
+
+
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
     transport = ZmqTransport(args.host, args.port, args.advertise_host)
-    messenger = Messenger(args.node, config.kv_root, config.pool_bytes, transport, config.kv_stream_layers)
+    messenger = Messenger(args.node, config.kv_root, pool_options(config, args), transport)
     sockets = LocalSockets(config.kv_root, args.node)
     svc = MessengerService(config, args.node, messenger, sockets)
     svc.start()
     nc = await bus.connect(config.nats_url, name=args.instance_id)
+    svc.nc = nc
     instance = Instance("messenger", args.instance_id, args.node, config, nc)
     instance.endpoint = transport.endpoint
     await bus.subscribe(nc, HEARTBEAT, Heartbeat, svc.on_heartbeat)

@@ -19,6 +19,7 @@ import msgspec
 import structlog
 
 from services.messenger.pool import BlockPool, Slot, State
+from services.messenger.ssd import SsdTier
 from services.messenger.transport import Transport
 from shared.kv_pool import Geometry, Header, PoolFile, checksum, model_id
 from shared.kv_wire import (
@@ -37,7 +38,7 @@ from shared.kv_wire import (
     frame_decoder,
     pool_path,
 )
-from shared.messages import MessengerStats
+from shared.messages import KvEvent, KvSnapshot, MessengerStats, Tier
 
 log = structlog.get_logger(__name__)
 _encode = msgspec.msgpack.Encoder().encode
@@ -54,23 +55,38 @@ class Counters:
     checksum_failures: int = 0
     sends_dropped: int = 0
     corrupted_on_purpose: int = 0
+    hits_dram: int = 0
+    hits_ssd: int = 0
+    misses: int = 0
+    evictions: int = 0
+    spills: int = 0
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    pool_bytes: int
+    eviction: str = "lru"
+    ssd_path: str = ""  # empty: no SSD tier
+    ssd_bytes: int = 0
+    stream_layers: bool = True
 
 
 class Messenger:
-    def __init__(
-        self, node: str, kv_dir: str, pool_bytes: int, transport: Transport, stream_layers: bool = True
-    ) -> None:
+    def __init__(self, node: str, kv_dir: str, options: PoolOptions, transport: Transport) -> None:
         self.node = node
         self.kv_dir = kv_dir
-        self.pool_bytes = pool_bytes
+        self.options = options
+        self.pool_bytes = options.pool_bytes
         self.transport = transport
-        self.stream_layers = stream_layers
+        self.stream_layers = options.stream_layers
+        self.ssd: SsdTier | None = None
         self.file: PoolFile | None = None
         self.pool: BlockPool | None = None
         self.pool_id = ""
         self.model = ""
         self.peers: dict[str, str] = {}  # node → transport endpoint
         self.events: list[BlockEvent] = []  # to publish to the engines (app.py drains it)
+        self.kv_events: list[KvEvent] = []  # to publish on NATS, for the Conductor's index
         self.counters = Counters()
         self.corrupt_next = 0
         self._failed: dict[bytes, float] = {}
@@ -84,9 +100,10 @@ class Messenger:
         if isinstance(message, Reserve):
             return self._reserve(message)
         if isinstance(message, Pin):
-            return Reply(pool_id=self.pool_id, slots=self.pool.pin_ready(message.owner, message.hashes))
+            return Reply(pool_id=self.pool_id, slots=self._pin(message.owner, message.hashes))
         if isinstance(message, Snapshot):
-            return Reply(pool_id=self.pool_id, ready=self.pool.ready_hashes())
+            ssd = [h for h in self.ssd.hashes() if h not in self.pool.by_hash] if self.ssd else []
+            return Reply(pool_id=self.pool_id, ready=self.pool.ready_hashes() + ssd)
         return Reply(ok=False, error=f"unknown call {type(message).__name__}")
 
     def _hello(self, hello: Hello) -> Reply:
@@ -97,9 +114,12 @@ class Messenger:
                 return Reply(ok=False, error=f"pool_bytes {self.pool_bytes} holds no block of {hello.geometry.slot_bytes} bytes")
             path = pool_path(self.kv_dir, self.node)
             self.file = PoolFile(path, hello.geometry, slots, create=True)
-            self.pool = BlockPool(slots, hello.geometry.layers)
+            self.pool = BlockPool(slots, hello.geometry.layers, eviction=self.options.eviction)
             self.pool_id = uuid.uuid4().hex[:12]
             self.model = hello.model
+            if self.options.ssd_path:
+                self.ssd = SsdTier(Path(self.options.ssd_path), self.options.ssd_bytes, hello.geometry, model_id(hello.model))
+                self._kv_event("stored", "ssd", self.ssd.hashes())
             log.info("pool created", path=str(path), slots=slots, block_bytes=hello.geometry.slot_bytes,
                      geometry=msgspec.structs.asdict(hello.geometry), pool_id=self.pool_id)
         elif hello.geometry != self.file.geometry or hello.model != self.model:
@@ -121,6 +141,58 @@ class Messenger:
         if NO_ROOM in slots:
             log.warning("pool full of pinned blocks", owner=r.owner, refused=slots.count(NO_ROOM))
         return Reply(pool_id=self.pool_id, slots=slots)
+
+    def _pin(self, owner: str, hashes: list[bytes]) -> list[int]:
+        """Pin the leading run of `hashes` held here, promoting SSD blocks to DRAM."""
+        assert self.pool is not None
+        slots = []
+        for h in hashes:
+            index = self.pool.pin_one(owner, h)
+            if index is not None:
+                self.counters.hits_dram += 1
+            elif self._promote(h) is not None:
+                index = self.pool.pin_one(owner, h)
+                self.counters.hits_ssd += 1
+            if index is None:
+                self.counters.misses += 1
+                break
+            slots.append(index)
+        return slots
+
+    def _promote(self, block_hash: bytes) -> Slot | None:
+        """Bring a block back from SSD into a DRAM slot (verified on the way)."""
+        if self.ssd is None or self.pool is None or self.file is None or block_hash not in self.ssd:
+            return None
+        if self.pool.get(block_hash) is not None:  # already here, or arriving
+            return None
+        found = self.ssd.read(block_hash)
+        if found is None:  # damaged: dropped, never served
+            self._kv_event("removed", "ssd", [block_hash])
+            return None
+        data, sums = found
+        slot = self.pool.begin_receive(block_hash, time.monotonic())
+        self._publish_evictions()
+        if slot is None or slot.state is not State.FILLING:
+            return None
+        self.file.slot(slot.index)[:] = data
+        for layer, layer_sum in enumerate(sums):
+            self.pool.layer_arrived(slot, layer, layer_sum, good=True)
+        self.events.append(BlockEvent(kind="ready", pool_id=self.pool_id, hashes=[block_hash]))
+        self._kv_event("stored", "dram", [block_hash])
+        return slot
+
+    def send_to(self, dest: str, hashes: list[bytes]) -> int:
+        """Push the leading run of `hashes` held here to `dest` (a pull from there)."""
+        if self.pool is None:
+            return 0
+        sent = 0
+        for h in hashes:
+            slot = self.pool.get(h) or self._promote(h)
+            if slot is None or slot.state is not State.READY:
+                break
+            self._send_block(slot, dest)
+            sent += 1
+        return sent
 
     def _want(self, slot: Slot, dest: str) -> None:
         """`dest` wants this block: send what has arrived, and the rest as it arrives."""
@@ -173,6 +245,7 @@ class Messenger:
                     self._send_block(slot, dest)
             slot.dests.clear()
             self.events.append(BlockEvent(kind="ready", pool_id=self.pool_id, hashes=[block_hash]))
+            self._kv_event("stored", "dram", [block_hash])
 
     # --- other messengers (transport) ----------------------------------------------
     def _send_block(self, slot: Slot, dest: str) -> None:
@@ -231,10 +304,37 @@ class Messenger:
             self.counters.blocks_received += 1
 
     def _publish_evictions(self) -> None:
-        if self.pool is not None:
-            evicted = self.pool.take_evicted()
-            if evicted:
-                self.events.append(BlockEvent(kind="evicted", pool_id=self.pool_id, hashes=evicted))
+        """Spill what DRAM just evicted to SSD (its slot is still intact), or report it gone."""
+        if self.pool is None or self.file is None:
+            return
+        gone: list[bytes] = []
+        for block_hash, index in self.pool.take_evicted():
+            self.counters.evictions += 1
+            self._kv_event("evicted", "dram", [block_hash])
+            if self.ssd is None:
+                gone.append(block_hash)
+                continue
+            self.counters.spills += 1
+            self._kv_event("stored", "ssd", [block_hash])
+            dropped = self.ssd.put(block_hash, self.file.slot(index))
+            if dropped:
+                self._kv_event("removed", "ssd", dropped)
+                gone.extend(h for h in dropped if h not in self.pool.by_hash)
+        if gone:
+            self.events.append(BlockEvent(kind="evicted", pool_id=self.pool_id, hashes=gone))
+
+    def _kv_event(self, kind: str, tier: Tier, hashes: list[bytes]) -> None:
+        if hashes:
+            self.kv_events.append(KvEvent(node=self.node, kind=kind, tier=tier, hashes=[h.hex() for h in hashes]))  # type: ignore[arg-type]
+
+    def snapshot(self) -> KvSnapshot:
+        dram = [h.hex() for h in self.pool.ready_hashes()] if self.pool else []
+        ssd = [h.hex() for h in self.ssd.hashes()] if self.ssd else []
+        return KvSnapshot(node=self.node, dram=dram, ssd=ssd)
+
+    def take_kv_events(self) -> list[KvEvent]:
+        out, self.kv_events = self.kv_events, []
+        return out
 
     # --- status --------------------------------------------------------------------
     def take_events(self) -> list[BlockEvent]:
@@ -250,6 +350,8 @@ class Messenger:
             bytes_out=c.bytes_out, bytes_in=c.bytes_in, blocks_received=c.blocks_received,
             checksum_failures=c.checksum_failures, sends_dropped=c.sends_dropped,
             corrupted_on_purpose=c.corrupted_on_purpose, corrupt_pending=self.corrupt_next,
+            ssd_blocks=len(self.ssd) if self.ssd else 0, hits_dram=c.hits_dram, hits_ssd=c.hits_ssd, misses=c.misses,
+            evictions=c.evictions, spills=c.spills, ssd_dropped=self.ssd.dropped if self.ssd else 0,
         )
 
     def close(self) -> None:

@@ -16,6 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
 
+EVICTION_POLICIES = ("lru", "lfu")
+
 from shared.kv_wire import NO_ROOM, NOT_NEEDED
 
 
@@ -35,13 +37,17 @@ class Slot:
     owners: set[str] = field(default_factory=set)  # pins
     dests: set[str] = field(default_factory=set)  # nodes that want this block
     since: float = 0.0  # when it started filling
+    uses: int = 0  # pins so far (LFU)
 
 
 Arrival = Literal["partial", "ready", "failed", "ignored"]
 
 
 class BlockPool:
-    def __init__(self, slots: int, layers: int, fill_timeout_s: float = 30.0) -> None:
+    def __init__(self, slots: int, layers: int, fill_timeout_s: float = 30.0, eviction: str = "lru") -> None:
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction must be one of {', '.join(EVICTION_POLICIES)}, got {eviction!r}")
+        self.eviction = eviction
         self.slots = [Slot(i) for i in range(slots)]
         self.layers = layers
         self.fill_timeout_s = fill_timeout_s
@@ -49,7 +55,7 @@ class BlockPool:
         self.lru: OrderedDict[int, None] = OrderedDict()  # ready slots, oldest first
         self.free = list(range(slots - 1, -1, -1))
         self.owned: dict[str, set[int]] = {}
-        self.evicted: list[bytes] = []  # ready blocks dropped since take_evicted()
+        self.evicted: list[tuple[bytes, int]] = []  # (hash, slot) of ready blocks reused since take_evicted()
 
     # --- lookups -------------------------------------------------------------------
     def get(self, block_hash: bytes) -> Slot | None:
@@ -117,19 +123,28 @@ class BlockPool:
         """Pin the leading run of `hashes` that is ready here; returns their slots."""
         out = []
         for h in hashes:
-            slot = self.by_hash.get(h)
-            if slot is None or slot.state is not State.READY:
+            index = self.pin_one(owner, h)
+            if index is None:
                 break
-            self._pin(slot, owner)
-            self.lru.move_to_end(slot.index)
-            out.append(slot.index)
+            out.append(index)
         return out
+
+    def pin_one(self, owner: str, block_hash: bytes) -> int | None:
+        slot = self.by_hash.get(block_hash)
+        if slot is None or slot.state is not State.READY:
+            return None
+        self._pin(slot, owner)
+        slot.uses += 1
+        self.lru.move_to_end(slot.index)
+        return slot.index
 
     def unpin(self, owner: str) -> None:
         for index in self.owned.pop(owner, set()):
             self.slots[index].owners.discard(owner)
 
-    def take_evicted(self) -> list[bytes]:
+    def take_evicted(self) -> list[tuple[bytes, int]]:
+        """Blocks evicted since the last call, with the slot that held them: the slot's
+        bytes stay intact until its new owner writes, so they can still be spilled."""
         out, self.evicted = self.evicted, []
         return out
 
@@ -149,11 +164,13 @@ class BlockPool:
     def _victim(self, now: float) -> int | None:
         if self.free:
             return self.free.pop()
-        for index in self.lru:
-            if not self.slots[index].owners:
-                self.evicted.append(self.slots[index].block_hash)
-                self.drop(self.slots[index])
-                return self.free.pop()
+        candidates = [i for i in self.lru if not self.slots[i].owners]
+        if candidates:
+            # lru: the OrderedDict's order; lfu: fewest uses, ties to the least recent.
+            index = candidates[0] if self.eviction == "lru" else min(candidates, key=lambda i: self.slots[i].uses)
+            self.evicted.append((self.slots[index].block_hash, index))
+            self.drop(self.slots[index])
+            return self.free.pop()
         for slot in list(self.by_hash.values()):
             if slot.state is State.FILLING and now - slot.since > self.fill_timeout_s:
                 self.drop(slot)

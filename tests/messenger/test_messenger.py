@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from services.messenger.messenger import Messenger
+from services.messenger.messenger import Messenger, PoolOptions
 from shared.kv_pool import Geometry, checksum
 from shared.kv_wire import Hello, Pin, Reserve, Written
 
@@ -27,8 +27,9 @@ class Recorder:
         return True
 
 
-def node(tmp_path, name: str, stream: bool = True) -> Messenger:
-    m = Messenger(name, str(tmp_path), pool_bytes=4 * GEOMETRY.slot_bytes, transport=Recorder(f"tcp://{name}"), stream_layers=stream)
+def node(tmp_path, name: str, stream: bool = True, slots: int = 4, **pool) -> Messenger:
+    options = PoolOptions(pool_bytes=slots * GEOMETRY.slot_bytes, stream_layers=stream, **pool)
+    m = Messenger(name, str(tmp_path), options, transport=Recorder(f"tcp://{name}"))
     assert m.control(Hello(geometry=GEOMETRY, model="m")).ok
     m.peers = {"a": "tcp://a", "b": "tcp://b"}
     return m

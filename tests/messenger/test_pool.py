@@ -56,7 +56,7 @@ def test_pinned_blocks_survive_pressure_and_lru_goes_first():
     pool.unpin("toucher")  # block 3 touched: block 2 is now least recently used
     index, _ = pool.reserve(h(4), "w", now=0.0)
     assert index >= 0
-    assert pool.take_evicted() == [h(2)]
+    assert [b for b, _ in pool.take_evicted()] == [h(2)]
     assert pool.get(h(1)) is not None and pool.get(h(3)) is not None
 
 
