@@ -18,6 +18,7 @@ PREFIX = f"yb.v{SCHEMA_VERSION}"
 # --- subjects -----------------------------------------------------------------
 HEARTBEAT = f"{PREFIX}.heartbeat"  # every instance and messenger publishes here
 SCHEDULE = f"{PREFIX}.conductor.schedule"  # request/reply, queue group "conductor"
+CONDUCTOR_STATS = f"{PREFIX}.conductor.stats"  # request/reply: a ConductorStats
 CANCEL = f"{PREFIX}.cancel"  # broadcast: whoever holds the request aborts it
 REQUEST_EVENTS = f"{PREFIX}.events.request"  # progress of a request, for the Conductor's books
 KV_EVENTS = f"{PREFIX}.events.kv"  # blocks stored in / evicted from / removed from a node's pool
@@ -84,13 +85,22 @@ class ScheduleReply(Message):
     decode_id: str = ""
     predicted_ttft_ms: float = 0.0
     predicted_tbt_ms: float = 0.0
-    # KV-centric balancing: blocks the prefill instance should copy from another first.
+    # Remote reuse: the node whose pool holds a longer prefix than the prefill
+    # instance's node, and how many leading blocks to have after pulling from it.
     pull_from: str = ""
     pull_blocks: int = 0
     # When not accepted: "overloaded" (HTTP 429) or "unavailable" (HTTP 503).
     rejection: Literal["", "overloaded", "unavailable"] = ""
     reason: str = ""
     retry_after_s: float = 0.0
+
+
+class ConductorStats(Message):
+    accepted: int
+    rejected: int
+    wasted_prefill: int
+    pool_blocks: int  # distinct blocks in the cluster-wide pool index
+    pool_nodes: list[str]  # nodes whose pools it indexes
 
 
 # --- generation ---------------------------------------------------------------
@@ -112,6 +122,10 @@ class PrefillRequest(Message):
     decode_id: str
     # The decode instance's node: prefill's messenger streams the prompt's KV there.
     kv_dest_node: str = ""
+    # Remote reuse (from the Conductor): pull the first `pull_blocks` prompt blocks
+    # from node `pull_from`'s pool before computing.
+    pull_from: str = ""
+    pull_blocks: int = 0
 
 
 class PrefillResult(Message):

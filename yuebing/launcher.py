@@ -28,6 +28,7 @@ from shared.config import ClusterConfig, save_config
 from shared.engine import engine_environment
 
 PR_SET_PDEATHSIG = 1
+MAX_RESTARTS = 5  # per child that is restarted at all
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,10 @@ class Child:
     argv: list[str]
     log_path: Path
     critical: bool  # the cluster cannot serve without it
+    restart: bool = False  # started again when it dies (its state is rebuilt from the others)
     process: subprocess.Popen[bytes] | None = None
     reported: bool = False
+    restarts: int = 0
 
 
 def _die_with_parent() -> None:
@@ -95,6 +98,7 @@ class Cluster:
     stopping: bool = False
     failed: bool = False  # a required child died
     kv_dir: Path | None = None  # pool files and node sockets, removed at stop
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -106,13 +110,15 @@ class Cluster:
         nats_bin = Path(sys.executable).with_name("nats-server")
         cfg = ["--config", str(config_path)]
 
-        def add(name: str, argv: list[str], critical: bool) -> None:
-            self.children.append(Child(name, argv, run_dir / f"{name}.log", critical))
+        def add(name: str, argv: list[str], critical: bool, restart: bool = False) -> None:
+            self.children.append(Child(name, argv, run_dir / f"{name}.log", critical, restart))
 
         add("nats", [str(nats_bin), "-a", "127.0.0.1", "-p", str(nats_port)], True)
         for n in range(o.nodes):
             add(f"messenger-{n}", [*py, "services.messenger", *cfg, "--instance-id", f"messenger-{n}", "--node", f"node-{n}"], False)
-        add("conductor", [*py, "services.conductor", *cfg], True)
+        # The Conductor rebuilds its view from heartbeats and the messengers' snapshots,
+        # so a dead one is simply started again.
+        add("conductor", [*py, "services.conductor", *cfg], False, restart=True)
         # Instances are spread over the nodes: prefills from the first node, decodes from the last.
         for i in range(o.prefill):
             node = f"node-{i % o.nodes}"
@@ -144,12 +150,9 @@ class Cluster:
         if o.api_key:
             env["YUEBING_API_KEY"] = o.api_key
         say(f"starting {len(self.children)} processes; logs in {run_dir}")
+        self.env = env
         for child in self.children:
-            log_file = open(child.log_path, "ab")  # noqa: SIM115 - handed to the child
-            child.process = subprocess.Popen(
-                child.argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent
-            )
-            log_file.close()
+            self.launch(child)
             if child.name == "nats":
                 wait_for_port(nats_port, timeout=10)
         self.wait_ready(started)
@@ -164,6 +167,13 @@ class Cluster:
             }
             o.ready_file.write_text(json.dumps(state, indent=2))
         return elapsed
+
+    def launch(self, child: Child) -> None:
+        log_file = open(child.log_path, "ab")  # noqa: SIM115 - handed to the child
+        child.process = subprocess.Popen(
+            child.argv, stdout=log_file, stderr=subprocess.STDOUT, env=self.env, start_new_session=True, preexec_fn=_die_with_parent
+        )
+        log_file.close()
 
     def expected_instances(self) -> set[str]:
         return {c.name for c in self.children if c.name.split("-")[0] in ("prefill", "decode", "messenger")}
@@ -207,6 +217,11 @@ class Cluster:
             if child.critical:
                 say(f"{child.name} is required; stopping the cluster")
                 self.stopping = self.failed = True
+            elif child.restart and child.restarts < MAX_RESTARTS:
+                child.restarts += 1
+                child.reported = False
+                self.launch(child)
+                say(f"{child.name} restarted (pid {child.process.pid}, restart {child.restarts} of {MAX_RESTARTS})")
         return dead
 
     def supervise(self) -> None:

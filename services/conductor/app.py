@@ -11,8 +11,8 @@ from typing import Any
 import structlog
 from nats.aio.msg import Msg
 
-from services.conductor.index import PrefixIndex
-from services.conductor.policy import Decision, DecodeLoad, Params, Request, Scheduler
+from services.conductor.index import PoolIndex, PrefixIndex
+from services.conductor.policy import Decision, DecodeLoad, Params, Request, Scheduler, pool_pull
 from shared.predictor import load_predictor
 from services.conductor.state import ClusterState
 from shared import bus, service
@@ -20,14 +20,22 @@ from shared.config import ClusterConfig, profile_path
 from shared.liveness import Registry
 from shared.messages import (
     CONDUCTOR_QUEUE,
+    CONDUCTOR_STATS,
+    ConductorStats,
     HEARTBEAT,
+    KV_EVENTS,
     REQUEST_EVENTS,
     SCHEDULE,
     Heartbeat,
+    KvEvent,
+    KvSnapshot,
+    MessageError,
+    MessengerCommand,
     RequestEvent,
     ScheduleReply,
     ScheduleRequest,
     encode,
+    messenger_subject,
 )
 
 log = structlog.get_logger(__name__)
@@ -44,23 +52,52 @@ class Conductor:
         self.scheduler = Scheduler(config.policy, config.admission, predictor, params)
         self.state = ClusterState(predictor, params, PrefixIndex(config.index_capacity_blocks))
         self.registry = Registry(timeout_s=config.liveness_timeout_s)
+        self.pools = PoolIndex()
+        self.messenger_nodes: dict[str, str] = {}  # messenger instance → its node
         self.deadlines: dict[str, float] = {}
         self.counts = {"accepted": 0, "rejected": 0, "wasted_prefill": 0}
 
-    def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
-        if self.registry.observe(hb, now):
+    def on_heartbeat(self, hb: Heartbeat, now: float) -> bool:
+        """True when `hb` is a messenger this Conductor has not heard from (it just
+        started, or the messenger did): its pool's snapshot is wanted."""
+        fresh = self.registry.observe(hb, now)
+        if fresh:
             log.info("instance up", instance_id=hb.instance_id, role=hb.role, node=hb.node)
             self.state.add_instance(hb.role, hb.instance_id)
+            if hb.role == "messenger":
+                self.messenger_nodes[hb.instance_id] = hb.node
         self.expire(now)
+        return fresh and hb.role == "messenger"
 
     def expire(self, now: float) -> None:
         for gone in self.registry.expire(now):
             log.warning("instance lost", instance_id=gone)
             self.state.remove_instance(gone)
+            node = self.messenger_nodes.pop(gone, None)
+            if node is not None:  # its pool is out of reach: forget its blocks
+                self.pools.remove_node(node)
         # A request whose events never came (its gateway died) leaves the books at its deadline.
         wall = time.time()
         for rid in [r for r, d in self.deadlines.items() if d < wall]:
             self.finish(rid, now)
+
+    def on_kv_event(self, event: KvEvent) -> None:
+        if event.kind == "stored":
+            self.pools.stored(event.node, event.tier, event.hashes)
+        elif event.kind == "evicted":
+            self.pools.evicted(event.node, event.tier, event.hashes)
+        else:
+            self.pools.removed(event.node, event.hashes)
+
+    def on_snapshot(self, snap: KvSnapshot) -> None:
+        self.pools.replace_node(snap.node, {"dram": snap.dram, "ssd": snap.ssd})
+        log.info("pool index rebuilt", node=snap.node, dram=len(snap.dram), ssd=len(snap.ssd), blocks=len(self.pools))
+
+    def stats(self) -> ConductorStats:
+        return ConductorStats(
+            accepted=self.counts["accepted"], rejected=self.counts["rejected"], wasted_prefill=self.counts["wasted_prefill"],
+            pool_blocks=len(self.pools), pool_nodes=sorted(set(self.messenger_nodes.values())),
+        )
 
     def schedule(self, ask: ScheduleRequest, now: float) -> ScheduleReply:
         req = Request(
@@ -71,9 +108,12 @@ class Conductor:
             slo_ttft_s=(ask.slo_ttft_ms or self.config.slo_ttft_ms) / 1e3,
             slo_tbt_s=(ask.slo_tbt_ms or self.config.slo_tbt_ms) / 1e3,
         )
-        live_prefill = {hb.instance_id for hb in self.registry.alive("prefill", now)}
+        live_prefill = {hb.instance_id: hb.node for hb in self.registry.alive("prefill", now)}
         live_decode = {hb.instance_id: hb for hb in self.registry.alive("decode", now)}
-        prefills = [x for x in self.state.prefill_loads(ask.block_hashes, now) if x.instance_id in live_prefill]
+        node_prefix = self.pools.prefix_blocks(ask.block_hashes, set(self.messenger_nodes.values()))
+        pool_prefix = {iid: node_prefix.get(node, 0) for iid, node in live_prefill.items()}
+        loads = self.state.prefill_loads(ask.block_hashes, now, pool_prefix)
+        prefills = [x for x in loads if x.instance_id in live_prefill]
         decodes = [self._with_room(x, live_decode[x.instance_id]) for x in self.state.decode_loads() if x.instance_id in live_decode]
         out = self.scheduler.schedule(req, prefills, decodes, now)
         log.debug("decision", request_id=req.request_id, request=req, prefills=prefills, decodes=decodes, out=out)
@@ -85,6 +125,9 @@ class Conductor:
         self.counts["accepted"] += 1
         self.state.assign(req, ask.block_hashes, out, now)
         self.deadlines[req.request_id] = ask.deadline
+        chosen_node = live_prefill[out.prefill.instance_id]
+        prefix = next(x.prefix_blocks for x in prefills if x.instance_id == out.prefill.instance_id)
+        pull_node, pull_blocks = pool_pull(chosen_node, prefix, node_prefix)
         return ScheduleReply(
             request_id=req.request_id,
             accepted=True,
@@ -92,8 +135,8 @@ class Conductor:
             decode_id=out.decode_id,
             predicted_ttft_ms=out.prefill.ttft_s * 1e3,
             predicted_tbt_ms=out.tbt_s * 1e3,
-            pull_from=out.prefill.pull_from,
-            pull_blocks=out.prefill.pull_blocks,
+            pull_from=pull_node,
+            pull_blocks=pull_blocks,
         )
 
     @staticmethod
@@ -126,8 +169,29 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     conductor = Conductor(config)
     nc = await bus.connect(config.nats_url, name="conductor")
 
+    snapshots: set[asyncio.Task[None]] = set()
+
+    async def fetch_snapshot(node: str) -> None:
+        """A messenger we have not heard from: take its whole pool as the truth."""
+        ask = MessengerCommand(op="snapshot")
+        for attempt in range(3):
+            try:
+                conductor.on_snapshot(await bus.request(nc, messenger_subject(node), ask, KvSnapshot, timeout=2.0))
+                return
+            except (TimeoutError, MessageError) as e:
+                log.warning("pool snapshot failed", node=node, attempt=attempt, error=str(e))
+
     async def on_heartbeat(hb: Heartbeat, _msg: Any) -> None:
-        conductor.on_heartbeat(hb, time.monotonic())
+        if conductor.on_heartbeat(hb, time.monotonic()):
+            task = asyncio.create_task(fetch_snapshot(hb.node), name=f"snapshot-{hb.node}")
+            snapshots.add(task)
+            task.add_done_callback(snapshots.discard)
+
+    async def on_kv_event(event: KvEvent, _msg: Any) -> None:
+        conductor.on_kv_event(event)
+
+    async def on_stats(msg: Msg) -> None:
+        await msg.respond(encode(conductor.stats()))
 
     async def on_event(event: RequestEvent, _msg: Any) -> None:
         conductor.on_event(event, time.monotonic())
@@ -148,8 +212,12 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
 
     await bus.subscribe(nc, HEARTBEAT, Heartbeat, on_heartbeat)
     await bus.subscribe(nc, REQUEST_EVENTS, RequestEvent, on_event)
+    await bus.subscribe(nc, KV_EVENTS, KvEvent, on_kv_event)
+    await nc.subscribe(CONDUCTOR_STATS, cb=on_stats)
     await bus.subscribe(nc, SCHEDULE, ScheduleRequest, on_schedule, queue=CONDUCTOR_QUEUE)
     log.info("conductor ready", policy=config.policy, admission=config.admission, profile=str(profile_path(config)))
     await stop.wait()
     log.info("conductor stopping", **conductor.counts)
+    for task in snapshots:
+        task.cancel()
     await bus.close(nc)

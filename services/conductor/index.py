@@ -1,9 +1,13 @@
-"""Which instance holds which KV blocks: block hash → holders, per-instance LRU.
+"""Where KV blocks are, as the Conductor knows it.
 
-Until the cluster-wide store publishes KV events, the Conductor fills this from its
-own decisions (a prefill instance keeps in its prefix cache the blocks it just
-computed, until it runs out of room), as Dynamo's router does in its approximate
-mode. Capacity per instance bounds the guess the way the engine's cache is bounded.
+`PrefixIndex`: which prefill engine's own prefix cache holds which blocks. vLLM
+publishes nothing about it here, so the Conductor fills it from its own decisions (an
+engine keeps the blocks it just computed, until it runs out of room), as Dynamo's
+router does in its approximate mode; capacity per instance bounds the guess the way
+the engine's cache is bounded. The simulator uses it as the pool model too.
+
+`PoolIndex`: which node pools (DRAM and SSD tiers) hold which blocks, exactly, from
+the messengers' KV events and snapshots.
 """
 
 from __future__ import annotations
@@ -73,3 +77,74 @@ class PrefixIndex:
             holders.discard(instance_id)
             if not holders:
                 del self._holders[h]
+
+
+class PoolIndex:
+    """Which node pools hold which blocks, and in which tiers: the cluster-wide view
+    that the messengers' KV events (and, after a restart, their snapshots) build."""
+
+    def __init__(self) -> None:
+        self._tiers: dict[BlockId, dict[str, set[str]]] = {}  # block → node → tiers
+        self._blocks: dict[str, set[BlockId]] = {}  # node → blocks
+
+    def __len__(self) -> int:
+        return len(self._tiers)
+
+    def stored(self, node: str, tier: str, hashes: Iterable[BlockId]) -> None:
+        blocks = self._blocks.setdefault(node, set())
+        for h in hashes:
+            self._tiers.setdefault(h, {}).setdefault(node, set()).add(tier)
+            blocks.add(h)
+
+    def evicted(self, node: str, tier: str, hashes: Iterable[BlockId]) -> None:
+        """The blocks left `tier` on `node` (they may remain in another tier)."""
+        for h in hashes:
+            tiers = self._tiers.get(h, {}).get(node)
+            if tiers is not None:
+                tiers.discard(tier)
+                if not tiers:
+                    self._forget(h, node)
+
+    def removed(self, node: str, hashes: Iterable[BlockId]) -> None:
+        for h in hashes:
+            self._forget(h, node)
+
+    def replace_node(self, node: str, tiers: dict[str, Iterable[BlockId]]) -> None:
+        """Everything `node` holds, from its snapshot."""
+        self.remove_node(node)
+        for tier, hashes in tiers.items():
+            self.stored(node, tier, hashes)
+
+    def remove_node(self, node: str) -> None:
+        for h in list(self._blocks.get(node, ())):
+            self._forget(h, node)
+        self._blocks.pop(node, None)
+
+    def tiers(self, h: BlockId) -> dict[str, set[str]]:
+        return self._tiers.get(h, {})
+
+    def prefix_blocks(self, hashes: Sequence[BlockId], nodes: Iterable[str]) -> dict[str, int]:
+        """For each node, how many leading blocks of `hashes` its pool holds (any tier)."""
+        result = dict.fromkeys(nodes, 0)
+        alive = set(result)
+        for depth, h in enumerate(hashes):
+            alive &= set(self._tiers.get(h, ()))
+            if not alive:
+                break
+            for node in alive:
+                result[node] = depth + 1
+        return result
+
+    def replica_counts(self) -> list[int]:
+        """For every indexed block, on how many nodes it is."""
+        return [len(nodes) for nodes in self._tiers.values()]
+
+    def _forget(self, h: BlockId, node: str) -> None:
+        nodes = self._tiers.get(h)
+        if nodes is not None:
+            nodes.pop(node, None)
+            if not nodes:
+                del self._tiers[h]
+        blocks = self._blocks.get(node)
+        if blocks is not None:
+            blocks.discard(h)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -302,3 +302,16 @@ class Scheduler:
         """Until the first request decoding at t finishes: a fair time to come back."""
         ends = [i.end for i in load.items if i.start <= t < i.end]
         return max(0.0, min(ends) - now) if ends else 1.0
+
+
+def pool_pull(chosen_node: str, chosen_prefix: int, node_prefix: Mapping[str, int]) -> tuple[str, int]:
+    """Remote reuse through the store, whatever the policy: the node whose pool holds
+    the longest prefix beyond what the chosen instance already has, and how many
+    leading blocks to have there after the pull; ("", 0) when no node has more.
+    Copying a block between nodes is far cheaper than computing it (a 128-token block
+    of an 8B model is 16 MiB: milliseconds over RDMA against tens of ms of GPU time)."""
+    best_node, best = "", chosen_prefix
+    for node, prefix in sorted(node_prefix.items()):
+        if node != chosen_node and prefix > best:
+            best_node, best = node, prefix
+    return (best_node, best) if best_node else ("", 0)

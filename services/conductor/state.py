@@ -8,7 +8,7 @@ It turns into the loads the policies read.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.conductor.index import PrefixIndex
@@ -84,8 +84,12 @@ class ClusterState:
         self.index.remove_instance(instance_id)
 
     # --- views for the policies ---------------------------------------------
-    def prefill_loads(self, hashes: Sequence[str], now: float) -> list[PrefillLoad]:
+    def prefill_loads(self, hashes: Sequence[str], now: float, pool_prefix: Mapping[str, int] | None = None) -> list[PrefillLoad]:
+        """`pool_prefix`: per instance, the prefix its node's pool holds (live cluster);
+        an instance's prefix is the longer of that and its own engine's cache."""
         prefixes = self.index.prefix_blocks(hashes, self.prefill)
+        if pool_prefix:
+            prefixes = {iid: max(n, pool_prefix.get(iid, 0)) for iid, n in prefixes.items()}
         loads = []
         for iid, book in sorted(self.prefill.items()):
             book.trim(now)

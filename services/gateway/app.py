@@ -19,7 +19,7 @@ from aiohttp import web
 
 from services.gateway import protocol
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import Pipeline, Rejected, Slo, UpstreamError
+from services.gateway.pipeline import Event, Pipeline, Rejected, Slo, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
 from services.gateway.text import TextStream, Tokenizer
 from shared import bus, service
@@ -193,7 +193,7 @@ class Gateway:
                     finish = "stop"
                 if finish is not None:
                     delta += text.flush()
-                yield delta, finish, event.num_cached_tokens, event.kv_loaded_tokens
+                yield delta, finish, event
                 if finish is not None:
                     await events.aclose()  # a stop string ends it early: cancels the rest
                     break
@@ -219,10 +219,9 @@ class Gateway:
 
     async def _complete(self, p: Prepared) -> web.Response:
         text = TextStream(self.tokenizer, p.options.stop)
-        finish, cached, loaded = None, 0, 0
-        async for _delta, finish_reason, num_cached, kv_loaded in self._events(p, text):
-            cached = cached or num_cached
-            loaded = loaded or kv_loaded
+        finish, seen = None, Seen()
+        async for _delta, finish_reason, event in self._events(p, text):
+            seen.add(event)
             finish = finish_reason or finish
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
         if p.kind == "chat":
@@ -232,8 +231,8 @@ class Gateway:
         body: dict[str, Any] = {
             **self._envelope(p, chunk=False),
             "choices": [choice],
-            "usage": protocol.usage(len(p.prompt), len(text.token_ids), cached),
-            "yuebing": protocol.transfer_report(len(p.prompt), loaded, decoded=len(text.token_ids) > 1),
+            "usage": protocol.usage(len(p.prompt), len(text.token_ids), seen.cached_tokens),
+            "yuebing": seen.report(len(p.prompt), decoded=len(text.token_ids) > 1),
         }
         if p.options.return_token_ids:
             choice["token_ids"] = text.token_ids
@@ -252,16 +251,15 @@ class Gateway:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": p.request_id}
         )
         await response.prepare(request)
-        cached = loaded = 0
+        seen = Seen()
         sent_tokens = 0
         try:
             if p.kind == "chat":
                 await self._send(response, p, {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
             pending = [first] if first is not None else []
             async for item in _chain(pending, events):
-                delta, finish, num_cached, kv_loaded = item
-                cached = cached or num_cached
-                loaded = loaded or kv_loaded
+                delta, finish, event = item
+                seen.add(event)
                 choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
                 if p.kind == "chat":
                     choice["delta"] = {"content": delta} if delta else {}
@@ -282,8 +280,8 @@ class Gateway:
             usage = {
                 **self._envelope(p, chunk=True),
                 "choices": [],
-                "usage": protocol.usage(len(p.prompt), len(text.token_ids), cached),
-                "yuebing": protocol.transfer_report(len(p.prompt), loaded, decoded=len(text.token_ids) > 1),
+                "usage": protocol.usage(len(p.prompt), len(text.token_ids), seen.cached_tokens),
+                "yuebing": seen.report(len(p.prompt), decoded=len(text.token_ids) > 1),
             }
             await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
@@ -300,6 +298,32 @@ class Gateway:
         else:
             obj, prefix = "text_completion", "cmpl-"
         return {"id": prefix + p.request_id, "object": obj, "created": int(time.time()), "model": self.config.served_model_name}
+
+
+@dataclass
+class Seen:
+    """What a request's events said about where and how it ran."""
+
+    cached_tokens: int = 0
+    kv_loaded_tokens: int = 0
+    prefill_id: str = ""
+    decode_id: str = ""
+
+    def add(self, event: Event) -> None:
+        self.cached_tokens = self.cached_tokens or event.num_cached_tokens
+        self.kv_loaded_tokens = self.kv_loaded_tokens or event.kv_loaded_tokens
+        self.prefill_id = self.prefill_id or event.prefill_id
+        self.decode_id = self.decode_id or event.decode_id
+
+    def report(self, prompt_tokens: int, decoded: bool) -> dict[str, Any]:
+        """Yuebing's extension of a response: where it ran, and how much of the prompt
+        decode loaded from prefill's KV rather than computed (None: no decode ran)."""
+        return {
+            "prefill_instance": self.prefill_id,
+            "decode_instance": self.decode_id if decoded else None,
+            "decode_kv_loaded_tokens": self.kv_loaded_tokens if decoded else None,
+            "decode_computed_prompt_tokens": prompt_tokens - self.kv_loaded_tokens if decoded else None,
+        }
 
 
 async def _chain(first: list[Any], rest: Any) -> Any:

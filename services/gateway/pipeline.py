@@ -64,6 +64,9 @@ class Event:
     num_cached_tokens: int = 0
     # Prompt tokens whose KV decode loaded from the pool rather than computing.
     kv_loaded_tokens: int = 0
+    # Where it ran (the first event says).
+    prefill_id: str = ""
+    decode_id: str = ""
 
 
 class Rejected(Exception):
@@ -99,7 +102,8 @@ class Pipeline:
         outcome: RequestEvent = RequestEvent(request_id=request_id, kind="finished")
         try:
             result = await self._prefill(request_id, prompt, sampling, deadline, reply)
-            first = Event([result.first_token_id], result.finish_reason, result.num_cached_tokens)
+            first = Event([result.first_token_id], result.finish_reason, result.num_cached_tokens,
+                          prefill_id=reply.prefill_id, decode_id=reply.decode_id)
             if result.finish_reason is not None:
                 finished = True
                 yield first
@@ -136,6 +140,8 @@ class Pipeline:
             decode_id=reply.decode_id,
             # A one-token request never reaches decode: its KV stays on prefill's node.
             kv_dest_node=decode.node if decode is not None and sampling.max_tokens > 1 else "",
+            pull_from=reply.pull_from,
+            pull_blocks=reply.pull_blocks,
         )
         subject = prefill_subject(reply.prefill_id)
         result = await self._watch(

@@ -193,11 +193,3 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
-
-def transfer_report(prompt_tokens: int, kv_loaded_tokens: int, decoded: bool) -> dict[str, Any]:
-    """Yuebing's extension of a response: how much of the prompt decode loaded from
-    prefill's KV and how much it computed again (None when no decode ran)."""
-    return {
-        "decode_kv_loaded_tokens": kv_loaded_tokens if decoded else None,
-        "decode_computed_prompt_tokens": prompt_tokens - kv_loaded_tokens if decoded else None,
-    }

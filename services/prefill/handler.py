@@ -10,7 +10,18 @@ from nats.aio.msg import Msg
 from shared import bus
 from shared.engine import generate
 from shared.instance import Instance
-from shared.messages import REQUEST_EVENTS, PrefillRequest, PrefillResult, RequestEvent, encode
+from shared.block_hash import hex_hashes
+from shared.messages import (
+    REQUEST_EVENTS,
+    MessageError,
+    MessengerAck,
+    MessengerCommand,
+    PrefillRequest,
+    PrefillResult,
+    RequestEvent,
+    encode,
+    messenger_subject,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -45,10 +56,29 @@ class Prefiller:
         event = RequestEvent(request_id=req.request_id, kind="prefill_done", instance_id=self.instance.instance_id)
         await bus.publish(self.instance.nc, REQUEST_EVENTS, event)
 
+    async def _pull(self, req: PrefillRequest) -> int:
+        """Ask this node's messenger to fetch the prompt's first blocks from
+        `req.pull_from`; returns how many leading blocks are on their way."""
+        config = self.instance.config
+        hashes = hex_hashes(req.prompt_token_ids, config.block_size, config.model_salt)[: req.pull_blocks]
+        ask = MessengerCommand(op="pull", node=req.pull_from, hashes=hashes)
+        try:
+            ack = await bus.request(self.instance.nc, messenger_subject(self.instance.node), ask, MessengerAck, timeout=1.0)
+        except (TimeoutError, MessageError) as e:
+            log.warning("pull failed: computing instead", holder=req.pull_from, error=str(e))
+            return 0
+        log.info("pull", holder=req.pull_from, asked=len(hashes), coming=ack.blocks, error=ack.error or None)
+        return ack.blocks if ack.ok else 0
+
     async def _first_token(self, req: PrefillRequest) -> PrefillResult:
-        # The connector saves the prompt's blocks into this node's pool layer by layer,
-        # and the messenger streams them to the decode node while we compute.
-        kv = {"yb_dest": req.kv_dest_node}
+        # The connector loads the prompt's leading blocks found in this node's pool,
+        # saves the others into it layer by layer as they are computed, and the
+        # messenger streams them to the decode node meanwhile.
+        kv: dict[str, object] = {"yb_dest": req.kv_dest_node}
+        if req.pull_from and req.pull_blocks:
+            coming = await self._pull(req)
+            if coming:  # wait for them (never past the deadline), then compute the rest
+                kv.update(yb_expect=coming, yb_wait_s=min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)))
         steps = [s async for s in generate(self.engine, req.request_id, req.prompt_token_ids, req.sampling, 1, kv)]
         token_ids = [t for s in steps for t in s.token_ids]
         if len(token_ids) != 1:
