@@ -57,6 +57,9 @@ def _up(args: argparse.Namespace) -> int:
         profile=str(Path(args.profile).resolve()) if args.profile else "",
         decode_time_s=args.decode_time,
         pool_bytes=args.pool_mib << 20,
+        eviction=args.eviction,
+        ssd_dir=str(Path(args.ssd_dir).resolve()) if args.ssd_dir else "",
+        ssd_bytes=args.ssd_mib << 20,
         kv_wait_s=args.kv_wait,
         kv_stream_layers=not args.no_kv_streaming,
         log_level=args.log_level,
@@ -402,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     upp.add_argument("--profile", default="", help="time-model profile (default: the shipped one)")
     upp.add_argument("--decode-time", type=float, default=c.decode_time_s, help="predictive admission's t_d, s")
     upp.add_argument("--pool-mib", type=int, default=c.pool_bytes >> 20, help="each node's KV block pool, MiB")
+    upp.add_argument("--eviction", default=c.eviction, choices=("lru", "lfu"), help="node pools' eviction policy")
+    upp.add_argument("--ssd-dir", default="", help="SSD tier: each node keeps evicted blocks in DIR/<node>")
+    upp.add_argument("--ssd-mib", type=int, default=0, help="SSD tier size per node, MiB")
     upp.add_argument("--kv-wait", type=float, default=c.kv_wait_s, help="seconds decode waits for blocks in transit")
     upp.add_argument("--no-kv-streaming", action="store_true",
                      help="send a block after its last layer instead of layer by layer (for comparison)")

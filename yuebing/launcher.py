@@ -139,7 +139,7 @@ class Cluster:
         # Each cluster gets its own pool files and node sockets, so two clusters on one
         # machine (tests do this) never share a node.
         shm = Path("/dev/shm")
-        kv_dir = config.kv_dir or str((shm if shm.is_dir() else run_dir) / f"{run_dir.name}-kv")
+        kv_dir = config.kv_dir or tempfile.mkdtemp(prefix="yuebing-kv-", dir=shm if shm.is_dir() else run_dir)
         self.kv_dir = Path(kv_dir)
         fields = {f: getattr(config, f) for f in config.__struct_fields__}
         config = ClusterConfig(**{**fields, "nats_url": f"nats://127.0.0.1:{nats_port}", "kv_dir": kv_dir})

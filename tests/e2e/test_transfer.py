@@ -8,32 +8,17 @@ num_cached_tokens, reported in the response's `yuebing` field), not from logs.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import random
 
-import nats
 import pytest
 
-from shared.messages import MessengerCommand, MessengerStats, decode, encode, messenger_subject
+from tests.e2e.ops import messenger
 
 pytestmark = pytest.mark.e2e
 
 BLOCK = 128
 MAX_TOKENS = 12
-
-
-def messenger(nats_url: str, node: str, corrupt_next: int | None = None) -> MessengerStats:
-    async def ask() -> MessengerStats:
-        nc = await nats.connect(nats_url)
-        try:
-            cmd = MessengerCommand(op="stats") if corrupt_next is None else MessengerCommand(op="fault", corrupt_next=corrupt_next)
-            msg = await nc.request(messenger_subject(node), encode(cmd), timeout=5)
-            return decode(msg.data, MessengerStats)
-        finally:
-            await nc.close()
-
-    return asyncio.run(ask())
 
 
 def prompt(length: int, seed: int) -> list[int]:
