@@ -28,6 +28,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # KV cache each vLLM CPU engine reserves, GiB, and its compute threads (CPU).
     kv_cache_gib: int = 1
     engine_threads: int = 1
+    # How long vLLM's processes busy-wait for the next message (vLLM: 1 s); see
+    # shared/engine.py limit_idle_spin.
+    engine_spin_s: float = 0.002
     heartbeat_interval_s: float = 0.5
     # An instance silent for this long is treated as gone.
     liveness_timeout_s: float = 2.0
@@ -59,6 +62,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ssd_bytes: int = 0
     kv_wait_s: float = 2.0
     kv_stream_layers: bool = True
+    # vLLM's own prefix cache in each engine. Off, every reuse goes through the node
+    # pools (what `yuebing bench reuse` measures).
+    engine_prefix_caching: bool = True
     log_level: str = "info"
 
     def __post_init__(self) -> None:

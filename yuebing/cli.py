@@ -62,6 +62,7 @@ def _up(args: argparse.Namespace) -> int:
         ssd_bytes=args.ssd_mib << 20,
         kv_wait_s=args.kv_wait,
         kv_stream_layers=not args.no_kv_streaming,
+        engine_prefix_caching=not args.no_engine_prefix_cache,
         log_level=args.log_level,
     )
     options = UpOptions(
@@ -122,6 +123,16 @@ def _bench_ttft(args: argparse.Namespace) -> int:
     results = ttft_bench.run(Path(args.model).resolve(), args.prompt_tokens, args.repeats, args.max_model_len)
     print(ttft_bench.table(results, args.prompt_tokens))
     write_json(ttft_bench.to_json(results, args.prompt_tokens), args.json)
+    return 0
+
+
+def _bench_reuse(args: argparse.Namespace) -> int:
+    from yuebing import reuse_bench
+    from yuebing.bench import write_json
+
+    results = reuse_bench.run(Path(args.model).resolve(), args.prompt_tokens, args.repeats, args.max_model_len)
+    print(reuse_bench.table(results, args.prompt_tokens))
+    write_json(reuse_bench.to_json(results, args.prompt_tokens), args.json)
     return 0
 
 
@@ -343,6 +354,13 @@ def build_parser() -> argparse.ArgumentParser:
     btt.add_argument("--max-model-len", type=int, default=4096)
     btt.add_argument("--json", help="also write the result here")
     btt.set_defaults(func=_bench_ttft)
+    bru = bench.add_parser("reuse", help="TTFT with 0/50/90 %% of the prompt cached locally, and 90 %% on another node")
+    bru.add_argument("--model", default=str(default_model_dir()))
+    bru.add_argument("--prompt-tokens", type=int, default=2048)
+    bru.add_argument("--repeats", type=int, default=7)
+    bru.add_argument("--max-model-len", type=int, default=4096)
+    bru.add_argument("--json", help="also write the result here")
+    bru.set_defaults(func=_bench_reuse)
     br = bench.add_parser("replay", help="replay a trace against a live gateway (streaming)")
     _live_flags(br)
     br.add_argument("--plot-dir", help="write TTFT/TBT CDFs here")
@@ -408,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     upp.add_argument("--eviction", default=c.eviction, choices=("lru", "lfu"), help="node pools' eviction policy")
     upp.add_argument("--ssd-dir", default="", help="SSD tier: each node keeps evicted blocks in DIR/<node>")
     upp.add_argument("--ssd-mib", type=int, default=0, help="SSD tier size per node, MiB")
+    upp.add_argument("--no-engine-prefix-cache", action="store_true",
+                     help="turn vLLM's own prefix cache off: all reuse goes through the node pools")
     upp.add_argument("--kv-wait", type=float, default=c.kv_wait_s, help="seconds decode waits for blocks in transit")
     upp.add_argument("--no-kv-streaming", action="store_true",
                      help="send a block after its last layer instead of layer by layer (for comparison)")

@@ -40,6 +40,8 @@ class Sample:
     ttft_s: float
     tt2t_s: float
     kv_loaded_tokens: int | None  # decode's loaded prompt tokens (Yuebing only)
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens
+    prefill_instance: str = ""  # Yuebing only
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ async def measure_one(session: aiohttp.ClientSession, url: str, model: str, prom
             "return_token_ids": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     times: list[float] = []
-    loaded = None
+    loaded, cached, prefill = None, 0, ""
     async with session.post(f"{url}/v1/completions", json=body) as r:
         if r.status != 200:
             raise RuntimeError(f"{url}: HTTP {r.status}: {await r.text()}")
@@ -76,10 +78,14 @@ async def measure_one(session: aiohttp.ClientSession, url: str, model: str, prom
             now = time.perf_counter()
             for choice in chunk.get("choices", []):
                 times.extend([now] * len(choice.get("token_ids") or []))
-            loaded = (chunk.get("yuebing") or {}).get("decode_kv_loaded_tokens", loaded)
+            report = chunk.get("yuebing") or {}
+            loaded = report.get("decode_kv_loaded_tokens", loaded)
+            prefill = report.get("prefill_instance", prefill)
+            usage = chunk.get("usage") or {}
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", cached) or 0
     if len(times) < 2:
         raise RuntimeError(f"{url}: fewer than two tokens came back")
-    return Sample(times[0] - start, times[1] - start, loaded)
+    return Sample(times[0] - start, times[1] - start, loaded, cached, prefill)
 
 
 async def measure(url: str, model: str, batch: list[list[int]], warmup: list[list[int]]) -> list[Sample]:
