@@ -99,6 +99,7 @@ class Cluster:
     failed: bool = False  # a required child died
     kv_dir: Path | None = None  # pool files and node sockets, removed at stop
     env: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, str] = field(default_factory=dict)  # messenger → its Prometheus page
 
     @property
     def url(self) -> str:
@@ -115,7 +116,10 @@ class Cluster:
 
         add("nats", [str(nats_bin), "-a", "127.0.0.1", "-p", str(nats_port)], True)
         for n in range(o.nodes):
-            add(f"messenger-{n}", [*py, "services.messenger", *cfg, "--instance-id", f"messenger-{n}", "--node", f"node-{n}"], False)
+            port = free_port()
+            self.metrics[f"messenger-{n}"] = f"http://127.0.0.1:{port}/metrics"
+            argv = [*py, "services.messenger", *cfg, "--instance-id", f"messenger-{n}", "--node", f"node-{n}", "--metrics-port", str(port)]
+            add(f"messenger-{n}", argv, False)
         # The Conductor rebuilds its view from heartbeats and the messengers' snapshots,
         # so a dead one is simply started again.
         add("conductor", [*py, "services.conductor", *cfg], False, restart=True)
@@ -164,6 +168,7 @@ class Cluster:
                 "run_dir": str(run_dir),
                 "pids": {c.name: c.process.pid for c in self.children if c.process},
                 "startup_s": elapsed,
+                "metrics": {"gateway": f"{self.url}/metrics", **self.metrics},
             }
             o.ready_file.write_text(json.dumps(state, indent=2))
         return elapsed

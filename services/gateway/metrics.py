@@ -14,7 +14,10 @@ class GatewayMetrics:
         self.requests = Counter("yuebing_gateway_requests", "Requests by endpoint and status", ["endpoint", "status"], registry=r)
         self.in_flight = Gauge("yuebing_gateway_requests_in_flight", "Requests being served", registry=r)
         self.prompt_tokens = Counter("yuebing_gateway_prompt_tokens", "Prompt tokens of served requests", registry=r)
-        self.cached_tokens = Counter("yuebing_gateway_cached_tokens", "Prompt tokens the engines reused", registry=r)
+        self.cached_tokens = Counter("yuebing_gateway_cached_tokens", "Prompt tokens prefill reused (any tier, any node)", registry=r)
+        self.kv_loaded_tokens = Counter(
+            "yuebing_gateway_decode_kv_loaded_tokens", "Prompt tokens decode loaded from prefill's KV", registry=r
+        )
         self.completion_tokens = Counter("yuebing_gateway_completion_tokens", "Generated tokens", registry=r)
         self.ttft = Histogram("yuebing_gateway_ttft_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
         self.slo = Counter("yuebing_gateway_slo", "Completed requests by SLO verdict", ["verdict"], registry=r)

@@ -16,6 +16,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 import zmq.asyncio
 
+from services.messenger import metrics
 from services.messenger.messenger import Messenger, PoolOptions
 from services.messenger.pool import EVICTION_POLICIES
 from services.messenger.transport import ZmqTransport
@@ -58,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eviction", choices=EVICTION_POLICIES, help="default: the config's (lru)")
     p.add_argument("--ssd-path", help="folder of the SSD tier (default: <config ssd_dir>/<node> if ssd_dir is set)")
     p.add_argument("--ssd-bytes", type=int, help="SSD tier size (default: the config's ssd_bytes)")
+    p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
     return p
 
 
@@ -200,6 +202,8 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     sockets = LocalSockets(config.kv_root, args.node)
     svc = MessengerService(config, args.node, messenger, sockets)
     svc.start()
+    if args.metrics_port:
+        metrics.serve(messenger.stats, args.metrics_port, args.host)
     nc = await bus.connect(config.nats_url, name=args.instance_id)
     svc.nc = nc
     instance = Instance("messenger", args.instance_id, args.node, config, nc)

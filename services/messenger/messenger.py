@@ -187,7 +187,9 @@ class Messenger:
             return 0
         sent = 0
         for h in hashes:
-            slot = self.pool.get(h) or self._promote(h)
+            slot = self.pool.get(h)
+            if slot is None and (slot := self._promote(h)) is not None:
+                self.counters.hits_ssd += 1
             if slot is None or slot.state is not State.READY:
                 break
             self._send_block(slot, dest)

@@ -36,6 +36,7 @@ class Cluster:
     run_dir: Path
     launcher: subprocess.Popen
     launcher_log: Path
+    metrics: dict[str, str]  # service → its Prometheus page
 
     @property
     def api(self) -> str:
@@ -70,7 +71,9 @@ class Launch:
                 pytest.fail(f"cluster not ready after {START_TIMEOUT_S}s:\n{self.log.read_text()[-4000:]}")
             time.sleep(0.5)
         state = json.loads(self.ready.read_text())
-        return Cluster(state["url"], state["nats_url"], state["pids"], Path(state["run_dir"]), self.proc, self.log)
+        return Cluster(
+            state["url"], state["nats_url"], state["pids"], Path(state["run_dir"]), self.proc, self.log, state["metrics"]
+        )
 
     def stop(self) -> None:
         """Ctrl-C, then check that every process it started is gone."""

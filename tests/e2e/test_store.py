@@ -8,9 +8,11 @@ import os
 import random
 import signal
 import time
+import urllib.request
 
 import pytest
 
+from shared.block_hash import hex_hashes
 from tests.e2e.ops import conductor_stats, messenger
 
 pytestmark = pytest.mark.e2e
@@ -22,9 +24,13 @@ MAX_TOKENS = 8
 @pytest.fixture(scope="module")
 def store_cluster(launcher, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("store")
-    started = launcher(tmp, "--prefill", "2", "--nodes", "3", "--policy", "round_robin",
-                       "--ssd-dir", str(tmp / "ssd"), "--ssd-mib", "64")
-    yield started.wait()
+    # A small DRAM pool (15 blocks per node) so that a few prompts push blocks to SSD;
+    # vLLM's own prefix cache off, so that every reuse goes through the store.
+    started = launcher(tmp, "--prefill", "2", "--nodes", "3", "--policy", "round_robin", "--no-engine-prefix-cache",
+                       "--pool-mib", "8", "--ssd-dir", str(tmp / "ssd"), "--ssd-mib", "64")
+    cluster = started.wait()
+    cluster.ssd = tmp / "ssd"
+    yield cluster
     started.stop()
 
 
@@ -61,6 +67,45 @@ def test_a_prefix_computed_on_one_node_is_reused_by_a_prefill_on_another(store_c
     # The prefill node's messenger received the blocks it did not compute.
     node = "node-0" if where2["prefill_instance"] == "prefill-0" else "node-1"
     assert messenger(store_cluster.nats_url, node).blocks_received >= len(PREFIX) // BLOCK
+
+
+def ssd_totals(cluster) -> tuple[int, int, int]:
+    """(hits from SSD, spills, damaged files dropped) over every node."""
+    stats = [messenger(cluster.nats_url, f"node-{n}") for n in range(3)]
+    return sum(s.hits_ssd for s in stats), sum(s.spills for s in stats), sum(s.ssd_dropped for s in stats)
+
+
+def test_blocks_spill_to_ssd_come_back_and_a_damaged_file_is_never_served(store_cluster, store_client, reference):
+    rnd = random.Random(5)
+    kept, damaged = tokens(4 * BLOCK, rnd), tokens(4 * BLOCK, rnd)
+    for prefix in (kept, damaged):
+        complete(store_client, prefix + tokens(60, rnd))
+    # Enough other prompts to push every node's DRAM (15 blocks) past both prefixes.
+    for _ in range(6):
+        complete(store_client, tokens(7 * BLOCK + 10, rnd))
+    hits0, spills, dropped0 = ssd_totals(store_cluster)
+    assert spills > 0
+    # Damage every SSD copy of the second prefix's blocks, in their payload.
+    names = {h + ".blk" for h in hex_hashes(damaged, BLOCK, b"yuebing-tiny")}
+    files = [f for f in store_cluster.ssd.glob("*/*.blk") if f.name in names]
+    assert files, "the prefix never reached an SSD tier"
+    for f in files:
+        data = bytearray(f.read_bytes())
+        data[-10] ^= 0xFF
+        f.write_bytes(bytes(data))
+
+    again = kept + tokens(70, rnd)
+    out, cached, _ = complete(store_client, again)
+    assert cached >= len(kept)  # served from SSD, not computed
+    assert out == reference.greedy([again], MAX_TOKENS)[0]
+    assert ssd_totals(store_cluster)[0] > hits0
+
+    bad = damaged + tokens(70, rnd)
+    out, cached, _ = complete(store_client, bad)
+    assert out == reference.greedy([bad], MAX_TOKENS)[0]  # computed, not served from a bad file
+    assert ssd_totals(store_cluster)[2] > dropped0
+    page = urllib.request.urlopen(store_cluster.metrics["messenger-2"], timeout=5).read().decode()
+    assert "yuebing_messenger_spills_total" in page and 'tier="ssd"' in page
 
 
 def test_the_conductor_rebuilds_its_pool_index_after_a_restart(store_cluster, store_client, reference):

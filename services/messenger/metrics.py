@@ -1,0 +1,59 @@
+"""The messenger's Prometheus page: its counters and pool occupancy, read from
+`Messenger.stats()` at scrape time (nothing is double-counted or kept twice)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from shared.messages import MessengerStats
+
+COUNTERS = {
+    "layers_out": "Block layers sent to other messengers",
+    "layers_in": "Block layers received from other messengers",
+    "bytes_out": "Payload bytes sent to other messengers",
+    "bytes_in": "Payload bytes received from other messengers",
+    "blocks_received": "Blocks that arrived complete and verified",
+    "checksum_failures": "Blocks dropped for a bad checksum",
+    "sends_dropped": "Layers that could not be queued for a peer",
+    "evictions": "Blocks evicted from DRAM",
+    "spills": "Evicted blocks written to the SSD tier",
+    "ssd_dropped": "SSD files dropped as damaged",
+    "misses": "Pins that found no block (DRAM or SSD)",
+}
+GAUGES = {
+    "pool_slots": "DRAM pool slots",
+    "ready": "Blocks ready in DRAM",
+    "filling": "Blocks arriving in DRAM",
+    "pinned": "DRAM blocks pinned by in-flight requests",
+    "ssd_blocks": "Blocks in the SSD tier",
+}
+
+
+class StatsCollector:
+    def __init__(self, stats: Callable[[], MessengerStats]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        hits = CounterMetricFamily("yuebing_messenger_hits", "Pinned blocks found, by tier", labels=["node", "tier"])
+        hits.add_metric([s.node, "dram"], s.hits_dram)
+        hits.add_metric([s.node, "ssd"], s.hits_ssd)
+        yield hits
+        for name, doc in COUNTERS.items():
+            family = CounterMetricFamily(f"yuebing_messenger_{name}", doc, labels=["node"])
+            family.add_metric([s.node], getattr(s, name))
+            yield family
+        for name, doc in GAUGES.items():
+            family = GaugeMetricFamily(f"yuebing_messenger_{name}", doc, labels=["node"])
+            family.add_metric([s.node], getattr(s, name))
+            yield family
+
+
+def serve(stats: Callable[[], MessengerStats], port: int, host: str = "127.0.0.1") -> None:
+    """Serve /metrics on a background thread (prometheus_client's own server)."""
+    registry = CollectorRegistry()
+    registry.register(StatsCollector(stats))
+    start_http_server(port, addr=host, registry=registry)
