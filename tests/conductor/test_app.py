@@ -63,3 +63,27 @@ def test_a_decode_engine_reporting_a_full_kv_cache_gets_no_new_request():
     assert not reply.accepted and reply.rejection == "overloaded" and "room" in reply.reason
     c.on_heartbeat(hb("d0", "decode"), now=0.7)  # usage back to 0
     assert c.schedule(ask("r2", ["a"]), now=0.8).accepted
+
+
+def test_pool_index_from_kv_events_routes_and_pulls_and_forgets_a_silent_node():
+    from shared.messages import KvEvent, KvSnapshot
+
+    c = Conductor(ClusterConfig(model="/m/tiny", policy="round_robin"))
+    beats = [Heartbeat(instance_id=i, role=r, node=n, pid=1, seq=1, sent_at=0.0)
+             for i, r, n in [("p0", "prefill", "node-0"), ("p1", "prefill", "node-1"), ("d0", "decode", "node-2"),
+                             ("m0", "messenger", "node-0"), ("m1", "messenger", "node-1")]]
+    fresh = [c.on_heartbeat(b, now=0.0) for b in beats]
+    assert fresh == [False, False, False, True, True]  # messengers: their snapshots are wanted
+    c.on_snapshot(KvSnapshot(node="node-1", dram=["a"], ssd=["b", "c"]))
+    c.on_kv_event(KvEvent(node="node-0", kind="stored", tier="dram", hashes=["a"]))
+    assert c.stats().pool_blocks == 3 and c.stats().pool_nodes == ["node-0", "node-1"]
+    # Round robin picks p0 (node-0 holds 1 block); node-1 holds 3 (DRAM and SSD): pull them.
+    reply = c.schedule(ask("r1", ["a", "b", "c", "d"]), now=0.0)
+    assert reply.prefill_id == "p0" and (reply.pull_from, reply.pull_blocks) == ("node-1", 3)
+    # Evicted from SSD too: gone from node-1.
+    c.on_kv_event(KvEvent(node="node-1", kind="evicted", tier="ssd", hashes=["b"]))
+    assert c.pools.tiers("b") == {}
+    # node-1's messenger goes silent: everything it held leaves the index.
+    for b in beats[:4]:
+        c.on_heartbeat(b, now=5.0)
+    assert c.pools.tiers("c") == {} and c.stats().pool_nodes == ["node-0"]

@@ -23,3 +23,22 @@ def test_lru_capacity_forgets_least_recent_and_instances_can_leave():
     assert len(ix) == 0 and ix.used_blocks("a") == 0
     with pytest.raises(ValueError):
         PrefixIndex(0)
+
+
+def test_pool_index_prefix_by_node_across_tiers():
+    from services.conductor.index import PoolIndex
+
+    idx = PoolIndex()
+    idx.stored("n0", "dram", ["a", "b"])
+    idx.stored("n1", "ssd", ["a", "b", "c"])
+    idx.stored("n1", "dram", ["a"])
+    assert idx.prefix_blocks(["a", "b", "c", "d"], ["n0", "n1", "n2"]) == {"n0": 2, "n1": 3, "n2": 0}
+    idx.evicted("n1", "dram", ["a"])  # still on SSD there
+    assert idx.tiers("a") == {"n0": {"dram"}, "n1": {"ssd"}}
+    idx.removed("n0", ["b"])
+    assert idx.prefix_blocks(["a", "b"], ["n0", "n1"]) == {"n0": 1, "n1": 2}
+    assert sorted(idx.replica_counts()) == [1, 1, 2]
+    idx.replace_node("n1", {"dram": ["z"]})
+    assert idx.tiers("c") == {} and idx.tiers("z") == {"n1": {"dram"}}
+    idx.remove_node("n1")
+    assert len(idx) == 1

@@ -166,3 +166,11 @@ def test_decode_load_peaks_where_requests_join_and_capacity_is_a_hard_limit():
     # With t_d short enough to finish before the next join, it fits.
     s = Scheduler("cache_aware", "predictive", PRED, Params(block_size=BS, decode_time_s=0.5))
     assert isinstance(s.schedule(r, [p("a", queue_s=1.0)], [load], now=0.0), Decision)
+
+
+def test_pool_pull_names_the_node_with_the_longest_prefix_beyond_the_chosen():
+    from services.conductor.policy import pool_pull
+
+    assert pool_pull("n0", 2, {"n0": 2, "n1": 5, "n2": 5}) == ("n1", 5)
+    assert pool_pull("n0", 5, {"n0": 5, "n1": 5}) == ("", 0)
+    assert pool_pull("n0", 6, {"n0": 1, "n1": 5}) == ("", 0)  # its engine cache already has more
