@@ -45,23 +45,6 @@ _encode = msgspec.msgpack.Encoder().encode
 FAILED_MEMORY_S = 30.0  # layers of a block that failed are ignored this long
 
 
-@dataclass
-class Counters:
-    layers_out: int = 0
-    layers_in: int = 0
-    bytes_out: int = 0
-    bytes_in: int = 0
-    blocks_received: int = 0
-    checksum_failures: int = 0
-    sends_dropped: int = 0
-    corrupted_on_purpose: int = 0
-    hits_dram: int = 0
-    hits_ssd: int = 0
-    misses: int = 0
-    evictions: int = 0
-    spills: int = 0
-
-
 @dataclass(frozen=True)
 class PoolOptions:
     pool_bytes: int
@@ -87,7 +70,7 @@ class Messenger:
         self.peers: dict[str, str] = {}  # node → transport endpoint
         self.events: list[BlockEvent] = []  # to publish to the engines (app.py drains it)
         self.kv_events: list[KvEvent] = []  # to publish on NATS, for the Conductor's index
-        self.counters = Counters()
+        self.counters = MessengerStats(node=node)  # the counters; stats() adds the gauges
         self.corrupt_next = 0
         self._failed: dict[bytes, float] = {}
 
@@ -345,15 +328,17 @@ class Messenger:
 
     def stats(self) -> MessengerStats:
         counts = self.pool.counts() if self.pool else {}
-        c = self.counters
-        return MessengerStats(
-            node=self.node, endpoint=self.transport.endpoint, peers=sorted(self.peers), pool_slots=counts.get("slots", 0), ready=counts.get("ready", 0),
-            filling=counts.get("filling", 0), pinned=counts.get("pinned", 0), layers_out=c.layers_out, layers_in=c.layers_in,
-            bytes_out=c.bytes_out, bytes_in=c.bytes_in, blocks_received=c.blocks_received,
-            checksum_failures=c.checksum_failures, sends_dropped=c.sends_dropped,
-            corrupted_on_purpose=c.corrupted_on_purpose, corrupt_pending=self.corrupt_next,
-            ssd_blocks=len(self.ssd) if self.ssd else 0, hits_dram=c.hits_dram, hits_ssd=c.hits_ssd, misses=c.misses,
-            evictions=c.evictions, spills=c.spills, ssd_dropped=self.ssd.dropped if self.ssd else 0,
+        return msgspec.structs.replace(
+            self.counters,
+            endpoint=self.transport.endpoint,
+            peers=sorted(self.peers),
+            pool_slots=counts.get("slots", 0),
+            ready=counts.get("ready", 0),
+            filling=counts.get("filling", 0),
+            pinned=counts.get("pinned", 0),
+            corrupt_pending=self.corrupt_next,
+            ssd_blocks=len(self.ssd) if self.ssd else 0,
+            ssd_dropped=self.ssd.dropped if self.ssd else 0,
         )
 
     def close(self) -> None:
