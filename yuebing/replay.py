@@ -64,7 +64,10 @@ async def replay(url: str, trace: Sequence[TraceRequest], options: ReplayOptions
     limit = asyncio.Semaphore(options.concurrency)
     bar = tqdm(total=len(trace), desc="replay", unit="req", disable=not options.progress)
     timeout = aiohttp.ClientTimeout(total=options.timeout_s)
-    async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
+    # aiohttp's default pool of 100 connections would queue requests behind our own
+    # limit and hide that wait from the measured TTFT.
+    connector = aiohttp.TCPConnector(limit=options.concurrency)
+    async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector) as session:
         start = time.monotonic()
 
         async def run(req: TraceRequest) -> Outcome:
@@ -94,7 +97,10 @@ async def _one(session: aiohttp.ClientSession, url: str, req: TraceRequest, opti
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
     }
-    sent = time.monotonic()
+    # TTFT counts from the trace's arrival time, not from the send: a request that
+    # waited on the client side (the concurrency limit, a late event loop) waited for
+    # its first token all the same, and the simulator counts it from arrival.
+    arrival = start + req.timestamp_ms / 1e3
     token_times: list[float] = []
     try:
         async with session.post(f"{url}/v1/completions", json=body) as r:
@@ -122,7 +128,7 @@ async def _one(session: aiohttp.ClientSession, url: str, req: TraceRequest, opti
     if not token_times:
         outcome.failed = True
         return outcome
-    outcome.ttft_s = token_times[0] - sent
+    outcome.ttft_s = token_times[0] - arrival
     outcome.end_s = token_times[-1] - start
     gaps = [b - a for a, b in zip(token_times, token_times[1:])]
     outcome.tbt_mean_s, outcome.tbt_p90_s, outcome.tbt_tail_s = gap_stats(gaps)
