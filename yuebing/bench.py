@@ -72,7 +72,7 @@ def run_conductor(cfg: ConductorBench, progress: bool = True) -> dict:
             req = Request(f"r{k}", len(hashes) * 512, len(hashes), 512, slo_ttft_s=30.0, slo_tbt_s=0.1)
             now += 0.05
             start = time.perf_counter()
-            out = scheduler.schedule(req, state.prefill_loads(hashes, now), state.decode_loads(), now)
+            out = scheduler.schedule(req, state.prefill_loads(hashes, now), state.decode_loads(now), now)
             if isinstance(out, Decision):
                 state.assign(req, hashes, out, now)
                 accepted += 1

@@ -179,7 +179,7 @@ class Simulation:
 
     def _arrive(self, r: SimRequest, _v: int) -> None:
         loads = self.state.prefill_loads(r.hashes, self.now)
-        out = self.scheduler.schedule(r.request, loads, self.state.decode_loads(), self.now)
+        out = self.scheduler.schedule(r.request, loads, self.state.decode_loads(self.now), self.now)
         if not isinstance(out, Decision):
             r.outcome.rejected = True
             return

@@ -114,7 +114,7 @@ class Conductor:
         pool_prefix = {iid: node_prefix.get(node, 0) for iid, node in live_prefill.items()}
         loads = self.state.prefill_loads(ask.block_hashes, now, pool_prefix)
         prefills = [x for x in loads if x.instance_id in live_prefill]
-        decodes = [self._with_room(x, live_decode[x.instance_id]) for x in self.state.decode_loads() if x.instance_id in live_decode]
+        decodes = [self._with_room(x, live_decode[x.instance_id]) for x in self.state.decode_loads(now) if x.instance_id in live_decode]
         out = self.scheduler.schedule(req, prefills, decodes, now)
         log.debug("decision", request_id=req.request_id, request=req, prefills=prefills, decodes=decodes, out=out)
         if not isinstance(out, Decision):

@@ -106,8 +106,8 @@ class ClusterState:
             )
         return loads
 
-    def decode_loads(self) -> list[DecodeLoad]:
-        return [DecodeLoad(iid, tuple(items.values()), self.decode_capacity) for iid, items in sorted(self.decode.items())]
+    def decode_loads(self, now: float) -> list[DecodeLoad]:
+        return [DecodeLoad(iid, tuple(_due(i, now) for i in items.values()), self.decode_capacity) for iid, items in sorted(self.decode.items())]
 
     # --- events -------------------------------------------------------------
     def assign(self, req: Request, hashes: Sequence[str], decision: Decision, now: float) -> None:
@@ -141,3 +141,11 @@ class ClusterState:
         self.prefill_done(request_id, now)
         _, decode_id = self.placed.pop(request_id, ("", ""))
         self.decode.get(decode_id, {}).pop(request_id, None)
+
+
+def _due(item: DecodeItem, now: float) -> DecodeItem:
+    """A request still decoding past its predicted end (no "finished" yet) is due to
+    end now: it counts in the load at `now`, what early rejection judges, and no later."""
+    if item.start > now or item.end > now:
+        return item
+    return DecodeItem(item.start, now + 1e-9, item.ctx_tokens)

@@ -35,13 +35,22 @@ def test_queue_grows_with_assignments_and_drains_with_events():
 def test_decode_items_start_at_prefill_end_and_leave_when_finished():
     s = state()
     assign(s, "r1", now=0.0, ttft=2.0)
-    (dl,) = s.decode_loads()
+    (dl,) = s.decode_loads(now=0.0)
     assert dl.at(1.0) == (0, 0) and dl.at(2.5)[0] == 1  # joins when its prefill is predicted to end
     s.prefill_done("r1", now=1.0)  # earlier than predicted
-    (dl,) = s.decode_loads()
+    (dl,) = s.decode_loads(now=1.0)
     assert dl.at(1.5)[0] == 1 and dl.at(6.5)[0] == 0  # decodes for t_d = 5 s from then
     s.finished("r1", now=3.0)
-    assert s.decode_loads()[0].items == ()
+    assert s.decode_loads(now=3.0)[0].items == ()
+
+
+def test_a_request_decoding_past_its_predicted_end_still_counts_now():
+    s = state()
+    assign(s, "r1", now=0.0, ttft=2.0)
+    s.prefill_done("r1", now=2.0)  # predicted to decode until 7 s (t_d = 5 s)
+    (dl,) = s.decode_loads(now=9.0)  # still running at 9 s: no "finished" yet
+    assert dl.at(9.0)[0] == 1  # early rejection sees it
+    assert dl.at(9.5)[0] == 0  # and it is due to end any moment
 
 
 def test_window_forgets_old_work_and_index_remembers_blocks():
