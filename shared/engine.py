@@ -33,6 +33,10 @@ class Step:
     num_cached_tokens: int
 
 
+SPIN_ENV = "YUEBING_ENGINE_SPIN_S"
+IDLE_POLL_MS = 2  # how often a sleeping vLLM queue reader rechecks (limit_idle_spin)
+
+
 def engine_environment(config: ClusterConfig) -> dict[str, str]:
     """Environment vLLM-CPU reads at import; harmless on GPU builds."""
     return {
@@ -45,6 +49,8 @@ def engine_environment(config: ClusterConfig) -> dict[str, str]:
         "OMP_NUM_THREADS": str(config.engine_threads),
         "VLLM_NO_USAGE_STATS": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # Read by limit_idle_spin in every vLLM process (our vLLM plugin runs it there).
+        SPIN_ENV: str(config.engine_spin_s),
     }
 
 
@@ -68,8 +74,6 @@ def kv_transfer_config(config: ClusterConfig, node: str):  # -> vllm KVTransferC
     )
 
 
-SPIN_ENV = "YUEBING_ENGINE_SPIN_S"
-
 
 def limit_idle_spin(seconds: float | None = None) -> None:
     """vLLM's engine and worker processes hand each other work through shared-memory
@@ -79,9 +83,18 @@ def limit_idle_spin(seconds: float | None = None) -> None:
     and a 2,048-token prefill took up to 1 s instead of 140 ms. A short spin keeps
     back-to-back steps fast and lets idle engines sleep.
 
-    vLLM spawns its processes, so this runs in each of them: here (and the value goes
-    to the environment they inherit), and at import of the KV connector, which vLLM
-    loads in every engine process (shared/kv_connector.py)."""
+    A sleeping reader then relies on a ZeroMQ notification that vLLM sends through a
+    PUB socket with a high-water mark of 1, and some are dropped: the reader slept
+    until its 5 s recheck (measured: a 5,010 ms gap in a decode stream, right as
+    another request finished). Under the stock 1 s spin that drop almost never
+    matters; under a short spin it would happen on every idle gap, so a sleeping
+    reader also rechecks the queue every IDLE_POLL_MS.
+
+    vLLM spawns its processes, so this runs in each of them: it is a vLLM "general
+    plugin" (pyproject.toml), which vLLM loads in its engine and worker processes,
+    and it takes the limit from the environment they inherit (engine_environment).
+    Any vLLM started from this environment gets it, the baselines the benchmarks
+    compare against included, so comparisons are engine against the same engine."""
     if seconds is None:
         value = os.environ.get(SPIN_ENV)
         if value is None:
@@ -97,7 +110,8 @@ def limit_idle_spin(seconds: float | None = None) -> None:
 
     def wait(self, timeout_ms: int | None = None) -> None:
         self.busy_loop_s = min(self.busy_loop_s, seconds)
-        original(self, timeout_ms)
+        poll_ms = int(os.environ.get("YUEBING_IDLE_POLL_MS", IDLE_POLL_MS))
+        original(self, poll_ms if timeout_ms is None else min(timeout_ms, poll_ms))
 
     wait.__wrapped__ = original  # type: ignore[attr-defined]
     wait.yuebing_limit = seconds  # type: ignore[attr-defined]
@@ -108,7 +122,6 @@ def build_engine(config: ClusterConfig, node: str | None = None) -> tuple[Any, E
     """An engine; with `node`, wired to that node's pool through the KV connector."""
     for key, value in engine_environment(config).items():
         os.environ.setdefault(key, value)
-    limit_idle_spin(config.engine_spin_s)
     # Imported here: vLLM takes seconds to import, and only engine services need it.
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM

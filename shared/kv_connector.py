@@ -36,7 +36,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from shared.block_hash import block_hashes
-from shared.engine import limit_idle_spin
 from shared.kv_client import MessengerClient, PoolFollower
 from shared.kv_pool import Geometry, PoolFile, checksum
 from shared.kv_wire import Hello, Pin, Release, Reserve, Written
@@ -50,7 +49,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = structlog.get_logger(__name__)
-limit_idle_spin()  # vLLM imports this module in each of its processes: the one place to reach them all
 
 
 @dataclass(frozen=True)

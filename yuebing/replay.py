@@ -12,15 +12,19 @@ back), with `ignore_eos` so each request generates its trace's output length.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
 
+from shared.predictor import Predictor
 from yuebing.metrics import Outcome, gap_stats
+from yuebing.sim import HostSharing
 from yuebing.trace import TraceRequest
 
 PRINTABLE = (32, 127)  # token ids of printable bytes in the default byte-level tokenizer
@@ -87,46 +91,19 @@ async def _one(session: aiohttp.ClientSession, url: str, req: TraceRequest, opti
     slo_ttft = (options.slo_ttft_ms or float("inf")) / 1e3
     slo_tbt = (options.slo_tbt_ms or float("inf")) / 1e3
     outcome = Outcome(req.timestamp_ms / 1e3, req.input_length, req.output_length, slo_ttft, slo_tbt)
-    body = {
-        "model": options.model,
-        "prompt": prompt_tokens(req, options.block_tokens, options.salt),
-        "max_tokens": req.output_length,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "return_token_ids": True,
-    }
+    body = _body(options, prompt_tokens(req, options.block_tokens, options.salt), req.output_length)
     # TTFT counts from the trace's arrival time, not from the send: a request that
     # waited on the client side (the concurrency limit, a late event loop) waited for
     # its first token all the same, and the simulator counts it from arrival.
     arrival = start + req.timestamp_ms / 1e3
-    token_times: list[float] = []
     try:
-        async with session.post(f"{url}/v1/completions", json=body) as r:
-            if r.status == 429:
-                outcome.rejected = True
-                return outcome
-            if r.status != 200:
-                outcome.failed = True
-                return outcome
-            async for line in r.content:
-                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    outcome.failed = True
-                    return outcome
-                if chunk.get("usage"):
-                    outcome.cached_tokens = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
-                for choice in chunk.get("choices", []):
-                    now = time.monotonic()
-                    token_times.extend([now] * len(choice.get("token_ids", [])))
+        token_times = await _stream(session, url, body, outcome)
     except (aiohttp.ClientError, TimeoutError):
         outcome.failed = True
         return outcome
-    if not token_times:
+    if not token_times and not outcome.rejected:
         outcome.failed = True
+    if outcome.rejected or outcome.failed:
         return outcome
     outcome.ttft_s = token_times[0] - arrival
     outcome.end_s = token_times[-1] - start
@@ -135,11 +112,119 @@ async def _one(session: aiohttp.ClientSession, url: str, req: TraceRequest, opti
     return outcome
 
 
+def _body(options: ReplayOptions, prompt: list[int], max_tokens: int) -> dict:
+    return {
+        "model": options.model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, body: dict, outcome: Outcome | None = None) -> list[float]:
+    """Send one streaming completion; the arrival time of every generated token.
+    A 429 or another error marks `outcome` (rejected, failed) and returns what came."""
+    token_times: list[float] = []
+    async with session.post(f"{url}/v1/completions", json=body) as r:
+        if r.status != 200:
+            if outcome is not None:
+                outcome.rejected, outcome.failed = r.status == 429, r.status != 429
+            return token_times
+        async for line in r.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                if outcome is not None:
+                    outcome.failed = True
+                return token_times
+            if chunk.get("usage") and outcome is not None:
+                outcome.cached_tokens = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+            for choice in chunk.get("choices", []):
+                now = time.monotonic()
+                token_times.extend([now] * len(choice.get("token_ids", [])))
+    return token_times
+
+
+async def calibrate(
+    url: str, options: ReplayOptions, predictor: Predictor, long_prompt: int = 2048, streams: int = 3, stream_tokens: int = 700
+) -> HostSharing:
+    """How the live cluster's instances share their host, for the simulator: each
+    figure from a few requests of its own, never from the trace under test.
+
+    - prefill scale and first-token overhead: TTFT of a short and a long prompt
+      alone, fitted as overhead + scale × the profile's prefill time (the profile
+      times an engine alone in-process; the serving engine saves KV as it goes);
+    - step overhead: the mean gap of one decode stream alone, less the profile's step;
+    - then `streams` decode streams run while long prompts are prefilled one after
+      another: the prefills' slowdown against alone, per stream decoding, and the
+      streams' gaps during a prefill against their gaps outside one.
+    Prompts are fresh random tokens, so no cache helps."""
+    rng = random.Random()
+    repeats = 5
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(*PRINTABLE) for _ in range(n)]
+
+    async def ttft(session: aiohttp.ClientSession, n: int) -> float:
+        sent = time.monotonic()
+        times = await _stream(session, url, _body(options, prompt(n), 1))
+        if not times:
+            raise RuntimeError(f"calibration request of {n} tokens got no token from {url} (refused or failed: "
+                               f"does the model's context hold {long_prompt + stream_tokens} tokens?)")
+        return times[0] - sent
+
+    timeout = aiohttp.ClientTimeout(total=options.timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for _ in range(2):  # warm-up: first requests pay one-off costs
+            await ttft(session, long_prompt)
+        sizes = (long_prompt // 4, long_prompt)
+        t_short = statistics.median([await ttft(session, sizes[0]) for _ in range(repeats)])
+        alone = statistics.median([await ttft(session, sizes[1]) for _ in range(repeats)])
+        p_short, p_long = (predictor.prefill_s(n) for n in sizes)
+        scale = max(0.5, (alone - t_short) / (p_long - p_short))
+        overhead = max(0.0, alone - scale * p_long)
+        # Decode streams attend to long prompts, as the traces' requests do: attention
+        # over a long context competes with a prefill for memory bandwidth.
+        stream = await _stream(session, url, _body(options, prompt(long_prompt), min(120, stream_tokens)))
+        gap_alone = statistics.mean(b - a for a, b in zip(stream[1:], stream[2:]))  # after the hand-off
+        step_overhead = max(0.0, gap_alone - predictor.decode_step_s(1, long_prompt + 60))
+
+        background = [asyncio.create_task(_stream(session, url, _body(options, prompt(long_prompt), stream_tokens))) for _ in range(streams)]
+        await asyncio.sleep(0.5 + streams * 2 * alone)  # their prefills, then some steps
+        windows, beside = [], []
+        for _ in range(repeats):
+            sent = time.monotonic()
+            beside.append(await ttft(session, long_prompt))
+            windows.append((sent, sent + beside[-1]))
+        decoded = await asyncio.gather(*background)
+    inside, outside = [], []
+    for times in decoded:
+        for a, b in zip(times, times[1:]):
+            (inside if any(s <= a and b <= e for s, e in windows) else outside).append(b - a)
+    prefill_slowdown = (statistics.median(beside) - overhead) / max(1e-9, alone - overhead) - 1
+    decode_slowdown = statistics.mean(inside) / statistics.mean(outside) - 1 if inside and outside else 0.0
+    return HostSharing(
+        prefill_scale=scale,
+        prefill_slowdown_per_decoding=max(0.0, prefill_slowdown / streams),
+        decode_slowdown_per_prefill=max(0.0, decode_slowdown),
+        first_token_overhead_s=overhead,
+        step_overhead_s=step_overhead,
+    )
+
+
 def fidelity(url: str, trace: Sequence[TraceRequest], options: ReplayOptions, sim_config, predictor) -> dict:
-    """The same trace on the live cluster and in the simulator: mean TTFT and TBT side by side."""
+    """The same trace on the live cluster and in the simulator: mean TTFT and TBT
+    side by side. The simulator gets the host-sharing figures `calibrate` measures."""
     from yuebing.metrics import summarize
     from yuebing.sim import simulate
 
+    host = asyncio.run(calibrate(url, options, predictor))
+    sim_config = dataclasses.replace(sim_config, host=host)
     outcomes, wall = asyncio.run(replay(url, trace, options))
     live = summarize(outcomes, wall)
     simulated = simulate(trace, sim_config, predictor).result
@@ -150,4 +235,4 @@ def fidelity(url: str, trace: Sequence[TraceRequest], options: ReplayOptions, si
     ):
         compare[key] = {"live": live_value, "sim": sim_value, "sim_over_live": sim_value / live_value if live_value else 0.0}
     simulated.pop("load_over_time")
-    return {"live": live, "sim": simulated, "compare": compare, "requests": len(trace)}
+    return {"live": live, "sim": simulated, "compare": compare, "requests": len(trace), "host": dataclasses.asdict(host)}

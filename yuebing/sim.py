@@ -11,6 +11,12 @@ Decode is simulated in segments rather than token by token: between two changes 
 a batch (a request joins or finishes) every step takes the same time, so a segment
 of k steps is one event. That is what lets 23k requests replay in seconds.
 
+Shared hosts: on the local CPU cluster every instance shares one machine's cores,
+so a prefill runs slower while decode batches run and decode steps slow while a
+prefill runs, and the serving path (gateway, Conductor, NATS) adds a little to every
+first token and step. `HostSharing` holds those figures, measured on the live
+cluster (`yuebing bench fidelity` does); its defaults are separate GPUs: no effect.
+
 Caches: each prefill instance holds the blocks it computed (and those it pulled) in
 its share of the node's DRAM, LRU-evicted at `pool_blocks`. The Conductor's index
 *is* that cache here, as it is in the live system once the store publishes KV
@@ -36,6 +42,25 @@ from yuebing.trace import TRACE_BLOCK_TOKENS, TraceRequest
 
 
 @dataclass(frozen=True)
+class HostSharing:
+    # Each request decoding on the host slows a prefill by this share (its tokens
+    # are streamed by processes on the same cores), and each running prefill slows
+    # decode steps by this share.
+    prefill_slowdown_per_decoding: float = 0.0
+    decode_slowdown_per_prefill: float = 0.0
+    prefill_scale: float = 1.0  # the serving engine's prefill time against the profile's
+    first_token_overhead_s: float = 0.0  # serving path: arrival to prefill, first token back
+    step_overhead_s: float = 0.0  # serving path: per decode step, token relay
+
+    def __post_init__(self) -> None:
+        if self.prefill_scale <= 0:
+            raise ValueError("prefill_scale must be positive")
+        if min(self.prefill_slowdown_per_decoding, self.decode_slowdown_per_prefill,
+               self.first_token_overhead_s, self.step_overhead_s) < 0:
+            raise ValueError("host-sharing slowdowns and overheads cannot be negative")
+
+
+@dataclass(frozen=True)
 class SimConfig:
     prefill: int = 8
     decode: int = 8
@@ -52,15 +77,13 @@ class SimConfig:
     kv_bytes_per_token: int = 131_072  # LLaMA-8B, bf16
     bandwidth_gbps: float = 25.0  # node-to-node KV transfer
     layerwise: bool = True  # KV streams to decode while prefill computes
-    # The live cluster until KV transfer lands: decode recomputes the prompt instead
-    # of receiving its KV (what `yuebing bench fidelity` compares against).
-    decode_recomputes: bool = False
     chunk_tokens: int = 0  # prefill chunk size; 0: the whole prompt at once
     max_batch: int = 128  # requests a decode instance's KV cache holds; one more is refused
     decode_time_s: float = 10.0  # predictive admission's t_d
     speed: float = 1.0  # replay speed factor
     sample_every_s: float = 10.0  # load-over-time sampling
     seed: int = 0
+    host: HostSharing = HostSharing()
 
     def __post_init__(self) -> None:
         if self.prefill < 1 or self.decode < 1:
@@ -107,7 +130,7 @@ class DecodeInstance:
     seg_steps: int = 0
     step_s: float = 0.0
     version: int = 0  # invalidates a scheduled segment end when the batch changes
-    recompute_s: float = 0.0  # prompt recomputation waiting to be run (decode_recomputes)
+    join_s: float = 0.0  # prompt tails that joining requests compute in the next step
 
 
 class Simulation:
@@ -213,22 +236,25 @@ class Simulation:
     def _start_prefill(self, inst: PrefillInstance) -> None:
         r = inst.queue.popleft()
         seconds = self._prefill_seconds(r)
+        decoding = sum(len(d.batch) for d in self.decodes.values())
+        seconds *= self.config.host.prefill_scale * (1 + self.config.host.prefill_slowdown_per_decoding * decoding)
         inst.busy, inst.busy_s = True, inst.busy_s + seconds
         self.at(self.now + seconds, "prefill_done", r)
+        self._host_changed()
 
     def _prefill_done(self, r: SimRequest, _v: int) -> None:
         inst = self.prefills[r.prefill_id]
         inst.busy = False
         if inst.queue:
             self._start_prefill(inst)
+        else:
+            self._host_changed()
         self.state.prefill_done(r.rid, self.now)
         r.first_token_at = self.now
-        r.outcome.ttft_s = self.now - r.arrival
+        r.outcome.ttft_s = self.now - r.arrival + self.config.host.first_token_overhead_s
         r.outcome.cached_tokens = r.cached_tokens
-        if self.config.decode_recomputes:
-            delay = 0.0  # the decode instance will spend the time itself (see _join)
-        else:  # with layer-wise streaming only the last layer's KV is left to send now
-            delay = self.predictor.transfer_s(r.trace.input_length) / (32 if self.config.layerwise else 1)
+        # With layer-wise streaming only the last layer's KV is left to send now.
+        delay = self.predictor.transfer_s(r.trace.input_length) / (32 if self.config.layerwise else 1)
         self.at(self.now + delay, "join", r)
 
     # --- decode -------------------------------------------------------------
@@ -245,10 +271,13 @@ class Simulation:
             self._finish(r)
             return
         r.ctx = r.trace.input_length + 1
-        if self.config.decode_recomputes:
-            # The engine prefills the prompt again in its next step: that step takes the
-            # prefill's time, for the whole batch.
-            inst.recompute_s += self.predictor.prefill_s(r.trace.input_length + 1)
+        # Decode computes what no full pool block holds, the prompt's tail, beside the
+        # first token in its next step: that step is longer for the whole batch (by the
+        # tail's marginal cost; a step's fixed cost is in the step time already).
+        tail = r.trace.input_length % self.config.block_tokens
+        if tail:
+            held = r.trace.input_length - tail
+            inst.join_s += max(0.0, self.predictor.prefill_s(tail + 1, held) - self.predictor.prefill_s(1, held))
         inst.waiting.append(r)
         if not inst.batch:
             self._start_segment(inst)
@@ -262,12 +291,23 @@ class Simulation:
             return
         steps = min(r.remaining for r in inst.batch)
         tokens = sum(r.ctx for r in inst.batch) + len(inst.batch) * steps // 2  # context at mid-segment
-        inst.step_s = self.predictor.decode_step_s(len(inst.batch), tokens)
-        if inst.recompute_s:  # one long step that carries the recomputation
-            steps, inst.step_s, inst.recompute_s = 1, inst.step_s + inst.recompute_s, 0.0
+        inst.step_s = self.predictor.decode_step_s(len(inst.batch), tokens) + self.config.host.step_overhead_s
+        inst.step_s *= 1 + self.config.host.decode_slowdown_per_prefill * self._prefilling()
+        if inst.join_s:  # one longer step that carries the joiners' tails
+            steps, inst.step_s, inst.join_s = 1, inst.step_s + inst.join_s, 0.0
         inst.seg_start, inst.seg_steps = self.now, steps
         inst.version += 1
         self.at(self.now + steps * inst.step_s, "segment_end", inst, inst.version)
+
+    def _prefilling(self) -> int:
+        return sum(p.busy for p in self.prefills.values())
+
+    def _host_changed(self) -> None:
+        """A prefill started or stopped on a shared host: decode steps change speed."""
+        if self.config.host.decode_slowdown_per_prefill:
+            for inst in self.decodes.values():
+                if inst.batch:
+                    self._cut_segment(inst)
 
     def _cut_segment(self, inst: DecodeInstance) -> None:
         """A request is waiting to join: end the running segment after the step in progress."""

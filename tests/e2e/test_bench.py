@@ -23,3 +23,18 @@ def test_replay_measures_every_request_and_shared_prefixes_hit(cluster):
     assert sum(o.cached_tokens >= 256 for o in outcomes[1:]) >= len(outcomes) - 2
     result = summarize(outcomes, wall)
     assert result["completed"] == 8 and result["cache_hit_rate"] > 0.1
+
+
+def test_calibration_measures_the_serving_path_against_the_profile(cluster):
+    from shared.config import ClusterConfig, profile_path
+    from shared.predictor import load_predictor
+    from yuebing.replay import calibrate
+
+    predictor = load_predictor(profile_path(ClusterConfig()))
+    host = asyncio.run(calibrate(cluster.url, ReplayOptions(progress=False), predictor, long_prompt=512, streams=2,
+                                 stream_tokens=400))
+    # The serving engine runs the profile's curves within a small factor, behind a
+    # serving path that costs milliseconds, not seconds; sharing a host never speeds up.
+    assert 0.5 <= host.prefill_scale < 3.0
+    assert 0.0 <= host.first_token_overhead_s < 0.5 and 0.0 <= host.step_overhead_s < 0.05
+    assert host.prefill_slowdown_per_decoding >= 0.0 and host.decode_slowdown_per_prefill >= 0.0

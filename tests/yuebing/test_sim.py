@@ -1,13 +1,14 @@
 """The simulator: exact timing on tiny cases, and the direction of Mooncake's
 scheduling results on real and synthetic traces."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from shared.predictor import Predictor
 from yuebing.metrics import gap_stats
-from yuebing.sim import SimConfig, segment_stats, simulate
+from yuebing.sim import HostSharing, SimConfig, segment_stats, simulate
 from yuebing.trace import SyntheticSpec, TraceRequest, load_trace, synthetic
 
 # prefill 1 ms per token; decode step 10 ms flat (no batch or context cost)
@@ -23,12 +24,33 @@ def test_segment_stats_equal_gap_stats_of_the_expanded_gaps():
 
 
 def test_one_request_is_timed_exactly():
+    trace = [TraceRequest(0.0, 1024, 11, (1, 2))]
+    run = simulate(trace, SimConfig(prefill=1, decode=1, policy="round_robin", layerwise=False, kv_bytes_per_token=0), FLAT)
+    (o,) = run.outcomes
+    assert o.ttft_s == pytest.approx(1.024)  # 1024 tokens at 1 ms
+    assert o.end_s == pytest.approx(1.024 + 10 * 0.010)  # 10 more tokens at 10 ms a step
+    assert o.tbt_mean_s == pytest.approx(0.010)
+
+
+def test_decode_computes_the_prompt_tail_in_its_first_step():
+    # 1000 tokens = one full 512-token block + a 488-token tail that no pool block holds.
     trace = [TraceRequest(0.0, 1000, 11, (1, 2))]
     run = simulate(trace, SimConfig(prefill=1, decode=1, policy="round_robin", layerwise=False, kv_bytes_per_token=0), FLAT)
     (o,) = run.outcomes
-    assert o.ttft_s == pytest.approx(1.0)  # 1000 tokens at 1 ms
-    assert o.end_s == pytest.approx(1.0 + 10 * 0.010)  # 10 more tokens at 10 ms a step
-    assert o.tbt_mean_s == pytest.approx(0.010)
+    assert o.end_s == pytest.approx(1.0 + 0.488 + 10 * 0.010)
+    assert o.tbt_mean_s == pytest.approx((0.498 + 9 * 0.010) / 10)
+
+
+def test_a_shared_host_slows_prefill_beside_decode_and_decode_beside_prefill():
+    # The second request's prefill (from t=1.5 s) runs while the first decodes (1.024-3.0 s).
+    trace = [TraceRequest(0.0, 1024, 201, (1, 2)), TraceRequest(1500.0, 1024, 2, (3, 4))]
+    host = HostSharing(prefill_slowdown_per_decoding=0.5, decode_slowdown_per_prefill=1.0, first_token_overhead_s=0.1)
+    config = SimConfig(prefill=1, decode=1, policy="round_robin", layerwise=False, kv_bytes_per_token=0)
+    alone, shared = (simulate(trace, replace(config, host=h), FLAT).outcomes for h in (HostSharing(), host))
+    assert shared[0].ttft_s == pytest.approx(alone[0].ttft_s + 0.1)  # nothing decoding beside it
+    assert shared[1].ttft_s == pytest.approx(1.024 * 1.5 + 0.1)
+    # Steps of the first request that ran beside that prefill took twice as long.
+    assert shared[0].end_s - alone[0].end_s == pytest.approx(1.024 * 1.5 / 2, rel=0.02)
 
 
 def test_queueing_and_cache_reuse_on_one_instance():
