@@ -279,7 +279,8 @@ def _bench_fidelity(args: argparse.Namespace) -> int:
         pool_blocks=args.pool_blocks, kv_bytes_per_token=meta["kv_bytes_per_token"], bandwidth_gbps=meta["transfer_GBps"],
         slo_ttft_s=1e9, slo_tbt_s=1e9,
     )
-    result = fidelity(args.url, trace, options, config, load_predictor(profile))
+    run = fidelity(args.url, trace, options, config, load_predictor(profile))
+    result = run.result
     h = result["host"]
     print(f"host sharing (calibrated live): prefill ×{h['prefill_scale']:.2f} the profile, +{h['prefill_slowdown_per_decoding']:.1%} per request decoding, "
           f"decode step +{h['decode_slowdown_per_prefill']:.1%} per prefill running, first-token overhead "
@@ -288,6 +289,13 @@ def _bench_fidelity(args: argparse.Namespace) -> int:
         print(f"{key:>12}: live {c['live'] * 1e3:8.2f} ms   sim {c['sim'] * 1e3:8.2f} ms   sim/live {c['sim_over_live']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    if args.plot_dir:
+        from yuebing.replay import plot_pairs
+        from yuebing.sim import plot_cdfs
+
+        Path(args.plot_dir).mkdir(parents=True, exist_ok=True)
+        print("wrote", plot_cdfs({"live": run.live, "simulated": run.simulated}, str(Path(args.plot_dir) / "fidelity_cdf.png")))
+        print("wrote", plot_pairs(run, str(Path(args.plot_dir) / "fidelity_pairs.png")))
     return 0
 
 
@@ -376,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     bf.add_argument("--policy", default="round_robin", help="the live cluster's policy")
     bf.add_argument("--pool-blocks", type=int, default=2048, help="prefix-cache blocks per prefill engine")
     bf.add_argument("--profile", default="", help="the live profile (default: the shipped one)")
+    bf.add_argument("--plot-dir", default="", help="write TTFT/TBT CDFs and per-request live-vs-sim plots here")
     bf.set_defaults(func=_bench_fidelity)
 
     sp = sub.add_parser("sim", help="simulate a cluster replaying a trace (policies from the Conductor)")

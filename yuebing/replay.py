@@ -217,7 +217,14 @@ async def calibrate(
     )
 
 
-def fidelity(url: str, trace: Sequence[TraceRequest], options: ReplayOptions, sim_config, predictor) -> dict:
+@dataclasses.dataclass
+class Fidelity:
+    result: dict  # what --json writes: live and simulated summaries, their ratios, the calibration
+    live: list[Outcome]  # per request, in trace order
+    simulated: list[Outcome]
+
+
+def fidelity(url: str, trace: Sequence[TraceRequest], options: ReplayOptions, sim_config, predictor) -> Fidelity:
     """The same trace on the live cluster and in the simulator: mean TTFT and TBT
     side by side. The simulator gets the host-sharing figures `calibrate` measures."""
     from yuebing.metrics import summarize
@@ -227,7 +234,8 @@ def fidelity(url: str, trace: Sequence[TraceRequest], options: ReplayOptions, si
     sim_config = dataclasses.replace(sim_config, host=host)
     outcomes, wall = asyncio.run(replay(url, trace, options))
     live = summarize(outcomes, wall)
-    simulated = simulate(trace, sim_config, predictor).result
+    run = simulate(trace, sim_config, predictor)
+    simulated = run.result
     compare = {}
     for key, live_value, sim_value in (
         ("ttft_mean_s", live["ttft_s"]["mean"], simulated["ttft_s"]["mean"]),
@@ -235,4 +243,31 @@ def fidelity(url: str, trace: Sequence[TraceRequest], options: ReplayOptions, si
     ):
         compare[key] = {"live": live_value, "sim": sim_value, "sim_over_live": sim_value / live_value if live_value else 0.0}
     simulated.pop("load_over_time")
-    return {"live": live, "sim": simulated, "compare": compare, "requests": len(trace), "host": dataclasses.asdict(host)}
+    result = {"live": live, "sim": simulated, "compare": compare, "requests": len(trace), "host": dataclasses.asdict(host)}
+    return Fidelity(result, outcomes, run.outcomes)
+
+
+def plot_pairs(f: Fidelity, path: str) -> str:
+    """Each request's TTFT and mean TBT, simulated against live: points off the
+    diagonal show where (in which requests, at which load) the simulator errs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = [(a, b) for a, b in zip(f.live, f.simulated) if a.completed and b.completed]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, (name, scale, get) in zip(axes, (("TTFT (s)", 1.0, lambda o: o.ttft_s), ("mean TBT (ms)", 1e3, lambda o: o.tbt_mean_s))):
+        xs = [get(a) * scale for a, _ in pairs]
+        ys = [get(b) * scale for _, b in pairs]
+        top = max(xs + ys, default=1.0) * 1.05
+        ax.scatter(xs, ys, s=12, c=[a.arrival_s for a, _ in pairs], cmap="viridis")
+        ax.plot([0, top], [0, top], color="grey", lw=0.8)
+        for k in (0.85, 1.15):
+            ax.plot([0, top], [0, top * k], color="grey", lw=0.5, ls=":")
+        ax.set(xlabel=f"live {name}", ylabel=f"simulated {name}", xlim=(0, top), ylim=(0, top),
+               title=f"{name.split(' (')[0]}: per request (colour: arrival), ±15 % dotted")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

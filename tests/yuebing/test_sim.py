@@ -99,3 +99,13 @@ def test_global_pool_hits_more_and_prefills_less_than_local_caches(name, trace):
     assert pooled["cache_hit_rate"] > local["cache_hit_rate"]
     assert pooled["prefill_busy_s"] < local["prefill_busy_s"]
     assert pooled["replicas"]["mean"] > local["replicas"]["mean"]  # hot blocks spread
+
+
+def test_plots_are_written_as_png(tmp_path):
+    from yuebing.sim import plot
+
+    trace = [TraceRequest(float(i * 100), 600, 5, (i, i + 1000)) for i in range(6)]
+    runs = [simulate(trace, SimConfig(prefill=1, decode=1, policy=p, kv_bytes_per_token=0, sample_every_s=0.1), FLAT)
+            for p in ("round_robin", "cache_aware")]
+    paths = plot(runs, str(tmp_path))
+    assert paths and all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
