@@ -74,7 +74,6 @@ def kv_transfer_config(config: ClusterConfig, node: str):  # -> vllm KVTransferC
     )
 
 
-
 def limit_idle_spin(seconds: float | None = None) -> None:
     """vLLM's engine and worker processes hand each other work through shared-memory
     queues whose readers busy-wait (sched_yield) for a hard-coded 1 s after every
@@ -110,8 +109,7 @@ def limit_idle_spin(seconds: float | None = None) -> None:
 
     def wait(self, timeout_ms: int | None = None) -> None:
         self.busy_loop_s = min(self.busy_loop_s, seconds)
-        poll_ms = int(os.environ.get("YUEBING_IDLE_POLL_MS", IDLE_POLL_MS))
-        original(self, poll_ms if timeout_ms is None else min(timeout_ms, poll_ms))
+        original(self, IDLE_POLL_MS if timeout_ms is None else min(timeout_ms, IDLE_POLL_MS))
 
     wait.__wrapped__ = original  # type: ignore[attr-defined]
     wait.yuebing_limit = seconds  # type: ignore[attr-defined]
