@@ -33,3 +33,16 @@ def test_a_sleeping_queue_reader_rechecks_without_a_notification(monkeypatch):
         for s in (writer.local_notify_socket, reader.local_notify_socket, reader.read_cancel_socket, reader.write_cancel_socket):
             s.close(linger=0)
         context.term()
+
+
+def test_vllm_loads_the_spin_cap_as_a_general_plugin(monkeypatch):
+    # The cap reaches vLLM's spawned processes only as a plugin that vLLM itself
+    # loads there: an install without the entry point would bring the stalls back.
+    plugins = pytest.importorskip("vllm.plugins")
+    shm_broadcast = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
+    monkeypatch.setattr(shm_broadcast.SpinCondition, "wait", shm_broadcast.SpinCondition.wait)
+    monkeypatch.setenv(SPIN_ENV, "0.003")
+    loaded = plugins.load_plugins_by_group(group=plugins.DEFAULT_PLUGINS_GROUP)
+    assert loaded.get("yuebing_idle_spin") is limit_idle_spin
+    loaded["yuebing_idle_spin"]()
+    assert shm_broadcast.SpinCondition.wait.yuebing_limit == 0.003
