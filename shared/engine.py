@@ -68,7 +68,7 @@ def kv_transfer_config(config: ClusterConfig, node: str):  # -> vllm KVTransferC
             "kv_dir": config.kv_root,
             "node": node,
             "block_size": config.block_size,
-            "salt": config.served_model_name,
+            "salt": config.model_salt.decode(),  # the gateway's and the Conductor's block-hash salt
             "model": config.served_model_name,
         },
     )

@@ -182,11 +182,11 @@ class Cancel(Message):
 # --- messengers --------------------------------------------------------------
 class MessengerCommand(Message):
     """stats: report counters; snapshot: list every block held (a KvSnapshot);
-    pull: fetch `hashes` from `node`'s messenger into this node's pool; send: push
-    `hashes` to `node` (what a pull asks the holder); fault: corrupt the payload of
-    the next `corrupt_next` layers sent (fault injection for tests only)."""
+    send: push the leading `hashes` held here to `node` (what a prefill that pulls
+    asks the holder); fault: corrupt the payload of the next `corrupt_next` layers
+    sent (fault injection for tests only)."""
 
-    op: Literal["stats", "snapshot", "pull", "send", "fault"]
+    op: Literal["stats", "snapshot", "send", "fault"]
     node: str = ""
     hashes: list[str] = []
     corrupt_next: int = 0
@@ -195,7 +195,7 @@ class MessengerCommand(Message):
 class MessengerAck(Message):
     ok: bool
     error: str = ""
-    blocks: int = 0  # pull/send: blocks that are on their way
+    blocks: int = 0  # send: blocks that are on their way
 
 
 Tier = Literal["dram", "ssd"]

@@ -58,20 +58,13 @@ async def replay(url: str, trace: Sequence[TraceRequest], options: ReplayOptions
     """Send every request at its timestamp; returns the outcomes and the wall time."""
     from tqdm import tqdm
 
-    headers = {"Content-Type": "application/json"}
-    if options.api_key:
-        headers["Authorization"] = f"Bearer {options.api_key}"
-    if options.slo_ttft_ms:
-        headers["x-yuebing-slo-ttft-ms"] = str(options.slo_ttft_ms)
-    if options.slo_tbt_ms:
-        headers["x-yuebing-slo-tbt-ms"] = str(options.slo_tbt_ms)
     limit = asyncio.Semaphore(options.concurrency)
     bar = tqdm(total=len(trace), desc="replay", unit="req", disable=not options.progress)
     timeout = aiohttp.ClientTimeout(total=options.timeout_s)
     # aiohttp's default pool of 100 connections would queue requests behind our own
     # limit and hide that wait from the measured TTFT.
     connector = aiohttp.TCPConnector(limit=options.concurrency)
-    async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector) as session:
+    async with aiohttp.ClientSession(headers=_headers(options), timeout=timeout, connector=connector) as session:
         start = time.monotonic()
 
         async def run(req: TraceRequest) -> Outcome:
@@ -110,6 +103,17 @@ async def _one(session: aiohttp.ClientSession, url: str, req: TraceRequest, opti
     gaps = [b - a for a, b in zip(token_times, token_times[1:])]
     outcome.tbt_mean_s, outcome.tbt_p90_s, outcome.tbt_tail_s = gap_stats(gaps)
     return outcome
+
+
+def _headers(options: ReplayOptions) -> dict[str, str]:
+    headers = {"Content-Type": "application/json"}
+    if options.api_key:
+        headers["Authorization"] = f"Bearer {options.api_key}"
+    if options.slo_ttft_ms:
+        headers["x-yuebing-slo-ttft-ms"] = str(options.slo_ttft_ms)
+    if options.slo_tbt_ms:
+        headers["x-yuebing-slo-tbt-ms"] = str(options.slo_tbt_ms)
+    return headers
 
 
 def _body(options: ReplayOptions, prompt: list[int], max_tokens: int) -> dict:
@@ -179,7 +183,7 @@ async def calibrate(
         return times[0] - sent
 
     timeout = aiohttp.ClientTimeout(total=options.timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(headers=_headers(options), timeout=timeout) as session:
         for _ in range(2):  # warm-up: first requests pay one-off costs
             await ttft(session, long_prompt)
         sizes = (long_prompt // 4, long_prompt)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -33,13 +32,11 @@ from shared.kv_wire import (
     note_decoder,
     written_endpoint,
 )
-from shared.liveness import Registry
 from shared.messages import (
     HEARTBEAT,
     KV_EVENTS,
     Heartbeat,
     Message,
-    MessageError,
     MessengerAck,
     MessengerCommand,
     encode,
@@ -86,12 +83,10 @@ class LocalSockets:
 
 
 class MessengerService:
-    def __init__(self, config: ClusterConfig, node: str, messenger: Messenger, sockets: LocalSockets) -> None:
-        self.config = config
+    def __init__(self, node: str, messenger: Messenger, sockets: LocalSockets) -> None:
         self.node = node
         self.messenger = messenger
         self.sockets = sockets
-        self.registry = Registry(config.liveness_timeout_s)
         self.tasks: list[asyncio.Task[None]] = []
         self.nc: Client | None = None
 
@@ -137,7 +132,7 @@ class MessengerService:
             await self.sockets.events.send(control_encoder.encode(event))
         if self.nc is not None:
             for kv in self.messenger.take_kv_events():
-                await self.nc.publish(KV_EVENTS, encode(kv))
+                await bus.publish(self.nc, KV_EVENTS, kv)
 
     async def on_heartbeat(self, hb: Heartbeat, _msg: object) -> None:
         if hb.role != "messenger" or not hb.endpoint or hb.node == self.node:
@@ -146,7 +141,6 @@ class MessengerService:
             log.info("peer messenger", node=hb.node, endpoint=hb.endpoint)
             self.messenger.peers[hb.node] = hb.endpoint
             self.messenger.transport.connect(hb.endpoint)
-        self.registry.observe(hb, time.monotonic())
 
     async def on_command(self, cmd: MessengerCommand, msg: Msg) -> None:
         try:
@@ -158,8 +152,6 @@ class MessengerService:
             reply: Message = self.messenger.snapshot()
         elif cmd.op == "send":
             reply = MessengerAck(ok=True, blocks=self.messenger.send_to(cmd.node, hashes))
-        elif cmd.op == "pull":
-            reply = await self._pull(cmd.node, cmd.hashes)
         else:
             if cmd.op == "fault":
                 self.messenger.corrupt_next = max(0, cmd.corrupt_next)
@@ -167,17 +159,6 @@ class MessengerService:
             reply = self.messenger.stats()
         await self._flush_events()
         await msg.respond(encode(reply))
-
-    async def _pull(self, holder: str, hashes: list[str]) -> MessengerAck:
-        """Ask `holder`'s messenger to send these blocks here; they arrive as transfers."""
-        if self.nc is None or holder == self.node:
-            return MessengerAck(ok=False, error="nothing to pull from")
-        ask = MessengerCommand(op="send", node=self.node, hashes=hashes)
-        try:
-            return await bus.request(self.nc, messenger_subject(holder), ask, MessengerAck, timeout=1.0)
-        except (TimeoutError, MessageError) as e:
-            log.warning("pull failed", holder=holder, error=str(e))
-            return MessengerAck(ok=False, error=f"{holder}: {e}")
 
     async def close(self) -> None:
         for task in self.tasks:
@@ -200,7 +181,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     transport = ZmqTransport(args.host, args.port, args.advertise_host)
     messenger = Messenger(args.node, config.kv_root, pool_options(config, args), transport)
     sockets = LocalSockets(config.kv_root, args.node)
-    svc = MessengerService(config, args.node, messenger, sockets)
+    svc = MessengerService(args.node, messenger, sockets)
     svc.start()
     if args.metrics_port:
         metrics.serve(messenger.stats, args.metrics_port, args.host)

@@ -21,7 +21,7 @@ import structlog
 from services.messenger.pool import BlockPool, Slot, State
 from services.messenger.ssd import SsdTier
 from services.messenger.transport import Transport
-from shared.kv_pool import Geometry, Header, PoolFile, checksum, model_id
+from shared.kv_pool import Header, PoolFile, checksum, model_id
 from shared.kv_wire import (
     NO_ROOM,
     Note,

@@ -57,13 +57,14 @@ class Prefiller:
         await bus.publish(self.instance.nc, REQUEST_EVENTS, event)
 
     async def _pull(self, req: PrefillRequest) -> int:
-        """Ask this node's messenger to fetch the prompt's first blocks from
-        `req.pull_from`; returns how many leading blocks are on their way."""
+        """Ask the messenger of node `req.pull_from` to send the prompt's first blocks
+        to this node's pool; returns how many leading blocks are on their way."""
         config = self.instance.config
-        hashes = hex_hashes(req.prompt_token_ids, config.block_size, config.model_salt)[: req.pull_blocks]
-        ask = MessengerCommand(op="pull", node=req.pull_from, hashes=hashes)
+        bs = config.block_size
+        hashes = hex_hashes(req.prompt_token_ids[: req.pull_blocks * bs], bs, config.model_salt)
+        ask = MessengerCommand(op="send", node=self.instance.node, hashes=hashes)
         try:
-            ack = await bus.request(self.instance.nc, messenger_subject(self.instance.node), ask, MessengerAck, timeout=1.0)
+            ack = await bus.request(self.instance.nc, messenger_subject(req.pull_from), ask, MessengerAck, timeout=1.0)
         except (TimeoutError, MessageError) as e:
             log.warning("pull failed: computing instead", holder=req.pull_from, error=str(e))
             return 0
