@@ -74,7 +74,7 @@ def kv_transfer_config(config: ClusterConfig, node: str):  # -> vllm KVTransferC
     )
 
 
-def limit_idle_spin(seconds: float | None = None) -> None:
+def limit_idle_spin() -> None:
     """vLLM's engine and worker processes hand each other work through shared-memory
     queues whose readers busy-wait (sched_yield) for a hard-coded 1 s after every
     message. Where engines share cores that steals the CPU from whichever engine has
@@ -94,12 +94,10 @@ def limit_idle_spin(seconds: float | None = None) -> None:
     and it takes the limit from the environment they inherit (engine_environment).
     Any vLLM started from this environment gets it, the baselines the benchmarks
     compare against included, so comparisons are engine against the same engine."""
-    if seconds is None:
-        value = os.environ.get(SPIN_ENV)
-        if value is None:
-            return
-        seconds = float(value)
-    os.environ[SPIN_ENV] = str(seconds)
+    value = os.environ.get(SPIN_ENV)
+    if value is None:
+        return
+    seconds = float(value)
     from vllm.distributed.device_communicators import shm_broadcast
 
     condition = shm_broadcast.SpinCondition

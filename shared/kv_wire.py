@@ -80,7 +80,6 @@ class Reply(msgspec.Struct, kw_only=True):
     pool_id: str = ""  # changes when the messenger restarts: remap the pool file
     pool_path: str = ""
     pool_slots: int = 0
-    geometry: Geometry | None = None
     slots: list[int] = []
     ready: list[bytes] = []
 

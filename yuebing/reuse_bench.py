@@ -51,34 +51,29 @@ class CaseResult:
     samples: list[Sample]
 
 
-async def run_case(session, url: str, model: str, case: Case, prompt_tokens: int, repeats: int, rnd: random.Random,
-                   last: list[str]) -> list[Sample]:
-    """`last` holds the prefill instance the previous request went to (round robin)."""
+async def run_case(session, url: str, model: str, case: Case, prompt_tokens: int, repeats: int, rnd: random.Random) -> list[Sample]:
     samples = []
     for _ in range(repeats):
         prompt = [rnd.randrange(32, 127) for _ in range(prompt_tokens)]
         cached_blocks = int(prompt_tokens // BLOCK * case.share)
         if cached_blocks:
             warm = prompt[: cached_blocks * BLOCK] + [rnd.randrange(32, 127) for _ in range(BLOCK // 2)]
-            last[0] = (await measure_one(session, url, model, warm)).prefill_instance
+            await measure_one(session, url, model, warm)
             if not case.remote:  # one filler so that round robin comes back to the warm-up's instance
                 filler = [rnd.randrange(32, 127) for _ in range(BLOCK // 2)]
-                last[0] = (await measure_one(session, url, model, filler)).prefill_instance
-        sample = await measure_one(session, url, model, prompt)
-        last[0] = sample.prefill_instance
-        samples.append(sample)
+                await measure_one(session, url, model, filler)
+        samples.append(await measure_one(session, url, model, prompt))
     return samples
 
 
 async def measure_cases(url: str, model: str, prompt_tokens: int, repeats: int, progress) -> list[CaseResult]:
     rnd = random.Random(7)
-    last = [""]
     results: list[CaseResult] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
         for _ in range(3):  # warm-up: first long prompts pay for allocations
             await measure_one(session, url, model, [rnd.randrange(32, 127) for _ in range(prompt_tokens)])
         for case in CASES:
-            samples = await run_case(session, url, model, case, prompt_tokens, repeats, rnd, last)
+            samples = await run_case(session, url, model, case, prompt_tokens, repeats, rnd)
             ttft = statistics.median(s.ttft_s for s in samples) * 1e3
             cold = results[0].ttft_ms if results else ttft
             cached = int(statistics.median(s.cached_tokens for s in samples))

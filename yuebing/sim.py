@@ -218,6 +218,7 @@ class Simulation:
         inst.queue.append(r)
         if not inst.busy:
             self._start_prefill(inst)
+            self._host_changed()  # one more prefill running
 
     # --- prefill ------------------------------------------------------------
     def _prefill_seconds(self, r: SimRequest) -> float:
@@ -236,11 +237,12 @@ class Simulation:
     def _start_prefill(self, inst: PrefillInstance) -> None:
         r = inst.queue.popleft()
         seconds = self._prefill_seconds(r)
-        decoding = sum(len(d.batch) for d in self.decodes.values())
-        seconds *= self.config.host.prefill_scale * (1 + self.config.host.prefill_slowdown_per_decoding * decoding)
+        host = self.config.host
+        if host.prefill_slowdown_per_decoding:
+            seconds *= 1 + host.prefill_slowdown_per_decoding * sum(len(d.batch) for d in self.decodes.values())
+        seconds *= host.prefill_scale
         inst.busy, inst.busy_s = True, inst.busy_s + seconds
         self.at(self.now + seconds, "prefill_done", r)
-        self._host_changed()
 
     def _prefill_done(self, r: SimRequest, _v: int) -> None:
         inst = self.prefills[r.prefill_id]
@@ -248,7 +250,7 @@ class Simulation:
         if inst.queue:
             self._start_prefill(inst)
         else:
-            self._host_changed()
+            self._host_changed()  # one prefill fewer
         self.state.prefill_done(r.rid, self.now)
         r.first_token_at = self.now
         r.outcome.ttft_s = self.now - r.arrival + self.config.host.first_token_overhead_s

@@ -34,9 +34,6 @@ from shared.kv_wire import BlockEvent, Hello, Reserve, Written, event_decoder, e
 from shared.messages import MessengerCommand, MessengerStats, decode, encode, messenger_subject
 from yuebing.launcher import free_port, wait_for_port
 
-KIB = 1024
-DEFAULT_SIZES = [64 * KIB, 256 * KIB, 1024 * KIB, 4096 * KIB, 16384 * KIB]
-
 
 @dataclass(frozen=True)
 class TransferResult:
@@ -165,7 +162,7 @@ def hello(client: MessengerClient, geometry: Geometry, timeout_s: float = 30.0):
     raise RuntimeError("messenger did not answer hello")
 
 
-def measure(block_bytes: int, total_bytes: int, work: Path) -> TransferResult:
+def measure(block_bytes: int, total_bytes: int, work: Path, copy_gbps: float) -> TransferResult:
     blocks = max(4, total_bytes // block_bytes)
     geometry = Geometry(layers=1, shape=(1, 1, block_bytes), dtype="uint8", itemsize=1, layout="bytes")
     pool_bytes = (blocks + 2) * geometry.slot_bytes
@@ -208,16 +205,16 @@ def measure(block_bytes: int, total_bytes: int, work: Path) -> TransferResult:
         pool.close()
     moved = blocks * block_bytes
     gbps = moved / seconds / 1e9
-    copy = memcpy_gbps(min(moved, 256 << 20))
-    return TransferResult(block_bytes, blocks, seconds, gbps, copy, gbps / copy, zmq_gbps(block_bytes, blocks))
+    return TransferResult(block_bytes, blocks, seconds, gbps, copy_gbps, gbps / copy_gbps, zmq_gbps(block_bytes, blocks))
 
 
 def run(sizes: list[int], total_bytes: int, progress=print) -> list[TransferResult]:
     results = []
+    copy = memcpy_gbps(min(total_bytes, 256 << 20))  # the same bytes for every block size
     for size in sizes:
         work = Path(tempfile.mkdtemp(prefix="yuebing-xfer-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
         try:
-            results.append(measure(size, total_bytes, work))
+            results.append(measure(size, total_bytes, work, copy))
             r = results[-1]
             progress(f"  {_size(size):>8}: {r.gbps:6.2f} GB/s  ({r.ratio:.2f} × memcpy {r.memcpy_gbps:.2f} GB/s; "
                      f"bare ZeroMQ {r.zmq_gbps:.2f} GB/s)")
@@ -241,5 +238,5 @@ def table(results: list[TransferResult]) -> str:
     return "\n".join(lines)
 
 
-def to_json(results: list[TransferResult], transport: str = "zmq-tcp-loopback") -> dict:
-    return {"transport": transport, "results": [asdict(r) for r in results]}
+def to_json(results: list[TransferResult]) -> dict:
+    return {"transport": "zmq-tcp-loopback", "results": [asdict(r) for r in results]}

@@ -13,11 +13,24 @@ the messengers' KV events and snapshots.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 
 # A block's name: its chained hash (hex) in the cluster, a trace's hash id in the simulator.
 BlockId = Hashable
 
+
+def leading_run(hashes: Sequence[BlockId], holders: Mapping[BlockId, Collection[str]], candidates: Iterable[str]) -> dict[str, int]:
+    """For each candidate, how many leading blocks of `hashes` it holds, given each
+    block's holders."""
+    result = dict.fromkeys(candidates, 0)
+    alive = set(result)
+    for depth, h in enumerate(hashes):
+        alive.intersection_update(holders.get(h, ()))
+        if not alive:
+            break
+        for c in alive:
+            result[c] = depth + 1
+    return result
 
 class PrefixIndex:
     def __init__(self, capacity_blocks: int) -> None:
@@ -54,15 +67,7 @@ class PrefixIndex:
 
     def prefix_blocks(self, hashes: Sequence[BlockId], instances: Iterable[str]) -> dict[str, int]:
         """For each instance, how many leading blocks of `hashes` it holds."""
-        result = dict.fromkeys(instances, 0)
-        alive = set(result)
-        for depth, h in enumerate(hashes):
-            alive &= self._holders.get(h, set())
-            if not alive:
-                break
-            for iid in alive:
-                result[iid] = depth + 1
-        return result
+        return leading_run(hashes, self._holders, instances)
 
     def used_blocks(self, instance_id: str) -> int:
         return len(self._lru.get(instance_id, ()))
@@ -125,15 +130,7 @@ class PoolIndex:
 
     def prefix_blocks(self, hashes: Sequence[BlockId], nodes: Iterable[str]) -> dict[str, int]:
         """For each node, how many leading blocks of `hashes` its pool holds (any tier)."""
-        result = dict.fromkeys(nodes, 0)
-        alive = set(result)
-        for depth, h in enumerate(hashes):
-            alive &= set(self._tiers.get(h, ()))
-            if not alive:
-                break
-            for node in alive:
-                result[node] = depth + 1
-        return result
+        return leading_run(hashes, self._tiers, nodes)
 
     def replica_counts(self) -> list[int]:
         """For every indexed block, on how many nodes it is."""

@@ -187,7 +187,8 @@ class Gateway:
                     first_at = last_at
                     self.metrics.ttft.observe(first_at - start)
                     self.metrics.cached_tokens.inc(event.num_cached_tokens)
-                self.metrics.kv_loaded_tokens.inc(event.kv_loaded_tokens)
+                if event.kv_loaded_tokens:  # only decode's first chunk carries it
+                    self.metrics.kv_loaded_tokens.inc(event.kv_loaded_tokens)
                 delta = text.push(event.token_ids)
                 finish = event.finish_reason
                 if text.stopped:

@@ -34,14 +34,15 @@ from shared.kv_wire import (
     Reserve,
     Snapshot,
     Release,
+    WIRE_VERSION,
     Written,
+    control_encoder,
     frame_decoder,
     pool_path,
 )
 from shared.messages import KvEvent, KvSnapshot, MessengerStats, Tier
 
 log = structlog.get_logger(__name__)
-_encode = msgspec.msgpack.Encoder().encode
 FAILED_MEMORY_S = 30.0  # layers of a block that failed are ignored this long
 
 
@@ -59,9 +60,7 @@ class Messenger:
         self.node = node
         self.kv_dir = kv_dir
         self.options = options
-        self.pool_bytes = options.pool_bytes
         self.transport = transport
-        self.stream_layers = options.stream_layers
         self.ssd: SsdTier | None = None
         self.file: PoolFile | None = None
         self.pool: BlockPool | None = None
@@ -92,9 +91,9 @@ class Messenger:
     def _hello(self, hello: Hello) -> Reply:
         if self.file is None:
             Path(self.kv_dir).mkdir(parents=True, exist_ok=True)
-            slots = self.pool_bytes // hello.geometry.slot_bytes
+            slots = self.options.pool_bytes // hello.geometry.slot_bytes
             if slots < 1:
-                return Reply(ok=False, error=f"pool_bytes {self.pool_bytes} holds no block of {hello.geometry.slot_bytes} bytes")
+                return Reply(ok=False, error=f"pool_bytes {self.options.pool_bytes} holds no block of {hello.geometry.slot_bytes} bytes")
             path = pool_path(self.kv_dir, self.node)
             self.file = PoolFile(path, hello.geometry, slots, create=True)
             self.pool = BlockPool(slots, hello.geometry.layers, eviction=self.options.eviction)
@@ -108,7 +107,7 @@ class Messenger:
         elif hello.geometry != self.file.geometry or hello.model != self.model:
             return Reply(ok=False, error=f"this node's pool holds {self.model} blocks of {self.file.geometry}, "
                                          f"not {hello.model} blocks of {hello.geometry}")
-        return Reply(pool_id=self.pool_id, pool_path=str(self.file.path), pool_slots=self.file.slots, geometry=self.file.geometry)
+        return Reply(pool_id=self.pool_id, pool_path=str(self.file.path), pool_slots=self.file.slots)
 
     def _reserve(self, r: Reserve) -> Reply:
         assert self.pool is not None
@@ -185,8 +184,8 @@ class Messenger:
             self._send_block(slot, dest)
             return
         slot.dests.add(dest)
-        if self.stream_layers:
-            for layer in sorted(slot.arrived):
+        if self.options.stream_layers:
+            for layer in sorted(slot.checksums):
                 self._send_layer(slot, layer, dest)
 
     # --- engines (notes socket) ------------------------------------------------------
@@ -213,19 +212,21 @@ class Messenger:
         outcome = self.pool.layer_arrived(slot, layer, layer_sum, good)
         if outcome == "failed":
             self.counters.checksum_failures += 1
-            self._failed[block_hash] = time.monotonic()
+            now = time.monotonic()
+            self._failed = {h: t for h, t in self._failed.items() if now - t < FAILED_MEMORY_S}
+            self._failed[block_hash] = now
             self.events.append(BlockEvent(kind="failed", pool_id=self.pool_id, hashes=[block_hash]))
             log.warning("block failed its checksum: dropped", block=block_hash.hex()[:16], layer=layer)
             return
         if outcome == "ignored":
             return
-        if self.stream_layers:
+        if self.options.stream_layers:
             for dest in dests:
                 self._send_layer(slot, layer, dest)
         if outcome == "ready":
             self.file.write_header(slot.index, Header(block_hash, model_id(self.model), self.file.geometry,
                                                       [slot.checksums[i] for i in range(self.pool.layers)]))
-            if not self.stream_layers:
+            if not self.options.stream_layers:
                 for dest in dests:
                     self._send_block(slot, dest)
             slot.dests.clear()
@@ -244,7 +245,7 @@ class Messenger:
             self.counters.sends_dropped += 1
             log.warning("no messenger known for node", node=dest)
             return
-        header = _encode(LayerFrame(block_hash=slot.block_hash, layer=layer, checksum=slot.checksums[layer],
+        header = control_encoder.encode(LayerFrame(block_hash=slot.block_hash, layer=layer, checksum=slot.checksums[layer],
                                     geometry=self.file.geometry, model=self.model))
         payload: memoryview | bytes = self.file.layer(slot.index, layer)
         if self.corrupt_next > 0:
@@ -268,7 +269,8 @@ class Messenger:
         except msgspec.DecodeError as e:
             log.warning("bad transfer frame dropped", error=str(e))
             return
-        if frame.geometry != self.file.geometry or frame.model != self.model or len(payload) != self.file.geometry.layer_bytes:
+        if (frame.v != WIRE_VERSION or frame.geometry != self.file.geometry or frame.model != self.model
+                or len(payload) != self.file.geometry.layer_bytes):
             log.warning("transfer frame for another geometry dropped", model=frame.model)
             return
         now = time.monotonic()

@@ -32,8 +32,7 @@ class Slot:
     index: int
     state: State = State.FREE
     block_hash: bytes = b""
-    arrived: set[int] = field(default_factory=set)  # layers in, checksum verified
-    checksums: dict[int, int] = field(default_factory=dict)
+    checksums: dict[int, int] = field(default_factory=dict)  # layers in, checksum verified
     owners: set[str] = field(default_factory=set)  # pins
     dests: set[str] = field(default_factory=set)  # nodes that want this block
     since: float = 0.0  # when it started filling
@@ -99,9 +98,8 @@ class BlockPool:
         if not good:
             self.drop(slot)
             return "failed"
-        slot.arrived.add(layer)
         slot.checksums[layer] = checksum
-        if len(slot.arrived) < self.layers:
+        if len(slot.checksums) < self.layers:
             return "partial"
         slot.state = State.READY
         self.lru[slot.index] = None
@@ -164,10 +162,14 @@ class BlockPool:
     def _victim(self, now: float) -> int | None:
         if self.free:
             return self.free.pop()
-        candidates = [i for i in self.lru if not self.slots[i].owners]
-        if candidates:
-            # lru: the OrderedDict's order; lfu: fewest uses, ties to the least recent.
-            index = candidates[0] if self.eviction == "lru" else min(candidates, key=lambda i: self.slots[i].uses)
+        # lru: the first unpinned in the OrderedDict's order; lfu: fewest uses, ties to
+        # the least recent.
+        unpinned = (i for i in self.lru if not self.slots[i].owners)
+        if self.eviction == "lru":
+            index = next(unpinned, None)
+        else:
+            index = min(unpinned, key=lambda i: self.slots[i].uses, default=None)
+        if index is not None:
             self.evicted.append((self.slots[index].block_hash, index))
             self.drop(self.slots[index])
             return self.free.pop()

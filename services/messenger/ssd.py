@@ -67,7 +67,7 @@ class SsdTier:
             return None
         try:
             data = self._file(block_hash).read_bytes()
-            header = self._check_header(data, block_hash)
+            header = self._check_header(data[:HEADER_BYTES], len(data), block_hash)
             g = self.geometry
             for layer, expected in enumerate(header.layer_checksums):
                 start = g.layer_offset(layer)
@@ -79,14 +79,10 @@ class SsdTier:
         self.lru.move_to_end(block_hash)
         return data, header.layer_checksums
 
-    def remove(self, block_hash: bytes) -> None:
-        if self.lru.pop(block_hash, 0) is None:
-            self._file(block_hash).unlink(missing_ok=True)
-
-    def _check_header(self, data: bytes, block_hash: bytes) -> Header:
-        if len(data) != self.geometry.slot_bytes:
-            raise ValueError(f"size {len(data)}, expected {self.geometry.slot_bytes}")
-        header = Header.unpack(data[:HEADER_BYTES], self.geometry.itemsize, self.geometry.layout)
+    def _check_header(self, head: bytes, size: int, block_hash: bytes) -> Header:
+        if size != self.geometry.slot_bytes:
+            raise ValueError(f"size {size}, expected {self.geometry.slot_bytes}")
+        header = Header.unpack(head, self.geometry.itemsize, self.geometry.layout)
         if header.block_hash != block_hash or header.model != self.model or header.geometry != self.geometry:
             raise ValueError("header does not match this pool's blocks")
         return header
@@ -99,11 +95,7 @@ class SsdTier:
                 block_hash = bytes.fromhex(f.stem)
                 with open(f, "rb") as fh:
                     head = fh.read(HEADER_BYTES)
-                if f.stat().st_size != self.geometry.slot_bytes:
-                    raise ValueError("wrong size")
-                header = Header.unpack(head, self.geometry.itemsize, self.geometry.layout)
-                if header.block_hash != block_hash or header.model != self.model or header.geometry != self.geometry:
-                    raise ValueError("header does not match this pool's blocks")
+                self._check_header(head, f.stat().st_size, block_hash)
             except (OSError, ValueError) as e:
                 log.warning("ssd block dropped", file=f.name, error=str(e))
                 self.dropped += 1

@@ -34,7 +34,8 @@ def test_calibration_measures_the_serving_path_against_the_profile(cluster):
     host = asyncio.run(calibrate(cluster.url, ReplayOptions(progress=False), predictor, long_prompt=512, streams=2,
                                  stream_tokens=400))
     # The serving engine runs the profile's curves within a small factor, behind a
-    # serving path that costs milliseconds, not seconds; sharing a host never speeds up.
-    assert 0.5 <= host.prefill_scale < 3.0
-    assert 0.0 <= host.first_token_overhead_s < 0.5 and 0.0 <= host.step_overhead_s < 0.05
-    assert host.prefill_slowdown_per_decoding >= 0.0 and host.decode_slowdown_per_prefill >= 0.0
+    # serving path that costs milliseconds, not seconds, and two engines sharing two
+    # cores slow each other by a share, not by multiples. (calibrate clamps the low ends.)
+    assert host.prefill_scale < 3.0
+    assert host.first_token_overhead_s < 0.5 and host.step_overhead_s < 0.05
+    assert host.prefill_slowdown_per_decoding < 1.0 and host.decode_slowdown_per_prefill < 3.0

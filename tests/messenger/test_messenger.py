@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 import pytest
 
 from services.messenger.messenger import Messenger, PoolOptions
 from shared.kv_pool import Geometry, checksum
-from shared.kv_wire import Hello, Pin, Reserve, Written
+from shared.kv_wire import Hello, Pin, Reserve, Written, control_encoder, frame_decoder
 
 GEOMETRY = Geometry(layers=3, shape=(1, 8, 8), dtype="uint8", itemsize=1, layout="x")
 
@@ -103,4 +104,11 @@ def test_frames_of_another_geometry_are_dropped(tmp_path):
     write_layer(a, slot, 0, 1)
     _, header, payload = a.transport.sent[0]
     b.received(header, memoryview(payload[:-1]))  # wrong length
+    frame = frame_decoder.decode(header)
+    for other in (msgspec.structs.replace(frame, geometry=msgspec.structs.replace(GEOMETRY, layout="y")),
+                  msgspec.structs.replace(frame, model="another model"),
+                  msgspec.structs.replace(frame, v=frame.v + 1)):
+        b.received(control_encoder.encode(other), memoryview(payload))
     assert b.take_events() == [] and b.stats().layers_in == 0
+    b.received(header, memoryview(payload))  # the frame itself is fine
+    assert b.stats().layers_in == 1

@@ -5,7 +5,7 @@ import time
 import pytest
 import zmq
 
-from shared.engine import IDLE_POLL_MS, SPIN_ENV, limit_idle_spin
+from shared.engine import SPIN_ENV, limit_idle_spin
 
 
 def test_a_sleeping_queue_reader_rechecks_without_a_notification(monkeypatch):
@@ -28,7 +28,6 @@ def test_a_sleeping_queue_reader_rechecks_without_a_notification(monkeypatch):
         reader.wait(timeout_ms=5000)  # what vLLM passes: its recheck interval
         assert time.monotonic() - started < 0.5
         assert reader.busy_loop_s == pytest.approx(0.001)
-        assert IDLE_POLL_MS <= 10
     finally:
         for s in (writer.local_notify_socket, reader.local_notify_socket, reader.read_cancel_socket, reader.write_cancel_socket):
             s.close(linger=0)

@@ -23,7 +23,5 @@ def test_transfer_bench_moves_every_block_and_writes_json(tmp_path):
     assert result["transport"] == "zmq-tcp-loopback"
     assert [r["block_bytes"] for r in result["results"]] == [64 * 1024, 1024 * 1024]
     for r in result["results"]:
-        assert r["blocks"] * r["block_bytes"] >= 16 << 20
         assert r["gbps"] > 0 and r["memcpy_gbps"] > 0 and r["zmq_gbps"] > 0
-        assert r["ratio"] == pytest.approx(r["gbps"] / r["memcpy_gbps"])
     assert "| 1 MiB |" in run.stdout
