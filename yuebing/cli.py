@@ -284,7 +284,8 @@ def _bench_fidelity(args: argparse.Namespace) -> int:
     h = result["host"]
     print(f"host sharing (calibrated live): prefill ×{h['prefill_scale']:.2f} the profile, +{h['prefill_slowdown_per_decoding']:.1%} per request decoding, "
           f"decode step +{h['decode_slowdown_per_prefill']:.1%} per prefill running, first-token overhead "
-          f"{h['first_token_overhead_s'] * 1e3:.1f} ms, step overhead {h['step_overhead_s'] * 1e3:.2f} ms")
+          f"{h['first_token_overhead_s'] * 1e3:.1f} ms, step overhead {h['step_overhead_s'] * 1e3:.2f} ms, "
+          f"join overhead {h['join_overhead_s'] * 1e3:.1f} ms")
     for key, c in result["compare"].items():
         print(f"{key:>12}: live {c['live'] * 1e3:8.2f} ms   sim {c['sim'] * 1e3:8.2f} ms   sim/live {c['sim_over_live']:.3f}")
     if args.json:

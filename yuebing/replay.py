@@ -164,6 +164,10 @@ async def calibrate(
       alone, fitted as overhead + scale × the profile's prefill time (the profile
       times an engine alone in-process; the serving engine saves KV as it goes);
     - step overhead: the mean gap of one decode stream alone, less the profile's step;
+    - join overhead: long prompts sent at once prefill one after another; with
+      max_tokens 2 each joins decode (KV load, tail, new sequence) while the next
+      prefills, with max_tokens 1 none does: the widening of the gaps between their
+      first tokens;
     - then `streams` decode streams run while long prompts are prefilled one after
       another: the prefills' slowdown against alone, per stream decoding, and the
       streams' gaps during a prefill against their gaps outside one.
@@ -182,6 +186,12 @@ async def calibrate(
                                f"does the model's context hold {long_prompt + stream_tokens} tokens?)")
         return times[0] - sent
 
+    async def burst_gaps(session: aiohttp.ClientSession, max_tokens: int, n: int = 5) -> list[float]:
+        bodies = [_body(options, prompt(long_prompt), max_tokens) for _ in range(n)]
+        runs = await asyncio.gather(*(_stream(session, url, b) for b in bodies))
+        firsts = sorted(times[0] for times in runs if times)
+        return [b - a for a, b in zip(firsts, firsts[1:])]
+
     timeout = aiohttp.ClientTimeout(total=options.timeout_s)
     async with aiohttp.ClientSession(headers=_headers(options), timeout=timeout) as session:
         for _ in range(2):  # warm-up: first requests pay one-off costs
@@ -192,6 +202,11 @@ async def calibrate(
         p_short, p_long = (predictor.prefill_s(n) for n in sizes)
         scale = max(0.5, (alone - t_short) / (p_long - p_short))
         overhead = max(0.0, alone - scale * p_long)
+        without, with_join = [], []
+        for _ in range(2):
+            without += await burst_gaps(session, 1)
+            with_join += await burst_gaps(session, 2)
+        join_overhead = statistics.median(with_join) - statistics.median(without) if without and with_join else 0.0
         # Decode streams attend to long prompts, as the traces' requests do: attention
         # over a long context competes with a prefill for memory bandwidth.
         stream = await _stream(session, url, _body(options, prompt(long_prompt), min(120, stream_tokens)))
@@ -218,6 +233,7 @@ async def calibrate(
         decode_slowdown_per_prefill=max(0.0, decode_slowdown),
         first_token_overhead_s=overhead,
         step_overhead_s=step_overhead,
+        join_overhead_s=max(0.0, join_overhead),
     )
 
 

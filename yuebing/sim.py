@@ -51,12 +51,15 @@ class HostSharing:
     prefill_scale: float = 1.0  # the serving engine's prefill time against the profile's
     first_token_overhead_s: float = 0.0  # serving path: arrival to prefill, first token back
     step_overhead_s: float = 0.0  # serving path: per decode step, token relay
+    # A request joining decode (its KV loaded, its tail computed, a new sequence set
+    # up, in processes beside the prefill engine's) delays the prefills running then.
+    join_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.prefill_scale <= 0:
             raise ValueError("prefill_scale must be positive")
         if min(self.prefill_slowdown_per_decoding, self.decode_slowdown_per_prefill,
-               self.first_token_overhead_s, self.step_overhead_s) < 0:
+               self.first_token_overhead_s, self.step_overhead_s, self.join_overhead_s) < 0:
             raise ValueError("host-sharing slowdowns and overheads cannot be negative")
 
 
@@ -119,6 +122,9 @@ class PrefillInstance:
     queue: deque[SimRequest] = field(default_factory=deque)
     busy: bool = False
     busy_s: float = 0.0
+    running: SimRequest | None = None
+    done_at: float = 0.0  # when the running prefill ends
+    version: int = 0  # invalidates a scheduled end when a join on the host delays it
 
 
 @dataclass
@@ -235,17 +241,26 @@ class Simulation:
         return total
 
     def _start_prefill(self, inst: PrefillInstance) -> None:
-        r = inst.queue.popleft()
+        r = inst.running = inst.queue.popleft()
         seconds = self._prefill_seconds(r)
         host = self.config.host
         if host.prefill_slowdown_per_decoding:
             seconds *= 1 + host.prefill_slowdown_per_decoding * sum(len(d.batch) for d in self.decodes.values())
         seconds *= host.prefill_scale
         inst.busy, inst.busy_s = True, inst.busy_s + seconds
-        self.at(self.now + seconds, "prefill_done", r)
+        inst.done_at, inst.version = self.now + seconds, inst.version + 1
+        self.at(inst.done_at, "prefill_done", r, inst.version)
 
-    def _prefill_done(self, r: SimRequest, _v: int) -> None:
+    def _delay_prefills(self, seconds: float) -> None:
+        for inst in self.prefills.values():
+            if inst.busy:
+                inst.done_at, inst.busy_s, inst.version = inst.done_at + seconds, inst.busy_s + seconds, inst.version + 1
+                self.at(inst.done_at, "prefill_done", inst.running, inst.version)
+
+    def _prefill_done(self, r: SimRequest, version: int) -> None:
         inst = self.prefills[r.prefill_id]
+        if version != inst.version:
+            return  # delayed by a join on the host, and rescheduled
         inst.busy = False
         if inst.queue:
             self._start_prefill(inst)
@@ -272,6 +287,8 @@ class Simulation:
         if r.remaining <= 0:
             self._finish(r)
             return
+        if self.config.host.join_overhead_s:
+            self._delay_prefills(self.config.host.join_overhead_s)
         r.ctx = r.trace.input_length + 1
         # Decode computes what no full pool block holds, the prompt's tail, beside the
         # first token in its next step: that step is longer for the whole batch (by the

@@ -44,13 +44,14 @@ def test_decode_items_start_at_prefill_end_and_leave_when_finished():
     assert s.decode_loads(now=3.0)[0].items == ()
 
 
-def test_a_request_decoding_past_its_predicted_end_still_counts_now():
+def test_a_request_decoding_past_its_predicted_end_is_predicted_another_t_d():
     s = state()
     assign(s, "r1", now=0.0, ttft=2.0)
     s.prefill_done("r1", now=2.0)  # predicted to decode until 7 s (t_d = 5 s)
     (dl,) = s.decode_loads(now=9.0)  # still running at 9 s: no "finished" yet
     assert dl.at(9.0)[0] == 1  # early rejection sees it
-    assert dl.at(9.5)[0] == 0  # and it is due to end any moment
+    assert dl.at(13.9)[0] == 1  # predictive admission sees it hold its slot
+    assert dl.at(14.0)[0] == 0  # for t_d more
 
 
 def test_window_forgets_old_work_and_index_remembers_blocks():

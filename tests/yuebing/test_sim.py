@@ -53,6 +53,17 @@ def test_a_shared_host_slows_prefill_beside_decode_and_decode_beside_prefill():
     assert shared[0].end_s - alone[0].end_s == pytest.approx(1.024 * 1.5 / 2, rel=0.02)
 
 
+
+def test_a_request_joining_decode_delays_the_prefill_running_beside_it():
+    # Both arrive at once: the second prefills (1.024-2.048 s) while the first joins
+    # decode (at 1.024 s); a one-token request never joins.
+    trace = [TraceRequest(0.0, 1024, 3, (1, 2)), TraceRequest(0.0, 1024, 3, (3, 4)), TraceRequest(0.0, 1024, 1, (5, 6))]
+    config = SimConfig(prefill=1, decode=1, policy="round_robin", layerwise=False, kv_bytes_per_token=0)
+    alone, shared = (simulate(trace, replace(config, host=HostSharing(join_overhead_s=j)), FLAT).outcomes for j in (0.0, 0.05))
+    assert shared[0].ttft_s == pytest.approx(alone[0].ttft_s)
+    assert shared[1].ttft_s == pytest.approx(alone[1].ttft_s + 0.05)
+    assert shared[2].ttft_s == pytest.approx(alone[2].ttft_s + 0.10)  # both joins fell in its wait or its prefill
+
 def test_queueing_and_cache_reuse_on_one_instance():
     # The second request shares the first's two full blocks and arrives while it runs.
     trace = [TraceRequest(0.0, 1100, 2, (1, 2, 3)), TraceRequest(100.0, 1100, 2, (1, 2, 4))]
