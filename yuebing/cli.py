@@ -138,12 +138,15 @@ def _bench_reuse(args: argparse.Namespace) -> int:
 
 def _sim(args: argparse.Namespace) -> int:
     import json
+    from dataclasses import replace
 
     from shared.predictor import load_predictor
     from yuebing import sim
 
     trace = _load_trace(args)
     predictor = load_predictor(args.profile, args.profile_model or None)
+    if args.prefill_time_scale != 1.0:  # a what-if on the profile: the Conductor and the instances alike see it
+        predictor = replace(predictor, prefill_coef=tuple(c * args.prefill_time_scale for c in predictor.prefill_coef))
     base = sim.SimConfig(
         prefill=args.prefill,
         decode=args.decode,
@@ -161,8 +164,6 @@ def _sim(args: argparse.Namespace) -> int:
         speed=args.speed,
         seed=args.seed,
     )
-    from dataclasses import replace
-
     policies, admissions = args.policy.split(","), args.admission.split(",")
     configs = [replace(base, policy=p, admission=a) for p in policies for a in admissions]
     if args.pd_total:  # P:D sweep at a fixed total, for the first policy/admission
@@ -411,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-layerwise", action="store_true", help="send KV only after the last layer")
     sp.add_argument("--chunk-tokens", type=int, default=0, help="prefill chunk size (0: whole prompt)")
     sp.add_argument("--max-batch", type=int, default=128, help="decode batch limit")
+    sp.add_argument("--prefill-time-scale", type=float, default=1.0,
+                    help="what-if: the profile's prefill times × this (e.g. 0.5: instances prefill twice as fast)")
     sp.add_argument("--decode-time", type=float, default=10.0, help="predictive admission's t_d, s")
     sp.add_argument("--plot-dir", help="write PNG plots here")
     sp.set_defaults(func=_sim)

@@ -277,7 +277,8 @@ class Scheduler:
         # Decode is chosen for when this request will be on it: from the end of its
         # prefill for t_d (Mooncake's uniform decode time), judged at its busiest, so
         # that admitting it cannot overfill a decode for requests admitted before.
-        # Admission judges that (predictive) or the decode pool's load now (early_reject).
+        # Admission judges that decode: as predicted (predictive) or as it is now
+        # (early_reject, which cannot see the lag between admission and decoding).
         decode, tbt = choose_decode(req, decodes, prefill_end, self.ctx, prefill_end + self.ctx.params.decode_time_s)
         if self.admission != "none":
             if choice.ttft_s > req.slo_ttft_s:
@@ -286,15 +287,15 @@ class Scheduler:
                     f"predicted TTFT {choice.ttft_s * 1e3:.0f} ms exceeds the SLO of {req.slo_ttft_s * 1e3:.0f} ms",
                     retry_after_s=choice.ttft_s - req.slo_ttft_s,
                 )
-            judged, judged_tbt = (decode, tbt) if self.admission == "predictive" else choose_decode(req, decodes, now, self.ctx)
-            if judged_tbt > req.slo_tbt_s:
-                when = prefill_end if self.admission == "predictive" else now
+            when = prefill_end if self.admission == "predictive" else now
+            judged = tbt if self.admission == "predictive" else tbt_at(decode, now, req, self.ctx)
+            if judged > req.slo_tbt_s:
                 return Rejection(
                     "overloaded",
-                    f"predicted TBT {judged_tbt * 1e3:.1f} ms on {judged.instance_id} exceeds the SLO of {req.slo_tbt_s * 1e3:.1f} ms"
-                    if judged_tbt < math.inf
-                    else f"no decode instance has room for it (best: {judged.instance_id})",
-                    retry_after_s=self._decode_drain_s(judged, when, now),
+                    f"predicted TBT {judged * 1e3:.1f} ms on {decode.instance_id} exceeds the SLO of {req.slo_tbt_s * 1e3:.1f} ms"
+                    if judged < math.inf
+                    else f"decode instance {decode.instance_id} has no room for it",
+                    retry_after_s=self._decode_drain_s(decode, when, now),
                 )
         return Decision(choice, decode.instance_id, tbt)
 

@@ -139,6 +139,17 @@ def test_predictive_refuses_when_decode_load_will_have_grown():
     assert isinstance(out, Rejection) and out.kind == "overloaded" and "TBT" in out.reason
 
 
+def test_early_rejection_judges_the_decode_the_request_would_go_to():
+    # d0 is full now but drains at 1 s; d1 is idle now but fills at 1 s. The request
+    # (prefill ends at 2 s) would go to d0: early rejection judges d0 now, not the
+    # idle-for-now d1 it would never use.
+    r = req(1024, slo_ttft_s=10.0, slo_tbt_s=0.020)
+    decodes = [DecodeLoad("d0", busy(30, 0.0, 1.0)), DecodeLoad("d1", busy(30, 1.0, 50.0))]
+    out = sched(admission="early_reject").schedule(r, [p("a", queue_s=2.0)], decodes, now=0.0)
+    assert isinstance(out, Rejection) and "d0" in out.reason
+    assert sched(admission="predictive").schedule(r, [p("a", queue_s=2.0)], decodes, now=0.0).decode_id == "d0"
+
+
 def test_admission_rejects_a_predicted_ttft_beyond_the_slo_with_a_retry_hint():
     r = req(1024, slo_ttft_s=1.0)
     out = sched(admission="early_reject").schedule(r, [p("a", queue_s=5.0)], IDLE_DECODE, now=0.0)
