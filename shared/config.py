@@ -28,6 +28,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # KV cache each vLLM CPU engine reserves, GiB, and its compute threads (CPU).
     kv_cache_gib: int = 1
     engine_threads: int = 1
+    # Tokens one engine step computes at most (vLLM's max_num_batched_tokens): a long
+    # prompt is prefilled in chunks, and the step that ends one prompt starts the next.
+    step_tokens: int = 2048
     # How long vLLM's processes busy-wait for the next message (vLLM: 1 s); see
     # shared/engine.py limit_idle_spin.
     engine_spin_s: float = 0.002
@@ -72,6 +75,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"block_size must be a positive multiple of 16, got {self.block_size}")
         if self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.step_tokens < self.block_size:
+            raise ValueError(f"step_tokens must hold at least one block ({self.block_size}), got {self.step_tokens}")
         if self.heartbeat_interval_s <= 0 or self.liveness_timeout_s <= self.heartbeat_interval_s:
             raise ValueError("liveness_timeout_s must exceed heartbeat_interval_s > 0")
         if self.request_timeout_s <= 0 or self.schedule_timeout_s <= 0:

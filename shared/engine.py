@@ -149,6 +149,7 @@ def build_engine(config: ClusterConfig, node: str | None = None) -> tuple[Any, E
         disable_log_stats=True,
         seed=0,
         block_size=config.block_size,
+        max_num_batched_tokens=config.step_tokens,
         kv_transfer_config=kv_transfer_config(config, node) if node else None,
     )
     return AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder]), load

@@ -278,12 +278,13 @@ def _bench_fidelity(args: argparse.Namespace) -> int:
     config = SimConfig(
         prefill=args.prefill, decode=args.decode, policy=args.policy, block_tokens=options.block_tokens,
         pool_blocks=args.pool_blocks, kv_bytes_per_token=meta["kv_bytes_per_token"], bandwidth_gbps=meta["transfer_GBps"],
-        slo_ttft_s=1e9, slo_tbt_s=1e9,
+        chunk_tokens=ClusterConfig().step_tokens, slo_ttft_s=1e9, slo_tbt_s=1e9,
     )
     run = fidelity(args.url, trace, options, config, load_predictor(profile))
     result = run.result
     h = result["host"]
-    print(f"host sharing (calibrated live): prefill ×{h['prefill_scale']:.2f} the profile, +{h['prefill_slowdown_per_decoding']:.1%} per request decoding, "
+    print(f"host sharing (calibrated live): prefill ×{h['prefill_scale']:.2f} the profile, +{h['prefill_slowdown_while_decoding']:.1%} "
+          f"while decoding and +{h['prefill_slowdown_per_decoding']:.1%} per request decoding, "
           f"decode step +{h['decode_slowdown_per_prefill']:.1%} per prefill running, first-token overhead "
           f"{h['first_token_overhead_s'] * 1e3:.1f} ms, step overhead {h['step_overhead_s'] * 1e3:.2f} ms, "
           f"join overhead {h['join_overhead_s'] * 1e3:.1f} ms")
@@ -410,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--kv-bytes-per-token", type=int, default=131_072)
     sp.add_argument("--bandwidth-gbps", type=float, default=25.0, help="node-to-node KV bandwidth, GB/s")
     sp.add_argument("--no-layerwise", action="store_true", help="send KV only after the last layer")
-    sp.add_argument("--chunk-tokens", type=int, default=0, help="prefill chunk size (0: whole prompt)")
+    sp.add_argument("--chunk-tokens", type=int, default=0, help="a prefill step's token budget, as vLLM's chunked prefill (0: a whole prompt a step)")
     sp.add_argument("--max-batch", type=int, default=128, help="decode batch limit")
     sp.add_argument("--prefill-time-scale", type=float, default=1.0,
                     help="what-if: the profile's prefill times × this (e.g. 0.5: instances prefill twice as fast)")

@@ -66,10 +66,12 @@ def summarize(outcomes: Sequence[Outcome], duration_s: float) -> dict:
     done = [o for o in outcomes if o.completed]
     good = [o for o in done if o.within_slo]
     prompt = sum(o.input_len for o in done)
+    rejected = [o.input_len for o in outcomes if o.rejected]
     return {
         "requests": len(outcomes),
         "completed": len(done),
-        "rejected": sum(o.rejected for o in outcomes),
+        "rejected": len(rejected),
+        "rejected_input_mean": sum(rejected) / len(rejected) if rejected else 0.0,  # which requests admission refuses
         "wasted_prefill": sum(o.wasted_prefill for o in outcomes),
         "failed": sum(o.failed for o in outcomes),
         "ttft_s": _dist([o.ttft_s for o in done]),

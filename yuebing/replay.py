@@ -163,24 +163,26 @@ async def calibrate(
     - prefill scale and first-token overhead: TTFT of a short and a long prompt
       alone, fitted as overhead + scale × the profile's prefill time (the profile
       times an engine alone in-process; the serving engine saves KV as it goes);
-    - step overhead: the mean gap of one decode stream alone, less the profile's step;
+    - step overhead: the mean gap of a decode stream alone (median of three), less
+      the profile's step;
     - join overhead: long prompts sent at once prefill one after another; with
       max_tokens 2 each joins decode (KV load, tail, new sequence) while the next
       prefills, with max_tokens 1 none does: the widening of the gaps between their
       first tokens;
-    - then `streams` decode streams run while long prompts are prefilled one after
-      another: the prefills' slowdown against alone, per stream decoding, and the
-      streams' gaps during a prefill against their gaps outside one.
+    - then one decode stream, and then `streams`, run while long prompts are
+      prefilled one after another: the prefills' slowdown against alone (a fixed
+      share while anything decodes, and a share per stream), and the streams' gaps
+      during a prefill against their gaps outside one.
     Prompts are fresh random tokens, so no cache helps."""
     rng = random.Random()
-    repeats = 5
+    repeats, rounds = 5, 2
 
     def prompt(n: int) -> list[int]:
         return [rng.randrange(*PRINTABLE) for _ in range(n)]
 
     async def ttft(session: aiohttp.ClientSession, n: int) -> float:
         sent = time.monotonic()
-        times = await _stream(session, url, _body(options, prompt(n), 1))
+        times = await _stream(session, url, _body(options, prompt(n), 2))
         if not times:
             raise RuntimeError(f"calibration request of {n} tokens got no token from {url} (refused or failed: "
                                f"does the model's context hold {long_prompt + stream_tokens} tokens?)")
@@ -198,7 +200,8 @@ async def calibrate(
             await ttft(session, long_prompt)
         sizes = (long_prompt // 4, long_prompt)
         t_short = statistics.median([await ttft(session, sizes[0]) for _ in range(repeats)])
-        alone = statistics.median([await ttft(session, sizes[1]) for _ in range(repeats)])
+        alone_samples = [await ttft(session, sizes[1]) for _ in range(repeats)]
+        alone = statistics.median(alone_samples)
         p_short, p_long = (predictor.prefill_s(n) for n in sizes)
         scale = max(0.5, (alone - t_short) / (p_long - p_short))
         overhead = max(0.0, alone - scale * p_long)
@@ -209,27 +212,46 @@ async def calibrate(
         join_overhead = statistics.median(with_join) - statistics.median(without) if without and with_join else 0.0
         # Decode streams attend to long prompts, as the traces' requests do: attention
         # over a long context competes with a prefill for memory bandwidth.
-        stream = await _stream(session, url, _body(options, prompt(long_prompt), min(120, stream_tokens)))
-        gap_alone = statistics.mean(b - a for a, b in zip(stream[1:], stream[2:]))  # after the hand-off
+        gaps_alone = []  # per stream, after the hand-off; streams one at a time
+        for _ in range(3):
+            stream = await _stream(session, url, _body(options, prompt(long_prompt), min(120, stream_tokens)))
+            gaps_alone.append(statistics.mean(b - a for a, b in zip(stream[1:], stream[2:])))
+        gap_alone = statistics.median(gaps_alone)
         step_overhead = max(0.0, gap_alone - predictor.decode_step_s(1, long_prompt + 60))
 
-        background = [asyncio.create_task(_stream(session, url, _body(options, prompt(long_prompt), stream_tokens))) for _ in range(streams)]
-        await asyncio.sleep(0.5 + streams * 2 * alone)  # their prefills, then some steps
-        windows, beside = [], []
-        for _ in range(repeats):
-            sent = time.monotonic()
-            beside.append(await ttft(session, long_prompt))
-            windows.append((sent, sent + beside[-1]))
-        decoded = await asyncio.gather(*background)
+        # Prefills beside one decode stream and beside `streams`, in alternating
+        # rounds, each followed by prefills alone again (a shared machine's speed
+        # drifts): a fixed slowdown while anything decodes, and a share per stream;
+        # and the `streams` streams' gaps during a prefill against their gaps outside.
+        windows, decoded, alone_again = [], [], []
+        beside: dict[int, list[float]] = {1: [], streams: []}
+        for n in [1, streams] * rounds:
+            background = [asyncio.create_task(_stream(session, url, _body(options, prompt(long_prompt), stream_tokens)))
+                          for _ in range(n)]
+            await asyncio.sleep(0.5 + n * 2 * alone)  # their prefills, then some steps
+            for _ in range(repeats):
+                sent = time.monotonic()
+                beside[n].append(await ttft(session, long_prompt))
+                windows.append((sent, sent + beside[n][-1]))
+            streamed = await asyncio.gather(*background)
+            if n == streams:  # decode slowdown: a batch like the traces' (several streams)
+                decoded += streamed
+            alone_again += [await ttft(session, long_prompt) for _ in range(repeats)]
     inside, outside = [], []
     for times in decoded:
         for a, b in zip(times, times[1:]):
-            (inside if any(s <= a and b <= e for s, e in windows) else outside).append(b - a)
-    prefill_slowdown = (statistics.median(beside) - overhead) / max(1e-9, alone - overhead) - 1
+            if any(s <= a and b <= e for s, e in windows):
+                inside.append(b - a)
+            elif not any(a < e + 0.1 and s < b for s, e in windows):  # nor the step where the probe joins decode
+                outside.append(b - a)
+    alone = statistics.median(alone_samples + alone_again)
+    slowdown = {n: (statistics.median(t) - overhead) / max(1e-9, alone - overhead) - 1 for n, t in beside.items()}
+    per_stream = max(0.0, (slowdown[streams] - slowdown[1]) / (streams - 1)) if streams > 1 else 0.0
     decode_slowdown = statistics.mean(inside) / statistics.mean(outside) - 1 if inside and outside else 0.0
     return HostSharing(
         prefill_scale=scale,
-        prefill_slowdown_per_decoding=max(0.0, prefill_slowdown / streams),
+        prefill_slowdown_while_decoding=max(0.0, slowdown[1] - per_stream),
+        prefill_slowdown_per_decoding=per_stream,
         decode_slowdown_per_prefill=max(0.0, decode_slowdown),
         first_token_overhead_s=overhead,
         step_overhead_s=step_overhead,

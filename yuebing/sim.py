@@ -43,9 +43,11 @@ from yuebing.trace import TRACE_BLOCK_TOKENS, TraceRequest
 
 @dataclass(frozen=True)
 class HostSharing:
-    # Each request decoding on the host slows a prefill by this share (its tokens
-    # are streamed by processes on the same cores), and each running prefill slows
-    # decode steps by this share.
+    # A prefill runs slower while the host decodes: by a fixed share while anything
+    # decodes (the decode engine's own thread takes a core) and by a share per
+    # request decoding (its tokens are relayed by processes on the same cores).
+    # Each running prefill slows decode steps by a share.
+    prefill_slowdown_while_decoding: float = 0.0
     prefill_slowdown_per_decoding: float = 0.0
     decode_slowdown_per_prefill: float = 0.0
     prefill_scale: float = 1.0  # the serving engine's prefill time against the profile's
@@ -58,7 +60,7 @@ class HostSharing:
     def __post_init__(self) -> None:
         if self.prefill_scale <= 0:
             raise ValueError("prefill_scale must be positive")
-        if min(self.prefill_slowdown_per_decoding, self.decode_slowdown_per_prefill,
+        if min(self.prefill_slowdown_while_decoding, self.prefill_slowdown_per_decoding, self.decode_slowdown_per_prefill,
                self.first_token_overhead_s, self.step_overhead_s, self.join_overhead_s) < 0:
             raise ValueError("host-sharing slowdowns and overheads cannot be negative")
 
@@ -80,7 +82,7 @@ class SimConfig:
     kv_bytes_per_token: int = 131_072  # LLaMA-8B, bf16
     bandwidth_gbps: float = 25.0  # node-to-node KV transfer
     layerwise: bool = True  # KV streams to decode while prefill computes
-    chunk_tokens: int = 0  # prefill chunk size; 0: the whole prompt at once
+    chunk_tokens: int = 0  # a prefill step's token budget (vLLM's chunked prefill); 0: a whole prompt a step
     max_batch: int = 128  # requests a decode instance's KV cache holds; one more is refused
     decode_time_s: float = 10.0  # predictive admission's t_d
     speed: float = 1.0  # replay speed factor
@@ -107,6 +109,7 @@ class SimRequest:
     decode_id: str = ""
     pull_blocks: int = 0
     cached_tokens: int = 0  # reused, from its own cache or pulled
+    prefilled: int = 0  # computed in the step that ended the request before it (chunked prefill)
     local_cached_tokens: int = 0  # reused from its own cache only
     first_token_at: float = 0.0
     # Decode progress: tokens still to make, context attended, and the step times
@@ -227,25 +230,37 @@ class Simulation:
             self._host_changed()  # one more prefill running
 
     # --- prefill ------------------------------------------------------------
-    def _prefill_seconds(self, r: SimRequest) -> float:
+    def _prefill_seconds(self, r: SimRequest, next_up: SimRequest | None) -> float:
+        """Pull, then prefill of what is not cached. With a step budget (chunk_tokens,
+        vLLM's chunked prefill) a prompt runs in steps of at most that many tokens, and
+        the step that ends it fills up with the first tokens of the request queued
+        next (`next_up`), whose first token therefore comes later than alone would."""
         c = self.config
-        new = r.trace.input_length - r.cached_tokens
-        pull = self.predictor.transfer_s(r.pull_blocks * c.block_tokens)
+        done = r.cached_tokens + r.prefilled
+        total = self.predictor.transfer_s(r.pull_blocks * c.block_tokens)
         if not c.chunk_tokens:
-            return pull + self.predictor.prefill_s(new, r.cached_tokens)
-        total, done = pull, r.cached_tokens
+            return total + self.predictor.prefill_s(r.trace.input_length - done, done)
+        n = 0
         while done < r.trace.input_length:
             n = min(c.chunk_tokens, r.trace.input_length - done)
             total += self.predictor.prefill_s(n, done)
             done += n
+        if next_up is not None:
+            start = next_up.cached_tokens + next_up.prefilled
+            # Its last token is left for a step of its own: the step its first token comes from.
+            share = min(c.chunk_tokens - n, next_up.trace.input_length - 1 - start)
+            if share > 0:
+                total += self.predictor.prefill_s(share, start)
+                next_up.prefilled += share
         return total
 
     def _start_prefill(self, inst: PrefillInstance) -> None:
         r = inst.running = inst.queue.popleft()
-        seconds = self._prefill_seconds(r)
+        seconds = self._prefill_seconds(r, inst.queue[0] if inst.queue else None)
         host = self.config.host
-        if host.prefill_slowdown_per_decoding:
-            seconds *= 1 + host.prefill_slowdown_per_decoding * sum(len(d.batch) for d in self.decodes.values())
+        decoding = sum(len(d.batch) for d in self.decodes.values())
+        if decoding:
+            seconds *= 1 + host.prefill_slowdown_while_decoding + host.prefill_slowdown_per_decoding * decoding
         seconds *= host.prefill_scale
         inst.busy, inst.busy_s = True, inst.busy_s + seconds
         inst.done_at, inst.version = self.now + seconds, inst.version + 1

@@ -39,3 +39,5 @@ def test_calibration_measures_the_serving_path_against_the_profile(cluster):
     assert host.prefill_scale < 3.0
     assert host.first_token_overhead_s < 0.5 and host.step_overhead_s < 0.05
     assert host.prefill_slowdown_per_decoding < 1.0 and host.decode_slowdown_per_prefill < 3.0
+    assert host.prefill_slowdown_while_decoding < 1.0
+    assert host.join_overhead_s < 0.2  # a join's set-up beside a prefill: milliseconds

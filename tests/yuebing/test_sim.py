@@ -44,14 +44,26 @@ def test_decode_computes_the_prompt_tail_in_its_first_step():
 def test_a_shared_host_slows_prefill_beside_decode_and_decode_beside_prefill():
     # The second request's prefill (from t=1.5 s) runs while the first decodes (1.024-3.0 s).
     trace = [TraceRequest(0.0, 1024, 201, (1, 2)), TraceRequest(1500.0, 1024, 2, (3, 4))]
-    host = HostSharing(prefill_slowdown_per_decoding=0.5, decode_slowdown_per_prefill=1.0, first_token_overhead_s=0.1)
+    host = HostSharing(prefill_slowdown_while_decoding=0.2, prefill_slowdown_per_decoding=0.3, decode_slowdown_per_prefill=1.0,
+                       first_token_overhead_s=0.1)
     config = SimConfig(prefill=1, decode=1, policy="round_robin", layerwise=False, kv_bytes_per_token=0)
     alone, shared = (simulate(trace, replace(config, host=h), FLAT).outcomes for h in (HostSharing(), host))
     assert shared[0].ttft_s == pytest.approx(alone[0].ttft_s + 0.1)  # nothing decoding beside it
-    assert shared[1].ttft_s == pytest.approx(1.024 * 1.5 + 0.1)
+    assert shared[1].ttft_s == pytest.approx(1.024 * (1 + 0.2 + 0.3) + 0.1)  # one request decoding
     # Steps of the first request that ran beside that prefill took twice as long.
     assert shared[0].end_s - alone[0].end_s == pytest.approx(1.024 * 1.5 / 2, rel=0.02)
 
+
+
+def test_a_step_budget_fills_the_step_that_ends_a_prompt_with_the_next_one():
+    # vLLM's chunked prefill, 2048 tokens a step. The first prompt starts alone; the
+    # second's step (1-2 s) also computes 1048 tokens of the third, which then needs
+    # only 1952 more: the second's first token comes later, the third's no later.
+    trace = [TraceRequest(0.0, 1000, 1, (1,)), TraceRequest(0.0, 1000, 1, (2,)), TraceRequest(0.0, 3000, 1, (3,))]
+    config = SimConfig(prefill=1, decode=1, policy="round_robin", kv_bytes_per_token=0)
+    whole, chunked = (simulate(trace, replace(config, chunk_tokens=c), FLAT).outcomes for c in (0, 2048))
+    assert [o.ttft_s for o in whole] == pytest.approx([1.0, 2.0, 5.0])
+    assert [o.ttft_s for o in chunked] == pytest.approx([1.0, 3.048, 5.0])
 
 
 def test_a_request_joining_decode_delays_the_prefill_running_beside_it():
