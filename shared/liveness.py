@@ -15,8 +15,10 @@ class Registry:
     seen_at: dict[str, float] = field(default_factory=dict)
 
     def observe(self, hb: Heartbeat, now: float) -> bool:
-        """Record a heartbeat; True when the instance is new (or back from the dead)."""
-        fresh = not self.is_alive(hb.instance_id, now)
+        """Record a heartbeat; True when the instance is new, back from the dead, or
+        restarted within the timeout (a new pid: whatever the old process held is gone)."""
+        old = self.latest.get(hb.instance_id)
+        fresh = not self.is_alive(hb.instance_id, now) or (old is not None and old.pid != hb.pid)
         self.latest[hb.instance_id] = hb
         self.seen_at[hb.instance_id] = now
         return fresh

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import itertools
 import random
 import statistics
 import time
@@ -100,7 +101,7 @@ async def _one(session: aiohttp.ClientSession, url: str, req: TraceRequest, opti
         return outcome
     outcome.ttft_s = token_times[0] - arrival
     outcome.end_s = token_times[-1] - start
-    gaps = [b - a for a, b in zip(token_times, token_times[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(token_times)]
     outcome.tbt_mean_s, outcome.tbt_p90_s, outcome.tbt_tail_s = gap_stats(gaps)
     return outcome
 
@@ -192,7 +193,7 @@ async def calibrate(
         bodies = [_body(options, prompt(long_prompt), max_tokens) for _ in range(n)]
         runs = await asyncio.gather(*(_stream(session, url, b) for b in bodies))
         firsts = sorted(times[0] for times in runs if times)
-        return [b - a for a, b in zip(firsts, firsts[1:])]
+        return [b - a for a, b in itertools.pairwise(firsts)]
 
     timeout = aiohttp.ClientTimeout(total=options.timeout_s)
     async with aiohttp.ClientSession(headers=_headers(options), timeout=timeout) as session:
@@ -215,7 +216,7 @@ async def calibrate(
         gaps_alone = []  # per stream, after the hand-off; streams one at a time
         for _ in range(3):
             stream = await _stream(session, url, _body(options, prompt(long_prompt), min(120, stream_tokens)))
-            gaps_alone.append(statistics.mean(b - a for a, b in zip(stream[1:], stream[2:])))
+            gaps_alone.append(statistics.mean(b - a for a, b in itertools.pairwise(stream[1:])))
         gap_alone = statistics.median(gaps_alone)
         step_overhead = max(0.0, gap_alone - predictor.decode_step_s(1, long_prompt + 60))
 
@@ -239,7 +240,7 @@ async def calibrate(
             alone_again += [await ttft(session, long_prompt) for _ in range(repeats)]
     inside, outside = [], []
     for times in decoded:
-        for a, b in zip(times, times[1:]):
+        for a, b in itertools.pairwise(times):
             if any(s <= a and b <= e for s, e in windows):
                 inside.append(b - a)
             elif not any(a < e + 0.1 and s < b for s, e in windows):  # nor the step where the probe joins decode

@@ -60,8 +60,12 @@ class Conductor:
     def on_heartbeat(self, hb: Heartbeat, now: float) -> bool:
         """True when `hb` is a messenger this Conductor has not heard from (it just
         started, or the messenger did): its pool's snapshot is wanted."""
+        old = self.registry.latest.get(hb.instance_id)
         fresh = self.registry.observe(hb, now)
         if fresh:
+            if old is not None and old.pid != hb.pid:  # restarted before it was missed
+                log.warning("instance restarted", instance_id=hb.instance_id, old_pid=old.pid, pid=hb.pid)
+                self._forget(hb.instance_id)
             log.info("instance up", instance_id=hb.instance_id, role=hb.role, node=hb.node)
             self.state.add_instance(hb.role, hb.instance_id)
             if hb.role == "messenger":
@@ -72,14 +76,18 @@ class Conductor:
     def expire(self, now: float) -> None:
         for gone in self.registry.expire(now):
             log.warning("instance lost", instance_id=gone)
-            self.state.remove_instance(gone)
-            node = self.messenger_nodes.pop(gone, None)
-            if node is not None:  # its pool is out of reach: forget its blocks
-                self.pools.remove_node(node)
+            self._forget(gone)
         # A request whose events never came (its gateway died) leaves the books at its deadline.
         wall = time.time()
         for rid in [r for r, d in self.deadlines.items() if d < wall]:
             self.finish(rid, now)
+
+    def _forget(self, instance_id: str) -> None:
+        """An instance is gone (or restarted): its books, and a messenger's pool blocks."""
+        self.state.remove_instance(instance_id)
+        node = self.messenger_nodes.pop(instance_id, None)
+        if node is not None:
+            self.pools.remove_node(node)
 
     def on_kv_event(self, event: KvEvent) -> None:
         if event.kind == "stored":

@@ -87,3 +87,8 @@ def test_pool_index_from_kv_events_routes_and_pulls_and_forgets_a_silent_node():
     for b in beats[:4]:
         c.on_heartbeat(b, now=5.0)
     assert c.pools.tiers("c") == {} and c.stats().pool_nodes == ["node-0"]
+    # node-0's messenger restarts before it is missed (a new pid): its DRAM pool is new,
+    # so its old blocks leave the index and its snapshot is wanted again.
+    restarted = Heartbeat(instance_id="m0", role="messenger", node="node-0", pid=2, seq=1, sent_at=0.0)
+    assert c.on_heartbeat(restarted, now=5.5) is True
+    assert c.pools.tiers("a") == {} and c.stats().pool_nodes == ["node-0"]

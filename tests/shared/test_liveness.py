@@ -2,8 +2,8 @@ from shared.liveness import Registry
 from shared.messages import Heartbeat
 
 
-def hb(iid: str, role: str = "prefill") -> Heartbeat:
-    return Heartbeat(instance_id=iid, role=role, node="n0", pid=1, seq=1, sent_at=0.0)
+def hb(iid: str, role: str = "prefill", pid: int = 1) -> Heartbeat:
+    return Heartbeat(instance_id=iid, role=role, node="n0", pid=pid, seq=1, sent_at=0.0)
 
 
 def test_instances_expire_after_the_timeout():
@@ -14,6 +14,13 @@ def test_instances_expire_after_the_timeout():
     assert not r.is_alive("p1", now=3.1)
     assert r.expire(now=3.1) == ["p1"]
     assert r.observe(hb("p1"), now=4.0) is True  # back from the dead counts as new
+
+
+def test_a_restart_within_the_timeout_counts_as_new():
+    r = Registry(timeout_s=2.0)
+    r.observe(hb("m0", "messenger"), now=0.0)
+    assert r.observe(hb("m0", "messenger", pid=2), now=0.5) is True
+    assert r.observe(hb("m0", "messenger", pid=2), now=1.0) is False
 
 
 def test_alive_filters_by_role_in_stable_order():
