@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import itertools
+import json
 import random
 import statistics
 import time
