@@ -209,24 +209,26 @@ class Cluster:
         return {iid for ids in body.get("instances", {}).values() for iid in ids}
 
     def check_children(self) -> list[str]:
-        """Report children that died (returns their names); a critical one stops the cluster."""
+        """Report children that died; restart those that are restarted, and return the
+        names of the rest. A critical one stops the cluster."""
         dead = []
         for child in self.children:
             code = child.process.poll() if child.process else None
             if code is None or child.reported or self.stopping:
                 continue
             child.reported = True
-            dead.append(child.name)
             say(f"{child.name} (pid {child.process.pid}) {describe_exit(code)}; last lines of {child.log_path}:")
             print(tail(child.log_path), file=sys.stderr, flush=True)
-            if child.critical:
-                say(f"{child.name} is required; stopping the cluster")
-                self.stopping = self.failed = True
-            elif child.restart and child.restarts < MAX_RESTARTS:
+            if child.restart and not child.critical and child.restarts < MAX_RESTARTS:
                 child.restarts += 1
                 child.reported = False
                 self.launch(child)
                 say(f"{child.name} restarted (pid {child.process.pid}, restart {child.restarts} of {MAX_RESTARTS})")
+                continue  # back, so not dead: start-up goes on
+            dead.append(child.name)
+            if child.critical:
+                say(f"{child.name} is required; stopping the cluster")
+                self.stopping = self.failed = True
         return dead
 
     def supervise(self) -> None:
