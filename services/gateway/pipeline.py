@@ -30,6 +30,7 @@ from shared.messages import (
     DecodeAccept,
     DecodeRequest,
     FinishReason,
+    Heartbeat,
     Message,
     MessageError,
     PrefillRequest,
@@ -87,6 +88,16 @@ class UpstreamError(Exception):
         self.status = status
 
 
+def kv_plan(decode: Heartbeat | None, prompt_len: int, max_tokens: int, block_size: int) -> tuple[str, int]:
+    """Where prefill streams a request's KV (its decode instance's node), and how many
+    full blocks decode should wait for: ("", 0) when the decode instance is unknown
+    here or never runs (a one-token request), so that decode computes the prompt at
+    once instead of waiting kv_wait_s for blocks nobody sends."""
+    if decode is None or max_tokens <= 1:
+        return "", 0
+    return decode.node, prompt_len // block_size
+
+
 class Pipeline:
     def __init__(self, nc: Client, config: ClusterConfig, registry: Registry) -> None:
         self.nc = nc
@@ -101,7 +112,9 @@ class Pipeline:
         finished = False
         outcome: RequestEvent = RequestEvent(request_id=request_id, kind="finished")
         try:
-            result = await self._prefill(request_id, prompt, sampling, deadline, reply)
+            kv_node, kv_blocks = kv_plan(self.registry.latest.get(reply.decode_id), len(prompt), sampling.max_tokens,
+                                         self.config.block_size)
+            result = await self._prefill(request_id, prompt, sampling, deadline, reply, kv_node)
             first = Event([result.first_token_id], result.finish_reason, result.num_cached_tokens,
                           prefill_id=reply.prefill_id, decode_id=reply.decode_id)
             if result.finish_reason is not None:
@@ -111,7 +124,8 @@ class Pipeline:
             # Decode must accept before the first token goes out, so that a refusal
             # can still be a clean 429 rather than an error in the middle of a stream.
             tbt_ms = slo.tbt_ms or self.config.slo_tbt_ms
-            sub = await self._start_decode(request_id, prompt, result.first_token_id, sampling, deadline, reply, tbt_ms)
+            sub = await self._start_decode(request_id, prompt, result.first_token_id, sampling, deadline, reply, tbt_ms,
+                                           kv_blocks)
             try:
                 yield first
                 async for event in self._tokens(sub, reply.decode_id, deadline):
@@ -129,17 +143,15 @@ class Pipeline:
             await self._publish(REQUEST_EVENTS, outcome)  # the Conductor closes its books
 
     async def _prefill(
-        self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, reply: ScheduleReply
+        self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, reply: ScheduleReply, kv_node: str
     ) -> PrefillResult:
-        decode = self.registry.latest.get(reply.decode_id)
         ask = PrefillRequest(
             request_id=request_id,
             prompt_token_ids=prompt,
             sampling=sampling,
             deadline=deadline,
             decode_id=reply.decode_id,
-            # A one-token request never reaches decode: its KV stays on prefill's node.
-            kv_dest_node=decode.node if decode is not None and sampling.max_tokens > 1 else "",
+            kv_dest_node=kv_node,
             pull_from=reply.pull_from,
             pull_blocks=reply.pull_blocks,
         )
@@ -182,6 +194,7 @@ class Pipeline:
         deadline: float,
         reply: ScheduleReply,
         slo_tbt_ms: float,
+        kv_blocks: int,
     ) -> Subscription:
         """Hand the request to its decode instance; returns the subscription its tokens
         will arrive on (the caller unsubscribes)."""
@@ -195,7 +208,7 @@ class Pipeline:
             deadline=deadline,
             stream_subject=stream_subject(request_id),
             slo_tbt_ms=slo_tbt_ms,
-            kv_blocks=len(prompt) // self.config.block_size,
+            kv_blocks=kv_blocks,
         )
         timeout = min(self.config.schedule_timeout_s * 2, bus.remaining(deadline))
         try:
