@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -13,7 +14,6 @@ from nats.aio.msg import Msg
 
 from services.conductor.index import PoolIndex, PrefixIndex
 from services.conductor.policy import Decision, DecodeLoad, Params, Request, Scheduler, pool_pull
-from shared.predictor import load_predictor
 from services.conductor.state import ClusterState
 from shared import bus, service
 from shared.config import ClusterConfig, profile_path
@@ -21,11 +21,11 @@ from shared.liveness import Registry
 from shared.messages import (
     CONDUCTOR_QUEUE,
     CONDUCTOR_STATS,
-    ConductorStats,
     HEARTBEAT,
     KV_EVENTS,
     REQUEST_EVENTS,
     SCHEDULE,
+    ConductorStats,
     Heartbeat,
     KvEvent,
     KvSnapshot,
@@ -37,6 +37,7 @@ from shared.messages import (
     encode,
     messenger_subject,
 )
+from shared.predictor import load_predictor
 
 log = structlog.get_logger(__name__)
 KV_FULL = 0.98  # share of a decode engine's KV cache in use beyond which it has no room
@@ -131,11 +132,16 @@ class Conductor:
                 request_id=req.request_id, accepted=False, rejection=out.kind, reason=out.reason, retry_after_s=out.retry_after_s
             )
         self.counts["accepted"] += 1
-        self.state.assign(req, ask.block_hashes, out, now)
-        self.deadlines[req.request_id] = ask.deadline
+        # Remote reuse goes through the node pools whatever the policy: decide the pull
+        # here, once, and charge the books for the pull that is sent (the blocks it
+        # saves and its transfer), not for the policy's own idea of one.
         chosen_node = live_prefill[out.prefill.instance_id]
         prefix = next(x.prefix_blocks for x in prefills if x.instance_id == out.prefill.instance_id)
         pull_node, pull_blocks = pool_pull(chosen_node, prefix, node_prefix)
+        sent = replace(out.prefill, cached_blocks=max(prefix, pull_blocks), pull_from=pull_node,
+                       pull_blocks=max(0, pull_blocks - prefix))
+        self.state.assign(req, ask.block_hashes, replace(out, prefill=sent), now)
+        self.deadlines[req.request_id] = ask.deadline
         return ScheduleReply(
             request_id=req.request_id,
             accepted=True,
