@@ -207,7 +207,7 @@ async def calibrate(
         scale = max(0.5, (alone - t_short) / (p_long - p_short))
         overhead = max(0.0, alone - scale * p_long)
         without, with_join = [], []
-        for _ in range(2):
+        for _ in range(rounds):
             without += await burst_gaps(session, 1)
             with_join += await burst_gaps(session, 2)
         join_overhead = statistics.median(with_join) - statistics.median(without) if without and with_join else 0.0
@@ -245,8 +245,8 @@ async def calibrate(
                 inside.append(b - a)
             elif not any(a < e + 0.1 and s < b for s, e in windows):  # nor the step where the probe joins decode
                 outside.append(b - a)
-    alone = statistics.median(alone_samples + alone_again)
-    slowdown = {n: (statistics.median(t) - overhead) / max(1e-9, alone - overhead) - 1 for n, t in beside.items()}
+    alone_all = statistics.median(alone_samples + alone_again)  # before and after the rounds: drift cancels
+    slowdown = {n: (statistics.median(t) - overhead) / max(1e-9, alone_all - overhead) - 1 for n, t in beside.items()}
     per_stream = max(0.0, (slowdown[streams] - slowdown[1]) / (streams - 1)) if streams > 1 else 0.0
     decode_slowdown = statistics.mean(inside) / statistics.mean(outside) - 1 if inside and outside else 0.0
     return HostSharing(

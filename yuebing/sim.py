@@ -3,7 +3,9 @@
 Requests from a trace arrive at their timestamps; the Conductor's own code
 (`services.conductor`: Scheduler, ClusterState, PrefixIndex) places them; prefill
 instances work through their queues one request at a time (prefill time, and pull
-time for blocks copied from another node, from the profile's time models); decode
+time for blocks copied from another node, from the profile's time models; with a
+step budget, the step that ends one prompt starts the next, as vLLM's chunked
+prefill does); decode
 instances run continuous batching, one step for the whole batch, re-checking the
 TBT SLO when a request arrives (a refusal there is a wasted prefill).
 
@@ -123,11 +125,14 @@ class SimRequest:
 class PrefillInstance:
     iid: str
     queue: deque[SimRequest] = field(default_factory=deque)
-    busy: bool = False
     busy_s: float = 0.0
-    running: SimRequest | None = None
-    done_at: float = 0.0  # when the running prefill ends
+    running: SimRequest | None = None  # the prefill in progress
+    done_at: float = 0.0  # when it ends
     version: int = 0  # invalidates a scheduled end when a join on the host delays it
+
+    @property
+    def busy(self) -> bool:
+        return self.running is not None
 
 
 @dataclass
@@ -262,7 +267,7 @@ class Simulation:
         if decoding:
             seconds *= 1 + host.prefill_slowdown_while_decoding + host.prefill_slowdown_per_decoding * decoding
         seconds *= host.prefill_scale
-        inst.busy, inst.busy_s = True, inst.busy_s + seconds
+        inst.busy_s += seconds
         inst.done_at, inst.version = self.now + seconds, inst.version + 1
         self.at(inst.done_at, "prefill_done", r, inst.version)
 
@@ -276,7 +281,7 @@ class Simulation:
         inst = self.prefills[r.prefill_id]
         if version != inst.version:
             return  # delayed by a join on the host, and rescheduled
-        inst.busy = False
+        inst.running = None
         if inst.queue:
             self._start_prefill(inst)
         else:

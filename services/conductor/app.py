@@ -61,13 +61,11 @@ class Conductor:
     def on_heartbeat(self, hb: Heartbeat, now: float) -> bool:
         """True when `hb` is a messenger this Conductor has not heard from (it just
         started, or the messenger did): its pool's snapshot is wanted."""
-        old = self.registry.latest.get(hb.instance_id)
         fresh = self.registry.observe(hb, now)
         if fresh:
-            if old is not None and old.pid != hb.pid:  # restarted before it was missed
-                log.warning("instance restarted", instance_id=hb.instance_id, old_pid=old.pid, pid=hb.pid)
-                self._forget(hb.instance_id)
-            log.info("instance up", instance_id=hb.instance_id, role=hb.role, node=hb.node)
+            # New, back from the dead or restarted: whatever the books hold for it is stale.
+            self._forget(hb.instance_id)
+            log.info("instance up", instance_id=hb.instance_id, role=hb.role, node=hb.node, pid=hb.pid)
             self.state.add_instance(hb.role, hb.instance_id)
             if hb.role == "messenger":
                 self.messenger_nodes[hb.instance_id] = hb.node

@@ -149,9 +149,8 @@ def _due(item: DecodeItem, now: float, t_d: float) -> DecodeItem:
     """A request still decoding past its predicted end (no "finished" yet) is a long
     one, and it still holds its decode slot: predict it another t_d from now.
     Taking it as ending now would show its decode instance emptier in the future than
-    it will be, and send it requests it must refuse after their prefill (on the
-    conversation trace, 70B curves, speed 2, max batch 20: wasted prefills
-    3,916 → 2,317, decode slots used 77 % → 92 %)."""
+    it will be, and send it requests it must refuse after their prefill (README,
+    "Simulator": wasted prefills 3,916 → 2,317 on the conversation trace)."""
     if item.start > now or item.end > now:
         return item
     return DecodeItem(item.start, now + t_d, item.ctx_tokens)
