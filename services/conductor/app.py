@@ -41,6 +41,7 @@ from shared.predictor import load_predictor
 
 log = structlog.get_logger(__name__)
 KV_FULL = 0.98  # share of a decode engine's KV cache in use beyond which it has no room
+HEARING_POLL_S = 0.05  # how often a request held by a just-started Conductor looks again
 
 
 class Conductor:
@@ -57,6 +58,19 @@ class Conductor:
         self.messenger_nodes: dict[str, str] = {}  # messenger instance → its node
         self.deadlines: dict[str, float] = {}
         self.counts = {"accepted": 0, "rejected": 0, "wasted_prefill": 0}
+        self.view_whole_at = float("-inf")  # see listening()
+
+    def listening(self, now: float) -> None:
+        """Heartbeats start arriving now. Until every live instance has sent one (two
+        intervals, one of slack), an empty role means 'not heard yet', not 'gone'."""
+        self.view_whole_at = now + 2 * self.config.heartbeat_interval_s
+
+    def hearing_instances(self, now: float) -> bool:
+        """True while a schedule request should wait rather than be refused for want
+        of a live instance: a restarted Conductor has not yet heard the cluster."""
+        if now >= self.view_whole_at:
+            return False
+        return not (self.registry.alive("prefill", now) and self.registry.alive("decode", now))
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> bool:
         """True when `hb` is a messenger this Conductor has not heard from (it just
@@ -209,6 +223,8 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
         conductor.on_event(event, time.monotonic())
 
     async def on_schedule(ask: ScheduleRequest, msg: Msg) -> None:
+        while conductor.hearing_instances(time.monotonic()):
+            await asyncio.sleep(HEARING_POLL_S)
         reply = conductor.schedule(ask, time.monotonic())
         log.info(
             "scheduled" if reply.accepted else "rejected",
@@ -223,6 +239,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
         await msg.respond(encode(reply))
 
     await bus.subscribe(nc, HEARTBEAT, Heartbeat, on_heartbeat)
+    conductor.listening(time.monotonic())
     await bus.subscribe(nc, REQUEST_EVENTS, RequestEvent, on_event)
     await bus.subscribe(nc, KV_EVENTS, KvEvent, on_kv_event)
     await nc.subscribe(CONDUCTOR_STATS, cb=on_stats)

@@ -94,3 +94,18 @@ def test_pool_index_from_kv_events_routes_and_pulls_and_forgets_a_silent_node():
     restarted = Heartbeat(instance_id="m0", role="messenger", node="node-0", pid=2, seq=1, sent_at=0.0)
     assert c.on_heartbeat(restarted, now=5.5) is True
     assert c.pools.tiers("a") == {} and c.stats().pool_nodes == ["node-0"]
+
+
+def test_a_just_started_conductor_waits_to_hear_the_cluster_before_calling_it_unavailable():
+    c = Conductor(ClusterConfig(model="/m/tiny", policy="cache_aware", heartbeat_interval_s=0.5))
+    c.listening(now=100.0)
+    assert c.hearing_instances(now=100.1)  # nothing heard yet: wait, do not refuse
+    c.on_heartbeat(hb("p0", "prefill"), now=100.2)
+    assert c.hearing_instances(now=100.2)  # still no decode instance
+    c.on_heartbeat(hb("d0", "decode"), now=100.3)
+    assert not c.hearing_instances(now=100.3)
+    assert c.schedule(ask("r1", ["a"]), now=100.3).accepted
+    empty = Conductor(ClusterConfig(model="/m/tiny", policy="cache_aware", heartbeat_interval_s=0.5))
+    empty.listening(now=0.0)
+    assert not empty.hearing_instances(now=1.0)  # a whole round of heartbeats: nobody is there
+    assert empty.schedule(ask("r2", ["a"]), now=1.0).rejection == "unavailable"
