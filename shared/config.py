@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+REQUEST_TIMEOUT_S = 300.0  # a request's deadline, from the gateway on (the simulator's clients too)
 
 
 class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -38,7 +39,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # An instance silent for this long is treated as gone.
     liveness_timeout_s: float = 2.0
     schedule_timeout_s: float = 2.0
-    request_timeout_s: float = 300.0
+    request_timeout_s: float = REQUEST_TIMEOUT_S
     # Scheduling (see services/conductor/policy.py for the names).
     policy: str = "round_robin"
     admission: str = "none"

@@ -74,6 +74,8 @@ def summarize(outcomes: Sequence[Outcome], duration_s: float) -> dict:
         "rejected_input_mean": sum(rejected) / len(rejected) if rejected else 0.0,  # which requests admission refuses
         "wasted_prefill": sum(o.wasted_prefill for o in outcomes),
         "failed": sum(o.failed for o in outcomes),
+        # Not served at all: refused at admission, after prefill, or given up on.
+        "refused": sum(o.rejected or o.wasted_prefill or o.failed for o in outcomes),
         "ttft_s": _dist([o.ttft_s for o in done]),
         "tbt_s": _dist([o.tbt_tail_s for o in done]),
         "tbt_mean_s": _dist([o.tbt_mean_s for o in done]),

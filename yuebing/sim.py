@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from services.conductor.index import PrefixIndex
 from services.conductor.policy import Decision, Params, Request, Scheduler
 from services.conductor.state import ClusterState
+from shared.config import REQUEST_TIMEOUT_S
 from shared.predictor import Predictor
 from yuebing.metrics import Outcome, summarize
 from yuebing.trace import TRACE_BLOCK_TOKENS, TraceRequest
@@ -88,6 +89,10 @@ class SimConfig:
     max_batch: int = 128  # requests a decode instance's KV cache holds; one more is refused
     decode_time_s: float = 10.0  # predictive admission's t_d
     speed: float = 1.0  # replay speed factor
+    # A client that has no first token this long after sending gives up, as the live
+    # gateway's request deadline makes it (a decode outlasting it is rare: 2,000
+    # tokens at 100 ms is 200 s). 0: clients wait for ever.
+    request_timeout_s: float = REQUEST_TIMEOUT_S
     sample_every_s: float = 10.0  # load-over-time sampling
     seed: int = 0
     host: HostSharing = HostSharing()
@@ -97,6 +102,8 @@ class SimConfig:
             raise ValueError("need at least one prefill and one decode instance")
         if self.speed <= 0 or self.bandwidth_gbps <= 0 or self.pool_blocks <= 0:
             raise ValueError("speed, bandwidth and pool size must be positive")
+        if self.request_timeout_s < 0:
+            raise ValueError("request_timeout_s cannot be negative (0: no timeout)")
 
 
 @dataclass(slots=True)
@@ -192,6 +199,7 @@ class Simulation:
             "join": self._join,
             "segment_end": self._segment_end,
             "sample": self._sample,
+            "deadline": self._deadline,
         }
         while self.events:
             t, _, kind, obj, version = heapq.heappop(self.events)
@@ -228,6 +236,8 @@ class Simulation:
         r.cached_tokens = min(max(prefix, out.prefill.cached_blocks) * self.config.block_tokens, r.trace.input_length - 1)
         r.local_cached_tokens = min(prefix * self.config.block_tokens, r.trace.input_length - 1)
         self.state.assign(r.request, r.hashes, out, self.now)
+        if self.config.request_timeout_s:
+            self.at(r.arrival + self.config.request_timeout_s, "deadline", r)
         inst = self.prefills[r.prefill_id]
         inst.queue.append(r)
         if not inst.busy:
@@ -270,6 +280,24 @@ class Simulation:
         inst.busy_s += seconds
         inst.done_at, inst.version = self.now + seconds, inst.version + 1
         self.at(inst.done_at, "prefill_done", r, inst.version)
+
+    def _deadline(self, r: SimRequest, _v: int) -> None:
+        """Its client gave up before the first token: the request leaves its prefill
+        instance's queue, or stops running there (the work done so far is lost)."""
+        if r.first_token_at or r.outcome.wasted_prefill:
+            return
+        inst = self.prefills[r.prefill_id]
+        if inst.running is r:
+            inst.busy_s -= inst.done_at - self.now
+            inst.running, inst.version = None, inst.version + 1  # its prefill_done no longer counts
+            if inst.queue:
+                self._start_prefill(inst)
+            else:
+                self._host_changed()
+        else:
+            inst.queue.remove(r)
+        r.outcome.failed = True
+        self.state.finished(r.rid, self.now)
 
     def _delay_prefills(self, seconds: float) -> None:
         for inst in self.prefills.values():
@@ -508,6 +536,7 @@ COLUMNS = [
     ("done", "completed", "{}"),
     ("rejected", "rejected", "{}"),
     ("wasted", "wasted_prefill", "{}"),
+    ("timed out", "failed", "{}"),
     ("hit rate", "cache_hit_rate", "{:.3f}"),
     ("prefill s", "prefill_busy_s", "{:.0f}"),
     ("replicas", lambda r: r["replicas"]["mean"], "{:.2f}"),

@@ -78,6 +78,20 @@ def test_a_request_joining_decode_delays_the_prefill_running_beside_it():
     assert shared[1].ttft_s == pytest.approx(alone[1].ttft_s + 0.05)
     assert shared[2].ttft_s == pytest.approx(alone[2].ttft_s + 0.10)  # both joins fell in its wait or its prefill
 
+def test_a_client_past_its_deadline_leaves_the_queue_and_stops_its_prefill():
+    # Three 4-s prefills at once on one instance, clients that wait 6 s: the second
+    # is cut 2 s into its prefill, the third never starts; the instance works 6 s, not 12.
+    trace = [TraceRequest(0.0, 4000, 3, (i,)) for i in range(3)]
+    config = SimConfig(prefill=1, decode=1, policy="round_robin", layerwise=False, kv_bytes_per_token=0, request_timeout_s=6.0)
+    run = simulate(trace, config, FLAT)
+    first, second, third = run.outcomes
+    assert first.completed and first.ttft_s == pytest.approx(4.0)
+    assert second.failed and third.failed and not (second.completed or third.completed)
+    assert run.result["failed"] == 2 and run.result["prefill_busy_s"] == pytest.approx(6.0)
+    waiting = simulate(trace, replace(config, request_timeout_s=0.0), FLAT)
+    assert [o.ttft_s for o in waiting.outcomes] == pytest.approx([4.0, 8.0, 12.0])
+
+
 def test_queueing_and_cache_reuse_on_one_instance():
     # The second request shares the first's two full blocks and arrives while it runs.
     trace = [TraceRequest(0.0, 1100, 2, (1, 2, 3)), TraceRequest(100.0, 1100, 2, (1, 2, 4))]
@@ -135,7 +149,7 @@ def test_admission_beats_refusing_at_decode_when_both_stages_are_loaded():
     config = SimConfig(policy="kvcentric", speed=2.0, max_batch=16, decode_time_s=25.0)
     runs = {a: simulate(trace, replace(config, admission=a), H100_70B_FAST_PREFILL).result
             for a in ("none", "early_reject", "predictive")}
-    refused = {a: r["rejected"] + r["wasted_prefill"] for a, r in runs.items()}
+    refused = {a: r["refused"] for a, r in runs.items()}
     assert refused["none"] > max(refused["early_reject"], refused["predictive"]), refused
     assert runs["none"]["slo_attainment"] < min(runs["early_reject"]["slo_attainment"], runs["predictive"]["slo_attainment"])
     assert runs["none"]["rejected"] == 0 < runs["early_reject"]["rejected"]  # early ones: no prefill spent
