@@ -19,9 +19,9 @@ import zmq
 from shared.kv_wire import (
     BlockEvent,
     Control,
+    Note,
     Reply,
     Snapshot,
-    Note,
     control_encoder,
     control_endpoint,
     event_decoder,

@@ -86,9 +86,11 @@ class ScheduleReply(Message):
     predicted_ttft_ms: float = 0.0
     predicted_tbt_ms: float = 0.0
     # Remote reuse: the node whose pool holds a longer prefix than the prefill
-    # instance's node, and how many leading blocks to have after pulling from it.
+    # instance's node, how many leading blocks to have after pulling from it, and
+    # how many of those the prefill node's pool holds already (not sent again).
     pull_from: str = ""
     pull_blocks: int = 0
+    pull_skip: int = 0
     # When not accepted: "overloaded" (HTTP 429) or "unavailable" (HTTP 503).
     rejection: Literal["", "overloaded", "unavailable"] = ""
     reason: str = ""
@@ -123,9 +125,11 @@ class PrefillRequest(Message):
     # The decode instance's node: prefill's messenger streams the prompt's KV there.
     kv_dest_node: str = ""
     # Remote reuse (from the Conductor): pull the first `pull_blocks` prompt blocks
-    # from node `pull_from`'s pool before computing.
+    # from node `pull_from`'s pool before computing, but for the first `pull_skip`,
+    # which this node's pool holds already.
     pull_from: str = ""
     pull_blocks: int = 0
+    pull_skip: int = 0
 
 
 class PrefillResult(Message):
@@ -183,12 +187,13 @@ class Cancel(Message):
 class MessengerCommand(Message):
     """stats: report counters; snapshot: list every block held (a KvSnapshot);
     send: push the leading `hashes` held here to `node` (what a prefill that pulls
-    asks the holder); fault: corrupt the payload of the next `corrupt_next` layers
+    asks the holder), but for the first `skip`, which `node` holds already; fault: corrupt the payload of the next `corrupt_next` layers
     sent (fault injection for tests only)."""
 
     op: Literal["stats", "snapshot", "send", "fault"]
     node: str = ""
     hashes: list[str] = []
+    skip: int = 0
     corrupt_next: int = 0
 
 

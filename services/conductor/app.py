@@ -153,6 +153,8 @@ class Conductor:
         sent = replace(out.prefill, cached_blocks=max(prefix, pull_blocks), pull_from=pull_node,
                        pull_blocks=max(0, pull_blocks - prefix))
         self.state.assign(req, ask.block_hashes, replace(out, prefill=sent), now)
+        # Only what the prefill node's pool lacks travels (its engine's own cache may hold more).
+        pull_skip = min(node_prefix.get(chosen_node, 0), pull_blocks)
         self.deadlines[req.request_id] = ask.deadline
         return ScheduleReply(
             request_id=req.request_id,
@@ -163,6 +165,7 @@ class Conductor:
             predicted_tbt_ms=out.tbt_s * 1e3,
             pull_from=pull_node,
             pull_blocks=pull_blocks,
+            pull_skip=pull_skip,
         )
 
     @staticmethod

@@ -7,10 +7,10 @@ import asyncio
 
 from services.decode.handler import Decoder
 from shared import service
-from shared.predictor import load_predictor
 from shared.config import ClusterConfig, profile_path
 from shared.instance import serve_engine
 from shared.messages import DecodeRequest, decode_subject
+from shared.predictor import load_predictor
 
 
 def parser() -> argparse.ArgumentParser:

@@ -10,9 +10,9 @@ from nats.aio.msg import Msg
 
 from shared import bus
 from shared.engine import generate
-from shared.predictor import Predictor
 from shared.instance import Instance
 from shared.messages import DecodeAccept, DecodeRequest, TokenChunk, encode
+from shared.predictor import Predictor
 
 log = structlog.get_logger(__name__)
 

@@ -154,6 +154,7 @@ class Pipeline:
             kv_dest_node=kv_node,
             pull_from=reply.pull_from,
             pull_blocks=reply.pull_blocks,
+            pull_skip=reply.pull_skip,
         )
         subject = prefill_subject(reply.prefill_id)
         result = await self._watch(

@@ -11,9 +11,9 @@ from pathlib import Path
 import msgspec
 import structlog
 import zmq
+import zmq.asyncio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-import zmq.asyncio
 
 from services.messenger import metrics
 from services.messenger.messenger import Messenger, PoolOptions
@@ -151,7 +151,7 @@ class MessengerService:
         if cmd.op == "snapshot":
             reply: Message = self.messenger.snapshot()
         elif cmd.op == "send":
-            reply = MessengerAck(ok=True, blocks=self.messenger.send_to(cmd.node, hashes))
+            reply = MessengerAck(ok=True, blocks=self.messenger.send_to(cmd.node, hashes, cmd.skip))
         else:
             if cmd.op == "fault":
                 self.messenger.corrupt_next = max(0, cmd.corrupt_next)

@@ -24,17 +24,17 @@ from services.messenger.transport import Transport
 from shared.kv_pool import Header, PoolFile, checksum, model_id
 from shared.kv_wire import (
     NO_ROOM,
-    Note,
+    WIRE_VERSION,
     BlockEvent,
     Control,
     Hello,
     LayerFrame,
+    Note,
     Pin,
+    Release,
     Reply,
     Reserve,
     Snapshot,
-    Release,
-    WIRE_VERSION,
     Written,
     control_encoder,
     frame_decoder,
@@ -163,12 +163,15 @@ class Messenger:
         self._kv_event("stored", "dram", [block_hash])
         return slot
 
-    def send_to(self, dest: str, hashes: list[bytes]) -> int:
-        """Push the leading run of `hashes` held here to `dest` (a pull from there)."""
+    def send_to(self, dest: str, hashes: list[bytes], skip: int = 0) -> int:
+        """Push the leading run of `hashes` held here to `dest` (a pull from there),
+        but for the first `skip`, which `dest` holds already; returns how many leading
+        blocks `dest` will then have."""
         if self.pool is None:
             return 0
-        sent = 0
-        for h in hashes:
+        skip = max(0, min(skip, len(hashes)))
+        sent = skip
+        for h in hashes[skip:]:
             slot = self.pool.get(h)
             if slot is None and (slot := self._promote(h)) is not None:
                 self.counters.hits_ssd += 1

@@ -8,9 +8,9 @@ import structlog
 from nats.aio.msg import Msg
 
 from shared import bus
+from shared.block_hash import hex_hashes
 from shared.engine import generate
 from shared.instance import Instance
-from shared.block_hash import hex_hashes
 from shared.messages import (
     REQUEST_EVENTS,
     MessageError,
@@ -62,7 +62,7 @@ class Prefiller:
         config = self.instance.config
         bs = config.block_size
         hashes = hex_hashes(req.prompt_token_ids[: req.pull_blocks * bs], bs, config.model_salt)
-        ask = MessengerCommand(op="send", node=self.instance.node, hashes=hashes)
+        ask = MessengerCommand(op="send", node=self.instance.node, hashes=hashes, skip=req.pull_skip)
         try:
             ack = await bus.request(self.instance.nc, messenger_subject(req.pull_from), ask, MessengerAck, timeout=1.0)
         except (TimeoutError, MessageError) as e:

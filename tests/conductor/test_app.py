@@ -80,6 +80,7 @@ def test_pool_index_from_kv_events_routes_and_pulls_and_forgets_a_silent_node():
     # Round robin picks p0 (node-0 holds 1 block); node-1 holds 3 (DRAM and SSD): pull them.
     reply = c.schedule(ask("r1", ["a", "b", "c", "d"]), now=0.0)
     assert reply.prefill_id == "p0" and (reply.pull_from, reply.pull_blocks) == ("node-1", 3)
+    assert reply.pull_skip == 1  # node-0's pool holds "a": it does not travel again
     # The books charge p0 for that pull: 3 blocks it will not compute.
     assert c.state.prefill["p0"].outstanding["r1"].cached_tokens == 3 * 128
     # Evicted from SSD too: gone from node-1.

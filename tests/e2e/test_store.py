@@ -69,6 +69,27 @@ def test_a_prefix_computed_on_one_node_is_reused_by_a_prefill_on_another(store_c
     assert messenger(store_cluster.nats_url, node).blocks_received >= len(PREFIX) // BLOCK
 
 
+def test_a_pull_sends_only_the_blocks_the_puller_lacks(store_cluster, store_client, reference):
+    # Round robin goes on from the test above: the third prompt to the first one's
+    # instance (it holds PREFIX and computes 2 blocks more), the fourth to the other,
+    # whose node's pool holds PREFIX already (pulled above): only the 2 new blocks travel
+    # (the model's context is 1,024 tokens).
+    rnd = random.Random(2)
+    longer = PREFIX + tokens(2 * BLOCK, rnd)
+    third, fourth = longer + tokens(50, rnd), longer + tokens(70, rnd)
+    _, _, where3 = complete(store_client, third)
+    holder, puller = ("node-1", "node-0") if where3["prefill_instance"] == "prefill-1" else ("node-0", "node-1")
+    sent0, got0 = messenger(store_cluster.nats_url, holder), messenger(store_cluster.nats_url, puller)
+    out, cached, where4 = complete(store_client, fourth)
+    assert where4["prefill_instance"] != where3["prefill_instance"]
+    assert cached >= len(longer)
+    assert out == reference.greedy([fourth], MAX_TOKENS)[0]
+    sent, got = messenger(store_cluster.nats_url, holder), messenger(store_cluster.nats_url, puller)
+    assert got.blocks_received - got0.blocks_received == 2
+    # Every layer the holder sent was new to the puller: none of PREFIX's went again.
+    assert sent.layers_out - sent0.layers_out == got.layers_in - got0.layers_in > 0
+
+
 def ssd_totals(cluster) -> tuple[int, int, int]:
     """(hits from SSD, spills, damaged files dropped) over every node."""
     stats = [messenger(cluster.nats_url, f"node-{n}") for n in range(3)]

@@ -90,6 +90,22 @@ def test_a_block_already_in_the_pool_is_sent_without_being_written_again(tmp_pat
     assert [e.kind for e in b.take_events()] == ["ready"]
 
 
+def test_a_pull_sends_only_the_blocks_the_puller_lacks(tmp_path):
+    a = node(tmp_path / "a", "a")
+    hashes = [bytes([i]) * 16 for i in range(3)]
+    for h in hashes:
+        slot = a.control(Reserve(owner="r1", hashes=[h])).slots[0]
+        for layer in range(3):
+            write_layer(a, slot, layer, 5)
+    # b holds the first block already: two blocks travel, and b will hold three.
+    assert a.send_to("b", hashes, skip=1) == 3
+    assert len(a.transport.sent) == 2 * GEOMETRY.layers
+    assert {frame_decoder.decode(header).block_hash for _, header, _ in a.transport.sent} == set(hashes[1:])
+    a.transport.sent.clear()
+    assert a.send_to("b", [hashes[0], b"?" * 16, hashes[2]]) == 1  # only the leading run it holds
+    assert len(a.transport.sent) == GEOMETRY.layers
+
+
 def test_a_second_engine_with_another_geometry_is_refused(tmp_path):
     a = node(tmp_path, "a")
     other = Geometry(layers=2, shape=(1, 8, 8), dtype="uint8", itemsize=1, layout="x")
