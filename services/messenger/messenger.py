@@ -347,6 +347,8 @@ class Messenger:
         )
 
     def close(self) -> None:
+        if self.ssd is not None:
+            self.ssd.close()
         if self.file is not None:
             self.file.close()
             try:

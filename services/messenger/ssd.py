@@ -4,12 +4,19 @@ A file is the block's whole pool slot (header, then the layers), so it describes
 itself: after a restart the tier is rebuilt by reading the headers in its folder.
 A file is verified against its checksums before it is served; a bad one is deleted,
 never served. Capacity is in bytes; the least recently used file goes first.
+
+Disk work of a spill happens on a writer thread, not on the messenger's event loop
+(a 70B model's block is tens of MiB: a synchronous write would stall transfers and
+heartbeats). A spill copies the slot first, since DRAM reuses it at once, and a block
+whose write is still queued is served from that copy.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import structlog
@@ -21,7 +28,7 @@ SUFFIX = ".blk"
 
 
 class SsdTier:
-    def __init__(self, path: Path, capacity_bytes: int, geometry: Geometry, model: int) -> None:
+    def __init__(self, path: Path, capacity_bytes: int, geometry: Geometry, model: int, background: bool = True) -> None:
         if capacity_bytes < geometry.slot_bytes:
             raise ValueError(f"ssd capacity {capacity_bytes} holds no block of {geometry.slot_bytes} bytes")
         self.path = path
@@ -30,6 +37,11 @@ class SsdTier:
         self.model = model
         self.lru: OrderedDict[bytes, None] = OrderedDict()
         self.dropped = 0  # files that failed verification
+        # Spilled blocks whose file is not written yet; the writer thread removes them.
+        self.pending: dict[bytes, bytes] = {}
+        self._lock = threading.Lock()
+        # One thread: files are written and unlinked in the order they were asked for.
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="ssd-writer") if background else None
         path.mkdir(parents=True, exist_ok=True)
         self._scan()
 
@@ -47,26 +59,65 @@ class SsdTier:
         if block_hash in self.lru:
             self.lru.move_to_end(block_hash)
             return []
-        target = self._file(block_hash)
-        tmp = target.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(slot)
-        os.replace(tmp, target)  # a crash leaves no half-written block under the real name
+        data = bytes(slot)  # the DRAM slot gets a new block as soon as this returns
+        with self._lock:
+            self.pending[block_hash] = data
+        self._io(self._write, block_hash, data)
         self.lru[block_hash] = None
         removed = []
         while len(self.lru) > self.capacity_blocks:
             old, _ = self.lru.popitem(last=False)
-            self._file(old).unlink(missing_ok=True)
+            self._forget(old)
             removed.append(old)
         return removed
+
+    def flush(self) -> None:
+        """Wait until every spill asked for so far is on disk."""
+        if self._writer is not None:
+            self._writer.submit(lambda: None).result()
+
+    def close(self) -> None:
+        """Finish the queued writes (a restart finds them) and stop the writer."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+
+    def _io(self, fn, *args) -> None:
+        if self._writer is None:
+            fn(*args)
+        else:
+            self._writer.submit(fn, *args)
+
+    def _write(self, block_hash: bytes, data: bytes) -> None:
+        target = self._file(block_hash)
+        tmp = target.with_suffix(".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)  # a crash leaves no half-written block under the real name
+        except OSError as e:  # disk full or gone: the block stays readable from memory until forgotten
+            log.warning("ssd write failed", block=block_hash.hex()[:16], error=str(e))
+            return
+        with self._lock:
+            if self.pending.get(block_hash) is data:  # not spilled again since
+                del self.pending[block_hash]
+
+    def _forget(self, block_hash: bytes) -> None:
+        """Its file goes (after any write of it still queued)."""
+        with self._lock:
+            self.pending.pop(block_hash, None)
+        self._io(_unlink, self._file(block_hash))
 
     def read(self, block_hash: bytes) -> tuple[bytes, list[int]] | None:
         """The block's slot bytes and layer checksums, verified; None (and the file
         deleted) when it is missing or damaged."""
         if block_hash not in self.lru:
             return None
+        with self._lock:
+            data = self.pending.get(block_hash)
         try:
-            data = self._file(block_hash).read_bytes()
+            if data is None:
+                data = self._file(block_hash).read_bytes()
             header = self._check_header(data[:HEADER_BYTES], len(data), block_hash)
             g = self.geometry
             for layer, expected in enumerate(header.layer_checksums):
@@ -110,7 +161,11 @@ class SsdTier:
         log.warning("ssd block dropped", block=block_hash.hex()[:16], error=why)
         self.dropped += 1
         self.lru.pop(block_hash, None)
-        self._file(block_hash).unlink(missing_ok=True)
+        self._forget(block_hash)
 
     def _file(self, block_hash: bytes) -> Path:
         return self.path / f"{block_hash.hex()}{SUFFIX}"
+
+
+def _unlink(path: Path) -> None:
+    path.unlink(missing_ok=True)

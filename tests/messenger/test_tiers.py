@@ -94,6 +94,7 @@ def test_evicted_blocks_spill_to_ssd_and_come_back_on_a_hit(tmp_path):
     store(m, 3)  # evicts block 1 to SSD
     events = kinds(m)
     assert ("evicted", "dram", [h(1).hex()]) in events and ("stored", "ssd", [h(1).hex()]) in events
+    m.ssd.flush()
     assert (tmp_path / "ssd" / f"{h(1).hex()}.blk").exists()
     assert h(1) in m.control(Snapshot()).ready  # engines still see it as available
     (slot,) = m.control(Pin(owner="r", hashes=[h(1)])).slots
@@ -128,5 +129,23 @@ def test_the_ssd_tier_keeps_within_its_size(tmp_path):
     m = start(tmp_path, ssd_path=str(tmp_path / "ssd"), ssd_bytes=2 * GEOMETRY.slot_bytes)
     for i in range(1, 7):
         store(m, i)  # 4 spills into a 2-block tier
+    m.ssd.flush()
     assert len(list((tmp_path / "ssd").glob("*.blk"))) == 2
     assert m.stats().ssd_blocks == 2
+
+
+def test_a_spill_leaves_the_event_loop_and_is_served_while_its_write_is_queued(tmp_path):
+    import threading
+
+    m = start(tmp_path, ssd_path=str(tmp_path / "ssd"), ssd_bytes=10 * GEOMETRY.slot_bytes)
+    store(m, 1)
+    store(m, 2)
+    disk = threading.Event()
+    m.ssd._writer.submit(disk.wait)  # the disk is slow: nothing gets written yet
+    store(m, 3)  # evicts block 1: its DRAM slot now holds block 3
+    assert not (tmp_path / "ssd" / f"{h(1).hex()}.blk").exists()
+    (slot,) = m.control(Pin(owner="r", hashes=[h(1)])).slots  # served from the spill's own copy
+    assert content(m, slot) == {1}
+    disk.set()
+    m.ssd.flush()
+    assert (tmp_path / "ssd" / f"{h(1).hex()}.blk").exists() and not m.ssd.pending
