@@ -3,6 +3,7 @@ scheduling results on real and synthetic traces."""
 
 from dataclasses import replace
 from pathlib import Path
+from statistics import pstdev
 
 import pytest
 
@@ -153,6 +154,24 @@ def test_admission_beats_refusing_at_decode_when_both_stages_are_loaded():
     assert refused["none"] > max(refused["early_reject"], refused["predictive"]), refused
     assert runs["none"]["slo_attainment"] < min(runs["early_reject"]["slo_attainment"], runs["predictive"]["slo_attainment"])
     assert runs["none"]["rejected"] == 0 < runs["early_reject"]["rejected"]  # early ones: no prefill spent
+
+
+def test_predictive_admission_damps_the_swings_of_early_rejection_and_refuses_fewer():
+    # README "Simulator", Table 3 with the paper trace's mean lengths (7,590 tokens in,
+    # 182 out) and prefill over capacity: early rejection, judging decode as it is now,
+    # lets the prefill queue swing; predictive holds it steady, keeps decode fuller and
+    # refuses fewer: the paper's order of the two.
+    trace = synthetic(SyntheticSpec(requests=4000, rate_per_s=5, input_mean=7590, output_mean=182))
+    config = SimConfig(policy="kvcentric", speed=2.0, max_batch=16, decode_time_s=15.0)
+    early, predictive = (simulate(trace, replace(config, admission=a), H100_70B_FAST_PREFILL).result
+                         for a in ("early_reject", "predictive"))
+    assert early["refused"] > predictive["refused"], (early["refused"], predictive["refused"])
+    assert early["slo_attainment"] < predictive["slo_attainment"]
+
+    def swing(result: dict) -> float:  # the prefill queue's spread while requests arrive
+        return pstdev(s["prefill_queue_s"] for s in result["load_over_time"] if 100 <= s["t"] <= 350)
+
+    assert swing(early) > 2 * swing(predictive), (swing(early), swing(predictive))
 
 
 def test_plots_are_written_as_png(tmp_path):
