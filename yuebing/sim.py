@@ -487,9 +487,24 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
             "simulated_requests_per_s": len(trace) / wall if wall else 0.0,
             "wall_s": wall,
             "load_over_time": sim.samples,
+            "load_spread": load_spread(sim.samples, max((o.arrival_s for o in outcomes), default=0.0)),
         }
     )
     return SimRun(result, outcomes)
+
+
+def load_spread(samples: Sequence[dict], last_arrival_s: float) -> dict[str, float]:
+    """Mean and standard deviation of the prefill queue and the decode batch over the
+    middle 80 % of the arrival span (warm-up and drain left out): how much admission
+    lets the load swing (Mooncake §7's oscillation under early rejection)."""
+    import statistics
+
+    window = [s for s in samples if 0.1 * last_arrival_s <= s["t"] <= 0.9 * last_arrival_s]
+    out = {}
+    for key in ("prefill_queue_s", "decode_batch"):
+        values = [s[key] for s in window] or [0.0]
+        out[f"{key}_mean"], out[f"{key}_std"] = statistics.fmean(values), statistics.pstdev(values)
+    return out
 
 
 def compare(trace: Sequence[TraceRequest], configs: Sequence[SimConfig], predictor: Predictor, progress: bool = True) -> list[SimRun]:
