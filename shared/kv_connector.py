@@ -128,6 +128,7 @@ class YuebingConnector(KVConnectorBase_V1):
         self.caches: list[torch.Tensor] = []  # per layer, block dim first
         self.pool: PoolFile | None = None
         self.pool_bytes: torch.Tensor | None = None
+        self.gone_pool_id = ""  # a pool a step named that is not this node's any more
         self.geometry: Geometry | None = None
         self._load_thread: threading.Thread | None = None
         self._layer_loaded: list[threading.Event] = []
@@ -259,9 +260,15 @@ class YuebingConnector(KVConnectorBase_V1):
         return True
 
     def _pool_ready(self, pool_id: str) -> bool:
-        if not pool_id:
+        """Whether this step's slots are in the pool mapped here (mapping the node's pool
+        again if its messenger restarted). A pool found gone is remembered: a step asks
+        once, not once per layer, and each ask may wait `timeout_s` on a dead messenger."""
+        if not pool_id or pool_id == self.gone_pool_id:
             return False
-        return pool_id == self.pool_id or (self._map_pool() and pool_id == self.pool_id)
+        if pool_id == self.pool_id or (self._map_pool() and pool_id == self.pool_id):
+            return True
+        self.gone_pool_id = pool_id
+        return False
 
     def _slot_layer(self, slot: int, layer: int) -> torch.Tensor:
         assert self.pool is not None and self.pool_bytes is not None and self.geometry is not None
