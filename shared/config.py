@@ -50,6 +50,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     profile: str = ""
     # Predictive admission's t_d: how long a request is assumed to decode.
     decode_time_s: float = 10.0
+    # Learn t_d from the decodes that complete (decode_time_s is where it starts).
+    learn_decode_time: bool = True
     # Blocks the Conductor assumes each prefill engine's prefix cache holds.
     index_capacity_blocks: int = 2048
     # KV transfer. kv_dir: where each node's messenger puts its pool file and local

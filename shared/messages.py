@@ -103,6 +103,7 @@ class ConductorStats(Message):
     wasted_prefill: int
     pool_blocks: int  # distinct blocks in the cluster-wide pool index
     pool_nodes: list[str]  # nodes whose pools it indexes
+    decode_time_ms: float = 0.0  # t_d its books use now (learned from completed decodes)
 
 
 # --- generation ---------------------------------------------------------------
@@ -160,12 +161,14 @@ class DecodeAccept(Message):
 
 
 class RequestEvent(Message):
-    """prefill_done: its decode starts now; finished: it left the cluster (any way);
-    decode_refused: decode turned it away after prefill (wasted prefill)."""
+    """prefill_done: its decode starts now; finished: it left the cluster (any way;
+    `completed` when it decoded to its end); decode_refused: decode turned it away
+    after prefill (wasted prefill)."""
 
     request_id: str
     kind: Literal["prefill_done", "finished", "decode_refused"]
     instance_id: str = ""
+    completed: bool = False
 
 
 class TokenChunk(Message):

@@ -161,6 +161,7 @@ def _sim(args: argparse.Namespace) -> int:
         chunk_tokens=args.chunk_tokens,
         max_batch=args.max_batch,
         decode_time_s=args.decode_time,
+        learn_decode_time=args.learn_decode_time,
         request_timeout_s=args.request_timeout,
         speed=args.speed,
         seed=args.seed,
@@ -417,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--prefill-time-scale", type=float, default=1.0,
                     help="what-if: the profile's prefill times × this (e.g. 0.5: instances prefill twice as fast)")
     sp.add_argument("--decode-time", type=float, default=10.0, help="predictive admission's t_d, s")
+    sp.add_argument("--learn-decode-time", action="store_true",
+                    help="learn t_d from completed decodes, starting at --decode-time (as the live Conductor does)")
     sp.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
                     help="a client with no first token after this many s gives up (0: never), as the live gateway's deadline")
     sp.add_argument("--plot-dir", help="write PNG plots here")

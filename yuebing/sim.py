@@ -88,6 +88,7 @@ class SimConfig:
     chunk_tokens: int = 0  # a prefill step's token budget (vLLM's chunked prefill); 0: a whole prompt a step
     max_batch: int = 128  # requests a decode instance's KV cache holds; one more is refused
     decode_time_s: float = 10.0  # predictive admission's t_d
+    learn_decode_time: bool = False  # t_d from completed decodes, decode_time_s its start (as the live Conductor)
     speed: float = 1.0  # replay speed factor
     # A client that has no first token this long after sending gives up, as the live
     # gateway's request deadline makes it (a decode outlasting it is rare: 2,000
@@ -163,7 +164,8 @@ class Simulation:
             kv_bytes_per_token=config.kv_bytes_per_token,
             transfer_bytes_per_s=config.bandwidth_gbps * 1e9,
         )
-        params = Params(block_size=config.block_tokens, decode_time_s=config.decode_time_s)
+        params = Params(block_size=config.block_tokens, decode_time_s=config.decode_time_s,
+                        learn_decode_time=config.learn_decode_time)
         self.scheduler = Scheduler(config.policy, config.admission, self.predictor, params, seed=config.seed)
         self.index = PrefixIndex(config.pool_blocks)
         self.state = ClusterState(self.predictor, params, self.index, decode_capacity=config.max_batch)
@@ -224,7 +226,7 @@ class Simulation:
 
     def _arrive(self, r: SimRequest, _v: int) -> None:
         loads = self.state.prefill_loads(r.hashes, self.now)
-        out = self.scheduler.schedule(r.request, loads, self.state.decode_loads(self.now), self.now)
+        out = self.scheduler.schedule(r.request, loads, self.state.decode_loads(self.now), self.now, self.state.decode_time_s)
         if not isinstance(out, Decision):
             r.outcome.rejected = True
             return
@@ -408,7 +410,7 @@ class Simulation:
         o = r.outcome
         o.end_s = self.now
         o.tbt_mean_s, o.tbt_p90_s, o.tbt_tail_s = segment_stats(r.segments)
-        self.state.finished(r.rid, self.now)
+        self.state.finished(r.rid, self.now, completed=True)
 
     # --- load over time -----------------------------------------------------
     def _sample(self, _obj: object, _v: int) -> None:
@@ -487,6 +489,7 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
             "simulated_requests_per_s": len(trace) / wall if wall else 0.0,
             "wall_s": wall,
             "load_over_time": sim.samples,
+            "decode_time_s": sim.state.decode_time_s,  # t_d at the end (learned with --learn-decode-time)
             "load_spread": load_spread(sim.samples, max((o.arrival_s for o in outcomes), default=0.0)),
         }
     )

@@ -50,7 +50,8 @@ class Conductor:
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
         predictor = load_predictor(profile_path(config))
-        params = Params(block_size=config.block_size, decode_time_s=config.decode_time_s)
+        params = Params(block_size=config.block_size, decode_time_s=config.decode_time_s,
+                        learn_decode_time=config.learn_decode_time)
         self.scheduler = Scheduler(config.policy, config.admission, predictor, params)
         self.state = ClusterState(predictor, params, PrefixIndex(config.index_capacity_blocks))
         self.registry = Registry(timeout_s=config.liveness_timeout_s)
@@ -118,6 +119,7 @@ class Conductor:
         return ConductorStats(
             accepted=self.counts["accepted"], rejected=self.counts["rejected"], wasted_prefill=self.counts["wasted_prefill"],
             pool_blocks=len(self.pools), pool_nodes=sorted(set(self.messenger_nodes.values())),
+            decode_time_ms=self.state.decode_time_s * 1e3,
         )
 
     def schedule(self, ask: ScheduleRequest, now: float) -> ScheduleReply:
@@ -136,7 +138,7 @@ class Conductor:
         loads = self.state.prefill_loads(ask.block_hashes, now, pool_prefix)
         prefills = [x for x in loads if x.instance_id in live_prefill]
         decodes = [self._with_room(x, live_decode[x.instance_id]) for x in self.state.decode_loads(now) if x.instance_id in live_decode]
-        out = self.scheduler.schedule(req, prefills, decodes, now)
+        out = self.scheduler.schedule(req, prefills, decodes, now, self.state.decode_time_s)
         log.debug("decision", request_id=req.request_id, request=req, prefills=prefills, decodes=decodes, out=out)
         if not isinstance(out, Decision):
             self.counts["rejected"] += 1
@@ -183,11 +185,11 @@ class Conductor:
         if event.kind == "decode_refused":
             self.counts["wasted_prefill"] += 1
             log.warning("wasted prefill: decode refused", request_id=event.request_id, decode=event.instance_id)
-        self.finish(event.request_id, now)
+        self.finish(event.request_id, now, completed=event.kind == "finished" and event.completed)
 
-    def finish(self, request_id: str, now: float) -> None:
+    def finish(self, request_id: str, now: float, completed: bool = False) -> None:
         self.deadlines.pop(request_id, None)
-        self.state.finished(request_id, now)
+        self.state.finished(request_id, now, completed)
 
 
 def parser() -> argparse.ArgumentParser:

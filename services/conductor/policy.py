@@ -111,6 +111,9 @@ class Params:
     preble_hit_ratio: float = 0.7  # preble: a cache-heavy instance takes explored requests
     preble_imbalance: float = 1.5  # preble: heaviest/lightest load that triggers rebalancing
     decode_time_s: float = 10.0  # predictive admission: t_d, the uniform decode duration
+    # t_d from the decodes that complete (a running mean; decode_time_s its start):
+    # a configured guess can be far off the workload's (seconds against minutes).
+    learn_decode_time: bool = False
 
 
 @dataclass
@@ -267,8 +270,10 @@ class Scheduler:
         self.ctx = Context(predictor, params, random.Random(seed))
 
     def schedule(
-        self, req: Request, prefills: Sequence[PrefillLoad], decodes: Sequence[DecodeLoad], now: float
+        self, req: Request, prefills: Sequence[PrefillLoad], decodes: Sequence[DecodeLoad], now: float,
+        decode_time_s: float | None = None,
     ) -> Decision | Rejection:
+        """`decode_time_s`: t_d as the books now know it (default: the configured one)."""
         if not prefills or not decodes:
             missing = "prefill" if not prefills else "decode"
             return Rejection("unavailable", f"no live {missing} instance", retry_after_s=1.0)
@@ -279,7 +284,8 @@ class Scheduler:
         # that admitting it cannot overfill a decode for requests admitted before.
         # Admission judges that decode: as predicted (predictive) or as it is now
         # (early_reject, which cannot see the lag between admission and decoding).
-        decode, tbt = choose_decode(req, decodes, prefill_end, self.ctx, prefill_end + self.ctx.params.decode_time_s)
+        t_d = self.ctx.params.decode_time_s if decode_time_s is None else decode_time_s
+        decode, tbt = choose_decode(req, decodes, prefill_end, self.ctx, prefill_end + t_d)
         if self.admission != "none":
             if choice.ttft_s > req.slo_ttft_s:
                 return Rejection(

@@ -16,6 +16,7 @@ from services.conductor.policy import Decision, DecodeItem, DecodeLoad, Params, 
 from shared.predictor import Predictor
 
 WINDOW_S = 180.0  # Preble's load window: three minutes
+DECODE_TIME_WEIGHT = 0.05  # learned t_d: the weight of each completed decode (about the last 20)
 
 
 @dataclass
@@ -70,6 +71,11 @@ class ClusterState:
     decode_capacity: int = 1 << 30  # requests one decode instance can hold at once
     # Where each request is, so events that name only the request find their books.
     placed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    decode_time_s: float = 0.0  # t_d as used now: the configured one, or learned (Params.learn_decode_time)
+    decoding_since: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.decode_time_s = self.decode_time_s or self.params.decode_time_s
 
     # --- membership ---------------------------------------------------------
     def add_instance(self, role: str, instance_id: str) -> None:
@@ -107,7 +113,7 @@ class ClusterState:
         return loads
 
     def decode_loads(self, now: float) -> list[DecodeLoad]:
-        t_d = self.params.decode_time_s
+        t_d = self.decode_time_s
         return [DecodeLoad(iid, tuple(_due(i, now, t_d) for i in items.values()), self.decode_capacity)
                 for iid, items in sorted(self.decode.items())]
 
@@ -123,26 +129,35 @@ class ClusterState:
         # The prefill engine keeps these blocks in its prefix cache afterwards.
         self.index.insert(choice.instance_id, hashes)
         start = now + decision.prefill.ttft_s
-        item = DecodeItem(start, start + self.params.decode_time_s, req.prompt_len + req.max_tokens // 2)
+        item = DecodeItem(start, start + self.decode_time_s, req.prompt_len + req.max_tokens // 2)
         self.decode[decision.decode_id][req.request_id] = item
         self.placed[req.request_id] = (choice.instance_id, decision.decode_id)
 
     def prefill_done(self, request_id: str, now: float) -> None:
-        prefill_id, decode_id = self.placed.get(request_id, ("", ""))
-        book = self.prefill.get(prefill_id)
-        if book is not None and book.done(request_id) and not book.outstanding:
-            book.busy_until = min(book.busy_until, now)  # idle now, whatever we predicted
+        self._off_prefill(request_id, now)
+        _, decode_id = self.placed.get(request_id, ("", ""))
         items = self.decode.get(decode_id)
         if items is not None and request_id in items:
             # Decoding starts now; it should last t_d from here.
             old = items[request_id]
-            items[request_id] = DecodeItem(now, now + self.params.decode_time_s, old.ctx_tokens)
+            items[request_id] = DecodeItem(now, now + self.decode_time_s, old.ctx_tokens)
+            self.decoding_since.setdefault(request_id, now)
 
-    def finished(self, request_id: str, now: float) -> None:
-        """Decode done, refused, cancelled or failed: the request leaves every book."""
-        self.prefill_done(request_id, now)
+    def finished(self, request_id: str, now: float, completed: bool = False) -> None:
+        """Decode done (`completed`), refused, cancelled or failed: the request leaves
+        every book; a completed decode teaches t_d how long decodes take."""
+        self._off_prefill(request_id, now)  # if its prefill_done never came
         _, decode_id = self.placed.pop(request_id, ("", ""))
         self.decode.get(decode_id, {}).pop(request_id, None)
+        since = self.decoding_since.pop(request_id, None)
+        if completed and since is not None and self.params.learn_decode_time:
+            self.decode_time_s += DECODE_TIME_WEIGHT * (now - since - self.decode_time_s)
+
+    def _off_prefill(self, request_id: str, now: float) -> None:
+        prefill_id, _ = self.placed.get(request_id, ("", ""))
+        book = self.prefill.get(prefill_id)
+        if book is not None and book.done(request_id) and not book.outstanding:
+            book.busy_until = min(book.busy_until, now)  # idle now, whatever we predicted
 
 
 def _due(item: DecodeItem, now: float, t_d: float) -> DecodeItem:

@@ -140,6 +140,8 @@ class Pipeline:
         finally:
             if not finished:  # cancelled, failed or abandoned: free the instances' slots
                 await self._publish(CANCEL, Cancel(request_id=request_id, reason="abandoned by gateway"))
+            elif outcome.kind == "finished":
+                outcome = RequestEvent(request_id=request_id, kind="finished", completed=True)
             await self._publish(REQUEST_EVENTS, outcome)  # the Conductor closes its books
 
     async def _prefill(

@@ -1,3 +1,5 @@
+import pytest
+
 from services.conductor.index import PrefixIndex
 from services.conductor.policy import Decision, Params, PrefillChoice, Request
 from services.conductor.state import WINDOW_S, ClusterState
@@ -62,3 +64,30 @@ def test_window_forgets_old_work_and_index_remembers_blocks():
     assert s.prefill_loads(["r1-0", "r1-1", "zz"], now=0.0)[0].prefix_blocks == 2
     s.remove_instance("p0")
     assert s.prefill_loads([], now=0.0) == []
+
+
+def test_t_d_is_learned_from_completed_decodes_only():
+    from dataclasses import replace
+
+    s = ClusterState(PRED, replace(PARAMS, learn_decode_time=True), PrefixIndex(capacity_blocks=1000))
+    s.add_instance("prefill", "p0")
+    s.add_instance("decode", "d0")
+    for i in range(100):  # decodes of 1 s against the configured 5 s
+        assign(s, f"r{i}", now=10.0 * i)
+        s.prefill_done(f"r{i}", now=10.0 * i + 1)
+        s.finished(f"r{i}", now=10.0 * i + 2, completed=True)
+    assert 1.0 < s.decode_time_s < 1.05
+    assign(s, "new", now=2000.0, ttft=1.0)
+    (dl,) = s.decode_loads(now=2000.0)
+    assert dl.items[0].end - dl.items[0].start == pytest.approx(s.decode_time_s)  # new requests are booked for it
+    learned = s.decode_time_s
+    assign(s, "cut", now=3000.0)
+    s.prefill_done("cut", now=3001.0)
+    s.finished("cut", now=3001.1)  # cancelled or failed: says nothing of decode times
+    s.finished("never", now=3002.0, completed=True)  # never seen decoding
+    assert s.decode_time_s == learned
+    fixed = state()  # learning off: t_d stays as configured
+    assign(fixed, "r", now=0.0)
+    fixed.prefill_done("r", now=1.0)
+    fixed.finished("r", now=2.0, completed=True)
+    assert fixed.decode_time_s == 5.0

@@ -8,6 +8,8 @@ import random
 import httpx
 import pytest
 
+from tests.e2e.ops import conductor_stats
+
 pytestmark = pytest.mark.e2e
 
 
@@ -33,3 +35,14 @@ def test_cache_aware_sends_shared_prefixes_back_to_their_instance(two_prefills):
         complete(two_prefills, prefix + [10])
         again = complete(two_prefills, prefix + [rng.randrange(32, 127) for _ in range(40)])
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 640
+
+
+def test_the_conductor_learns_how_long_decodes_take(two_prefills):
+    # Configured t_d is 10 s; these decodes take well under one: each completed one
+    # moves the books' t_d towards what the cluster does.
+    before = conductor_stats(two_prefills.nats_url).decode_time_ms
+    rng = random.Random(4)
+    for _ in range(3):
+        complete(two_prefills, [rng.randrange(32, 127) for _ in range(100)])
+    after = conductor_stats(two_prefills.nats_url).decode_time_ms
+    assert after < before * 0.95**2, (before, after)
