@@ -190,8 +190,9 @@ class Cancel(Message):
 class MessengerCommand(Message):
     """stats: report counters; snapshot: list every block held (a KvSnapshot);
     send: push the leading `hashes` held here to `node` (what a prefill that pulls
-    asks the holder), but for the first `skip`, which `node` holds already; fault: corrupt the payload of the next `corrupt_next` layers
-    sent (fault injection for tests only)."""
+    asks the holder), but for the first `skip`, which `node` holds already; fault:
+    corrupt the payload of the next `corrupt_next` layers sent (fault injection for
+    tests only)."""
 
     op: Literal["stats", "snapshot", "send", "fault"]
     node: str = ""

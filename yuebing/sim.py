@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -500,8 +501,6 @@ def load_spread(samples: Sequence[dict], last_arrival_s: float) -> dict[str, flo
     """Mean and standard deviation of the prefill queue and the decode batch over the
     middle 80 % of the arrival span (warm-up and drain left out): how much admission
     lets the load swing (Mooncake §7's oscillation under early rejection)."""
-    import statistics
-
     window = [s for s in samples if 0.1 * last_arrival_s <= s["t"] <= 0.9 * last_arrival_s]
     out = {}
     for key in ("prefill_queue_s", "decode_batch"):

@@ -71,11 +71,10 @@ class ClusterState:
     decode_capacity: int = 1 << 30  # requests one decode instance can hold at once
     # Where each request is, so events that name only the request find their books.
     placed: dict[str, tuple[str, str]] = field(default_factory=dict)
-    decode_time_s: float = 0.0  # t_d as used now: the configured one, or learned (Params.learn_decode_time)
-    decoding_since: dict[str, float] = field(default_factory=dict)
+    decode_time_s: float = field(init=False)  # t_d as used now: configured, or learned (Params.learn_decode_time)
 
     def __post_init__(self) -> None:
-        self.decode_time_s = self.decode_time_s or self.params.decode_time_s
+        self.decode_time_s = self.params.decode_time_s
 
     # --- membership ---------------------------------------------------------
     def add_instance(self, role: str, instance_id: str) -> None:
@@ -141,17 +140,16 @@ class ClusterState:
             # Decoding starts now; it should last t_d from here.
             old = items[request_id]
             items[request_id] = DecodeItem(now, now + self.decode_time_s, old.ctx_tokens)
-            self.decoding_since.setdefault(request_id, now)
 
     def finished(self, request_id: str, now: float, completed: bool = False) -> None:
         """Decode done (`completed`), refused, cancelled or failed: the request leaves
         every book; a completed decode teaches t_d how long decodes take."""
         self._off_prefill(request_id, now)  # if its prefill_done never came
         _, decode_id = self.placed.pop(request_id, ("", ""))
-        self.decode.get(decode_id, {}).pop(request_id, None)
-        since = self.decoding_since.pop(request_id, None)
-        if completed and since is not None and self.params.learn_decode_time:
-            self.decode_time_s += DECODE_TIME_WEIGHT * (now - since - self.decode_time_s)
+        item = self.decode.get(decode_id, {}).pop(request_id, None)
+        if completed and item is not None and self.params.learn_decode_time:
+            # item.start: when its prefill_done said decoding began
+            self.decode_time_s += DECODE_TIME_WEIGHT * (now - item.start - self.decode_time_s)
 
     def _off_prefill(self, request_id: str, now: float) -> None:
         prefill_id, _ = self.placed.get(request_id, ("", ""))

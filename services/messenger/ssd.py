@@ -28,7 +28,7 @@ SUFFIX = ".blk"
 
 
 class SsdTier:
-    def __init__(self, path: Path, capacity_bytes: int, geometry: Geometry, model: int, background: bool = True) -> None:
+    def __init__(self, path: Path, capacity_bytes: int, geometry: Geometry, model: int) -> None:
         if capacity_bytes < geometry.slot_bytes:
             raise ValueError(f"ssd capacity {capacity_bytes} holds no block of {geometry.slot_bytes} bytes")
         self.path = path
@@ -41,7 +41,7 @@ class SsdTier:
         self.pending: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
         # One thread: files are written and unlinked in the order they were asked for.
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="ssd-writer") if background else None
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="ssd-writer")
         path.mkdir(parents=True, exist_ok=True)
         self._scan()
 
@@ -62,7 +62,7 @@ class SsdTier:
         data = bytes(slot)  # the DRAM slot gets a new block as soon as this returns
         with self._lock:
             self.pending[block_hash] = data
-        self._io(self._write, block_hash, data)
+        self._writer.submit(self._write, block_hash, data)
         self.lru[block_hash] = None
         removed = []
         while len(self.lru) > self.capacity_blocks:
@@ -73,20 +73,11 @@ class SsdTier:
 
     def flush(self) -> None:
         """Wait until every spill asked for so far is on disk."""
-        if self._writer is not None:
-            self._writer.submit(lambda: None).result()
+        self._writer.submit(lambda: None).result()
 
     def close(self) -> None:
         """Finish the queued writes (a restart finds them) and stop the writer."""
-        if self._writer is not None:
-            self._writer.shutdown(wait=True)
-            self._writer = None
-
-    def _io(self, fn, *args) -> None:
-        if self._writer is None:
-            fn(*args)
-        else:
-            self._writer.submit(fn, *args)
+        self._writer.shutdown(wait=True)
 
     def _write(self, block_hash: bytes, data: bytes) -> None:
         target = self._file(block_hash)
@@ -106,7 +97,7 @@ class SsdTier:
         """Its file goes (after any write of it still queued)."""
         with self._lock:
             self.pending.pop(block_hash, None)
-        self._io(_unlink, self._file(block_hash))
+        self._writer.submit(self._file(block_hash).unlink, missing_ok=True)
 
     def read(self, block_hash: bytes) -> tuple[bytes, list[int]] | None:
         """The block's slot bytes and layer checksums, verified; None (and the file
@@ -165,7 +156,3 @@ class SsdTier:
 
     def _file(self, block_hash: bytes) -> Path:
         return self.path / f"{block_hash.hex()}{SUFFIX}"
-
-
-def _unlink(path: Path) -> None:
-    path.unlink(missing_ok=True)
