@@ -181,6 +181,7 @@ class Simulation:
         self.now = 0.0
         self.samples: list[dict] = []
         self.requests: list[SimRequest] = []
+        self.unsettled = 0  # requests whose outcome is not final yet (arrived or not)
 
     # --- event queue --------------------------------------------------------
     def at(self, t: float, kind: str, obj: object, version: int = 0) -> None:
@@ -190,6 +191,7 @@ class Simulation:
         from tqdm import tqdm
 
         requests = self.requests = [self._request(i, r) for i, r in enumerate(trace)]
+        self.unsettled = len(requests)
         for r in requests:
             self.at(r.arrival, "arrive", r)
         if requests:
@@ -230,6 +232,7 @@ class Simulation:
         out = self.scheduler.schedule(r.request, loads, self.state.decode_loads(self.now), self.now, self.state.decode_time_s)
         if not isinstance(out, Decision):
             r.outcome.rejected = True
+            self._settle(r)
             return
         prefix = next(x.prefix_blocks for x in loads if x.instance_id == out.prefill.instance_id)
         if out.prefill.pull_from:  # replication: the pulled blocks now live on the chosen instance too
@@ -300,7 +303,7 @@ class Simulation:
         else:
             inst.queue.remove(r)
         r.outcome.failed = True
-        self.state.finished(r.rid, self.now)
+        self._settle(r)
 
     def _delay_prefills(self, seconds: float) -> None:
         for inst in self.prefills.values():
@@ -333,7 +336,7 @@ class Simulation:
         if full or self.predictor.decode_step_s(batch, tokens) > r.request.slo_tbt_s:  # the decode double-check
             r.outcome.wasted_prefill = True
             r.outcome.ttft_s = None
-            self.state.finished(r.rid, self.now)
+            self._settle(r)
             return
         if r.remaining <= 0:
             self._finish(r)
@@ -411,7 +414,12 @@ class Simulation:
         o = r.outcome
         o.end_s = self.now
         o.tbt_mean_s, o.tbt_p90_s, o.tbt_tail_s = segment_stats(r.segments)
-        self.state.finished(r.rid, self.now, completed=True)
+        self._settle(r, completed=True)
+
+    def _settle(self, r: SimRequest, completed: bool = False) -> None:
+        """Its outcome is final (served, refused or timed out): it leaves the books."""
+        self.unsettled -= 1
+        self.state.finished(r.rid, self.now, completed)
 
     # --- load over time -----------------------------------------------------
     def _sample(self, _obj: object, _v: int) -> None:
@@ -425,7 +433,9 @@ class Simulation:
                 "decode_tbt_s": sum(tbts) / len(tbts),
             }
         )
-        if self.events:  # sample for as long as anything else is still to happen
+        # Sample while any request is unsettled; not while only the deadlines of
+        # served requests are left (no-ops that would draw a flat tail).
+        if self.unsettled:
             self.at(self.now + self.config.sample_every_s, "sample", None)
 
     def replicas(self) -> dict[str, float]:
