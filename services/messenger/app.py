@@ -24,6 +24,7 @@ from shared.config import ClusterConfig
 from shared.instance import Instance
 from shared.kv_wire import (
     BlockEvent,
+    Pin,
     Reply,
     control_decoder,
     control_encoder,
@@ -110,10 +111,22 @@ class MessengerService:
     async def _control_once(self) -> None:
         identity, empty, body = await self.sockets.control.recv_multipart()
         try:
-            reply = self.messenger.control(control_decoder.decode(body))
+            message = control_decoder.decode(body)
         except msgspec.DecodeError as e:
             reply = Reply(ok=False, error=f"bad control message: {e}")
+        else:
+            if isinstance(message, Pin):
+                await self._read_from_ssd(message.hashes)
+            reply = self.messenger.control(message)
         await self.sockets.control.send_multipart([identity, empty, control_encoder.encode(reply)])
+
+    async def _read_from_ssd(self, hashes: list[bytes]) -> None:
+        """Bring the SSD-only blocks of a pin or a send into DRAM on a thread first: a
+        70B block is tens of MiB, and reading it inline would stall transfers and
+        heartbeats."""
+        for block_hash, slot in self.messenger.ssd_reads(hashes):
+            found = await asyncio.to_thread(self.messenger.ssd_load, block_hash, slot)
+            self.messenger.ssd_read_done(block_hash, slot, found)
 
     async def _notes_once(self) -> None:
         body = await self.sockets.written.recv()
@@ -151,6 +164,7 @@ class MessengerService:
         if cmd.op == "snapshot":
             reply: Message = self.messenger.snapshot()
         elif cmd.op == "send":
+            await self._read_from_ssd(hashes[cmd.skip:])
             reply = MessengerAck(ok=True, blocks=self.messenger.send_to(cmd.node, hashes, cmd.skip))
         else:
             if cmd.op == "fault":

@@ -130,38 +130,76 @@ class Messenger:
         slots = []
         for h in hashes:
             index = self.pool.pin_one(owner, h)
-            if index is not None:
-                self.counters.hits_dram += 1
-            elif self._promote(h) is not None:
+            if index is None and self._promote(h) is not None:
                 index = self.pool.pin_one(owner, h)
-                self.counters.hits_ssd += 1
             if index is None:
                 self.counters.misses += 1
                 break
+            self._count_hit(self.pool.slots[index])
             slots.append(index)
         return slots
 
-    def _promote(self, block_hash: bytes) -> Slot | None:
-        """Bring a block back from SSD into a DRAM slot (verified on the way)."""
-        if self.ssd is None or self.pool is None or self.file is None or block_hash not in self.ssd:
-            return None
-        if self.pool.get(block_hash) is not None:  # already here, or arriving
-            return None
-        found = self.ssd.read(block_hash)
-        if found is None:  # damaged: dropped, never served
+    def _count_hit(self, slot: Slot) -> None:
+        if slot.from_ssd:
+            slot.from_ssd = False
+            self.counters.hits_ssd += 1
+        else:
+            self.counters.hits_dram += 1
+
+    # --- SSD reads: a block coming back from disk arrives like one from the network --
+    def ssd_reads(self, hashes: list[bytes]) -> list[tuple[bytes, Slot]]:
+        """The leading blocks of `hashes` that only the SSD tier holds, each given a
+        DRAM slot to be read into (FILLING: invisible until verified). app.py reads
+        them on a thread (`ssd_load`) before a pin or a send needs them, so a disk read
+        never stalls the event loop; `_promote` does the same inline."""
+        todo: list[tuple[bytes, Slot]] = []
+        if self.ssd is None or self.pool is None:
+            return todo
+        for h in hashes:
+            if self.pool.get(h) is not None:  # here, or arriving
+                continue
+            if h not in self.ssd:
+                break
+            slot = self.pool.begin_receive(h, time.monotonic())
+            self._publish_evictions()
+            if slot is None or slot.state is not State.FILLING:
+                break
+            todo.append((h, slot))
+        return todo
+
+    def ssd_load(self, block_hash: bytes, slot: Slot) -> list[int] | None | Exception:
+        """Disk into the slot, verified (thread-safe): the layer checksums, None when
+        the file is gone, or the error that shows it damaged."""
+        assert self.ssd is not None and self.file is not None
+        try:
+            return self.ssd.load(block_hash, self.file.slot(slot.index))
+        except (OSError, ValueError) as e:
+            return e
+
+    def ssd_read_done(self, block_hash: bytes, slot: Slot, found: list[int] | None | Exception) -> bool:
+        """Back on the loop: the block is READY in DRAM, or its slot is freed."""
+        assert self.ssd is not None and self.pool is not None
+        sums = self.ssd.settle(block_hash, found)
+        if isinstance(found, Exception):
             self._kv_event("removed", "ssd", [block_hash])
-            return None
-        data, sums = found
-        slot = self.pool.begin_receive(block_hash, time.monotonic())
-        self._publish_evictions()
-        if slot is None or slot.state is not State.FILLING:
-            return None
-        self.file.slot(slot.index)[:] = data
+        ours = slot.block_hash == block_hash and slot.state is State.FILLING  # not reclaimed meanwhile
+        if sums is None or not ours:
+            if ours:
+                self.pool.drop(slot)
+            return False
         for layer, layer_sum in enumerate(sums):
-            self.pool.layer_arrived(slot, layer, layer_sum, good=True)
-        self.events.append(BlockEvent(kind="ready", pool_id=self.pool_id, hashes=[block_hash]))
-        self._kv_event("stored", "dram", [block_hash])
-        return slot
+            self._arrived(slot, layer, layer_sum, good=True)
+        slot.from_ssd = slot.state is State.READY
+        return slot.from_ssd
+
+    def _promote(self, block_hash: bytes) -> Slot | None:
+        """Bring a block back from SSD into a DRAM slot, inline (what app.py has not
+        read ahead on a thread)."""
+        todo = self.ssd_reads([block_hash])
+        if not todo:
+            return None
+        ((h, slot),) = todo
+        return slot if self.ssd_read_done(h, slot, self.ssd_load(h, slot)) else None
 
     def send_to(self, dest: str, hashes: list[bytes], skip: int = 0) -> int:
         """Push the leading run of `hashes` held here to `dest` (a pull from there),
@@ -172,11 +210,12 @@ class Messenger:
         skip = max(0, min(skip, len(hashes)))
         sent = skip
         for h in hashes[skip:]:
-            slot = self.pool.get(h)
-            if slot is None and (slot := self._promote(h)) is not None:
-                self.counters.hits_ssd += 1
+            slot = self.pool.get(h) or self._promote(h)
             if slot is None or slot.state is not State.READY:
                 break
+            if slot.from_ssd:
+                slot.from_ssd = False
+                self.counters.hits_ssd += 1
             self._send_block(slot, dest)
             sent += 1
         return sent

@@ -37,6 +37,7 @@ class Slot:
     dests: set[str] = field(default_factory=set)  # nodes that want this block
     since: float = 0.0  # when it started filling
     uses: int = 0  # pins so far (LFU)
+    from_ssd: bool = False  # read back from SSD, not served yet: its first use counts as an SSD hit
 
 
 Arrival = Literal["partial", "ready", "failed", "ignored"]

@@ -8,7 +8,8 @@ never served. Capacity is in bytes; the least recently used file goes first.
 Disk work of a spill happens on a writer thread, not on the messenger's event loop
 (a 70B model's block is tens of MiB: a synchronous write would stall transfers and
 heartbeats). A spill copies the slot first, since DRAM reuses it at once, and a block
-whose write is still queued is served from that copy.
+whose write is still queued is served from that copy. A read goes from the file
+straight into its DRAM slot; `load` is the half the messenger runs on a thread.
 """
 
 from __future__ import annotations
@@ -99,27 +100,53 @@ class SsdTier:
             self.pending.pop(block_hash, None)
         self._writer.submit(self._file(block_hash).unlink, missing_ok=True)
 
-    def read(self, block_hash: bytes) -> tuple[bytes, list[int]] | None:
-        """The block's slot bytes and layer checksums, verified; None (and the file
-        deleted) when it is missing or damaged."""
+    def read_into(self, block_hash: bytes, slot: memoryview) -> list[int] | None:
+        """Read the block into `slot` (a DRAM slot being filled), verified: its layer
+        checksums; None when it is missing, or damaged (its file then deleted)."""
         if block_hash not in self.lru:
             return None
+        try:
+            found: list[int] | None | Exception = self.load(block_hash, slot)
+        except (OSError, ValueError) as e:
+            found = e
+        return self.settle(block_hash, found)
+
+    def load(self, block_hash: bytes, slot: memoryview) -> list[int] | None:
+        """The disk half of `read_into`, safe on another thread (it touches no LRU
+        state): file (or queued spill) straight into `slot`, then verified. None when
+        the file is gone (forgotten meanwhile); raises ValueError when it is damaged."""
         with self._lock:
             data = self.pending.get(block_hash)
-        try:
-            if data is None:
-                data = self._file(block_hash).read_bytes()
-            header = self._check_header(data[:HEADER_BYTES], len(data), block_hash)
-            g = self.geometry
-            for layer, expected in enumerate(header.layer_checksums):
-                start = g.layer_offset(layer)
-                if checksum(memoryview(data)[start : start + g.layer_bytes]) != expected:
-                    raise ValueError(f"layer {layer} checksum mismatch")
-        except (OSError, ValueError) as e:
-            self._drop(block_hash, str(e))
+        if data is not None:
+            size = len(data)
+            slot[: min(size, len(slot))] = data[: len(slot)]
+        else:
+            try:
+                with open(self._file(block_hash), "rb", buffering=0) as f:
+                    size = os.fstat(f.fileno()).st_size
+                    got = 0
+                    while got < len(slot) and (n := f.readinto(slot[got:])):
+                        got += n
+            except FileNotFoundError:
+                return None
+        header = self._check_header(bytes(slot[:HEADER_BYTES]), size, block_hash)
+        g = self.geometry
+        for layer, expected in enumerate(header.layer_checksums):
+            start = g.layer_offset(layer)
+            if checksum(slot[start : start + g.layer_bytes]) != expected:
+                raise ValueError(f"layer {layer} checksum mismatch")
+        return header.layer_checksums
+
+    def settle(self, block_hash: bytes, found: list[int] | None | Exception) -> list[int] | None:
+        """The bookkeeping half of `read_into`, on the owner's thread: a block read is
+        recently used; a damaged one is deleted, never served."""
+        if isinstance(found, Exception):
+            if block_hash in self.lru:
+                self._drop(block_hash, str(found))
             return None
-        self.lru.move_to_end(block_hash)
-        return data, header.layer_checksums
+        if found is not None and block_hash in self.lru:
+            self.lru.move_to_end(block_hash)
+        return found
 
     def _check_header(self, head: bytes, size: int, block_hash: bytes) -> Header:
         if size != self.geometry.slot_bytes:

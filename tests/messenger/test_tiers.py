@@ -149,3 +149,32 @@ def test_a_spill_leaves_the_event_loop_and_is_served_while_its_write_is_queued(t
     disk.set()
     m.ssd.flush()
     assert (tmp_path / "ssd" / f"{h(1).hex()}.blk").exists() and not m.ssd.pending
+
+
+async def test_a_read_back_from_ssd_leaves_the_event_loop_and_hides_the_block_until_verified(tmp_path):
+    import asyncio
+    import threading
+
+    from services.messenger.app import MessengerService
+
+    m = start(tmp_path, ssd_path=str(tmp_path / "ssd"), ssd_bytes=10 * GEOMETRY.slot_bytes)
+    for i in (1, 2, 3):  # block 1 goes to SSD
+        store(m, i)
+    m.ssd.flush()
+    disk, real_load = threading.Event(), m.ssd.load
+
+    def slow_load(block_hash, slot):  # the disk is slow
+        assert disk.wait(5)
+        return real_load(block_hash, slot)
+
+    m.ssd.load = slow_load
+    reading = asyncio.create_task(MessengerService("n", m, sockets=None)._read_from_ssd([h(1)]))
+    await asyncio.sleep(0.05)
+    assert not reading.done()  # the loop ran on while the disk worked
+    assert h(1) not in m.pool.ready_hashes()  # its slot is filling: nobody sees a torn block
+    disk.set()
+    await reading
+    (slot,) = m.control(Pin(owner="r", hashes=[h(1)])).slots  # already in DRAM: no inline read
+    assert content(m, slot) == {1}
+    stats = m.stats()
+    assert (stats.hits_ssd, stats.hits_dram) == (1, 0)
