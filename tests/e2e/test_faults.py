@@ -17,9 +17,11 @@ import openai
 import pytest
 
 from shared.messages import HEARTBEAT, Heartbeat, decode
+from tests.e2e.ops import messenger
 
 pytestmark = pytest.mark.e2e
 
+BLOCK = 128  # the tiny model's KV block, tokens
 LONG = {"model": "yuebing-tiny", "messages": [{"role": "user", "content": "go on forever"}],
         "max_tokens": 900, "ignore_eos": True, "temperature": 0, "stream": True}
 
@@ -79,13 +81,18 @@ def test_killing_the_decode_nodes_messenger_mid_transfer(cluster, client, refere
         except openai.APIStatusError as e:
             return e  # a clean error is allowed; a hang is not
 
+    before = messenger(cluster.nats_url, "node-1")
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         start = time.monotonic()
         futures = [pool.submit(complete, p) for p in prompts]
-        time.sleep(0.3)  # prefill of three ~1k-token prompts is under way
+        # Kill it the moment KV of these prompts starts arriving there, not after a guess.
+        while (seen := messenger(cluster.nats_url, "node-1")).layers_in == before.layers_in:
+            assert time.monotonic() - start < 20, "no KV reached node-1"
         os.kill(cluster.pids["messenger-1"], signal.SIGKILL)
         results = [f.result(timeout=60) for f in futures]
     assert time.monotonic() - start < 30
+    # It died mid-transfer: some layers had come in, not every block of the three prompts.
+    assert seen.blocks_received - before.blocks_received < sum(len(p) // BLOCK for p in prompts)
     want = reference.greedy(prompts, 8)
     for got, expected in zip(results, want):
         if isinstance(got, Exception):
