@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -90,6 +91,7 @@ class MessengerService:
         self.sockets = sockets
         self.tasks: list[asyncio.Task[None]] = []
         self.nc: Client | None = None
+        self._sends = itertools.count()  # pin owners of sends (pulls from other nodes)
 
     def start(self) -> None:
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -116,15 +118,16 @@ class MessengerService:
             reply = Reply(ok=False, error=f"bad control message: {e}")
         else:
             if isinstance(message, Pin):
-                await self._read_from_ssd(message.hashes)
+                await self._read_from_ssd(message.owner, message.hashes)
             reply = self.messenger.control(message)
         await self.sockets.control.send_multipart([identity, empty, control_encoder.encode(reply)])
 
-    async def _read_from_ssd(self, hashes: list[bytes]) -> None:
+    async def _read_from_ssd(self, owner: str, hashes: list[bytes]) -> None:
         """Bring the SSD-only blocks of a pin or a send into DRAM on a thread first: a
         70B block is tens of MiB, and reading it inline would stall transfers and
-        heartbeats."""
-        for block_hash, slot in self.messenger.ssd_reads(hashes):
+        heartbeats. The run's blocks stay pinned for `owner` (the request, whose
+        Release frees them; a send, which frees them when done)."""
+        for block_hash, slot in self.messenger.ssd_reads(owner, hashes):
             found = await asyncio.to_thread(self.messenger.ssd_load, block_hash, slot)
             self.messenger.ssd_read_done(block_hash, slot, found)
 
@@ -164,8 +167,9 @@ class MessengerService:
         if cmd.op == "snapshot":
             reply: Message = self.messenger.snapshot()
         elif cmd.op == "send":
-            await self._read_from_ssd(hashes[cmd.skip:])
-            reply = MessengerAck(ok=True, blocks=self.messenger.send_to(cmd.node, hashes, cmd.skip))
+            owner = f"send-{next(self._sends)}"
+            await self._read_from_ssd(owner, hashes[cmd.skip:])
+            reply = MessengerAck(ok=True, blocks=self.messenger.send_to(cmd.node, hashes, cmd.skip, owner))
         else:
             if cmd.op == "fault":
                 self.messenger.corrupt_next = max(0, cmd.corrupt_next)

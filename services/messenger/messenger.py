@@ -24,6 +24,7 @@ from services.messenger.transport import Transport
 from shared.kv_pool import Header, PoolFile, checksum, model_id
 from shared.kv_wire import (
     NO_ROOM,
+    NOT_NEEDED,
     WIRE_VERSION,
     BlockEvent,
     Control,
@@ -130,7 +131,7 @@ class Messenger:
         slots = []
         for h in hashes:
             index = self.pool.pin_one(owner, h)
-            if index is None and self._promote(h) is not None:
+            if index is None and self._promote(owner, h) is not None:
                 index = self.pool.pin_one(owner, h)
             if index is None:
                 self.counters.misses += 1
@@ -147,24 +148,25 @@ class Messenger:
             self.counters.hits_dram += 1
 
     # --- SSD reads: a block coming back from disk arrives like one from the network --
-    def ssd_reads(self, hashes: list[bytes]) -> list[tuple[bytes, Slot]]:
+    def ssd_reads(self, owner: str, hashes: list[bytes]) -> list[tuple[bytes, Slot]]:
         """The leading blocks of `hashes` that only the SSD tier holds, each given a
         DRAM slot to be read into (FILLING: invisible until verified). app.py reads
-        them on a thread (`ssd_load`) before a pin or a send needs them, so a disk read
-        never stalls the event loop; `_promote` does the same inline."""
+        them on a thread (`ssd_load`) before the pin or the send that needs them, so a
+        disk read never stalls the event loop; `_promote` does the same inline.
+        Every block of the run, here or read back, is pinned for `owner` meanwhile:
+        making room for one must not evict another the same pin is about to take."""
         todo: list[tuple[bytes, Slot]] = []
         if self.ssd is None or self.pool is None:
             return todo
         for h in hashes:
-            if self.pool.get(h) is not None:  # here, or arriving
-                continue
-            if h not in self.ssd:
+            if self.pool.get(h) is None and h not in self.ssd:
                 break
-            slot = self.pool.begin_receive(h, time.monotonic())
+            index, slot = self.pool.reserve(h, owner, time.monotonic())  # pins it; a new slot is FILLING
             self._publish_evictions()
-            if slot is None or slot.state is not State.FILLING:
+            if slot is None:  # every slot pinned
                 break
-            todo.append((h, slot))
+            if index != NOT_NEEDED:
+                todo.append((h, slot))
         return todo
 
     def ssd_load(self, block_hash: bytes, slot: Slot) -> list[int] | None | Exception:
@@ -192,25 +194,27 @@ class Messenger:
         slot.from_ssd = slot.state is State.READY
         return slot.from_ssd
 
-    def _promote(self, block_hash: bytes) -> Slot | None:
-        """Bring a block back from SSD into a DRAM slot, inline (what app.py has not
-        read ahead on a thread)."""
-        todo = self.ssd_reads([block_hash])
+    def _promote(self, owner: str, block_hash: bytes) -> Slot | None:
+        """Bring a block back from SSD into a DRAM slot pinned for `owner`, inline
+        (what app.py has not read ahead on a thread)."""
+        todo = self.ssd_reads(owner, [block_hash])
         if not todo:
             return None
         ((h, slot),) = todo
         return slot if self.ssd_read_done(h, slot, self.ssd_load(h, slot)) else None
 
-    def send_to(self, dest: str, hashes: list[bytes], skip: int = 0) -> int:
+    def send_to(self, dest: str, hashes: list[bytes], skip: int = 0, owner: str = "") -> int:
         """Push the leading run of `hashes` held here to `dest` (a pull from there),
         but for the first `skip`, which `dest` holds already; returns how many leading
-        blocks `dest` will then have."""
+        blocks `dest` will then have. `owner`: the pins of blocks read back for this
+        send (`ssd_reads`), released here."""
         if self.pool is None:
             return 0
+        owner = owner or f"send-{dest}"
         skip = max(0, min(skip, len(hashes)))
         sent = skip
         for h in hashes[skip:]:
-            slot = self.pool.get(h) or self._promote(h)
+            slot = self.pool.get(h) or self._promote(owner, h)
             if slot is None or slot.state is not State.READY:
                 break
             if slot.from_ssd:
@@ -218,6 +222,7 @@ class Messenger:
                 self.counters.hits_ssd += 1
             self._send_block(slot, dest)
             sent += 1
+        self.pool.unpin(owner)
         return sent
 
     def _want(self, slot: Slot, dest: str) -> None:

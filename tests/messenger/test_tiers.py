@@ -168,7 +168,7 @@ async def test_a_read_back_from_ssd_leaves_the_event_loop_and_hides_the_block_un
         return real_load(block_hash, slot)
 
     m.ssd.load = slow_load
-    reading = asyncio.create_task(MessengerService("n", m, sockets=None)._read_from_ssd([h(1)]))
+    reading = asyncio.create_task(MessengerService("n", m, sockets=None)._read_from_ssd("r", [h(1)]))
     await asyncio.sleep(0.05)
     assert not reading.done()  # the loop ran on while the disk worked
     assert h(1) not in m.pool.ready_hashes()  # its slot is filling: nobody sees a torn block
@@ -178,3 +178,19 @@ async def test_a_read_back_from_ssd_leaves_the_event_loop_and_hides_the_block_un
     assert content(m, slot) == {1}
     stats = m.stats()
     assert (stats.hits_ssd, stats.hits_dram) == (1, 0)
+
+
+async def test_making_room_for_a_read_back_keeps_the_blocks_the_same_pin_takes(tmp_path):
+    from services.messenger.app import MessengerService
+
+    m = start(tmp_path, ssd_path=str(tmp_path / "ssd"), ssd_bytes=10 * GEOMETRY.slot_bytes)
+    for i in (1, 2, 3):  # DRAM holds 2 (least recent) and 3; block 1 is on SSD
+        store(m, i)
+    m.ssd.flush()
+    await MessengerService("n", m, sockets=None)._read_from_ssd("r", [h(2), h(1)])
+    slots = m.control(Pin(owner="r", hashes=[h(2), h(1)])).slots  # 3 made room, not 2
+    assert [content(m, s) for s in slots] == [{2}, {1}]
+    stats = m.stats()  # 2 stayed in DRAM: not spilled and read back again
+    assert (stats.hits_dram, stats.hits_ssd, stats.evictions) == (1, 1, 2)
+    m.note(Release(owner="r"))
+    assert not any(s.owners for s in m.pool.slots)  # the request's release frees the run
