@@ -141,6 +141,7 @@ class Messenger:
         return slots
 
     def _count_hit(self, slot: Slot) -> None:
+        """A block served (pinned, or sent to a puller): from DRAM, or read back from SSD for it."""
         if slot.from_ssd:
             slot.from_ssd = False
             self.counters.hits_ssd += 1
@@ -217,9 +218,7 @@ class Messenger:
             slot = self.pool.get(h) or self._promote(owner, h)
             if slot is None or slot.state is not State.READY:
                 break
-            if slot.from_ssd:
-                slot.from_ssd = False
-                self.counters.hits_ssd += 1
+            self._count_hit(slot)
             self._send_block(slot, dest)
             sent += 1
         self.pool.unpin(owner)

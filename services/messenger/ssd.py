@@ -9,7 +9,7 @@ Disk work of a spill happens on a writer thread, not on the messenger's event lo
 (a 70B model's block is tens of MiB: a synchronous write would stall transfers and
 heartbeats). A spill copies the slot first, since DRAM reuses it at once, and a block
 whose write is still queued is served from that copy. A read goes from the file
-straight into its DRAM slot; `load` is the half the messenger runs on a thread.
+straight into its DRAM slot (`load`, which the messenger runs on a thread).
 """
 
 from __future__ import annotations
@@ -100,26 +100,16 @@ class SsdTier:
             self.pending.pop(block_hash, None)
         self._writer.submit(self._file(block_hash).unlink, missing_ok=True)
 
-    def read_into(self, block_hash: bytes, slot: memoryview) -> list[int] | None:
-        """Read the block into `slot` (a DRAM slot being filled), verified: its layer
-        checksums; None when it is missing, or damaged (its file then deleted)."""
-        if block_hash not in self.lru:
-            return None
-        try:
-            found: list[int] | None | Exception = self.load(block_hash, slot)
-        except (OSError, ValueError) as e:
-            found = e
-        return self.settle(block_hash, found)
-
     def load(self, block_hash: bytes, slot: memoryview) -> list[int] | None:
-        """The disk half of `read_into`, safe on another thread (it touches no LRU
-        state): file (or queued spill) straight into `slot`, then verified. None when
-        the file is gone (forgotten meanwhile); raises ValueError when it is damaged."""
+        """Read a block back into `slot` (a DRAM slot being filled), from its file or
+        its queued spill, and verify it: its layer checksums. Safe on another thread
+        (it touches no LRU state; `settle` does, after). None when the file is gone
+        (forgotten meanwhile); raises ValueError (or OSError) when it is damaged."""
         with self._lock:
             data = self.pending.get(block_hash)
         if data is not None:
             size = len(data)
-            slot[: min(size, len(slot))] = data[: len(slot)]
+            slot[:] = data  # a copy of a slot: the same size
         else:
             try:
                 with open(self._file(block_hash), "rb", buffering=0) as f:
@@ -138,8 +128,8 @@ class SsdTier:
         return header.layer_checksums
 
     def settle(self, block_hash: bytes, found: list[int] | None | Exception) -> list[int] | None:
-        """The bookkeeping half of `read_into`, on the owner's thread: a block read is
-        recently used; a damaged one is deleted, never served."""
+        """After `load`, on the tier's own thread: a block read back is recently used;
+        a damaged one (`found` is its error) is deleted, never served."""
         if isinstance(found, Exception):
             if block_hash in self.lru:
                 self._drop(block_hash, str(found))
