@@ -31,6 +31,7 @@ class Step:
     token_ids: list[int]
     finish_reason: FinishReason | None
     num_cached_tokens: int
+    kv_transfer_params: dict[str, Any] | None = None  # the connector's word on a finished request
 
 
 SPIN_ENV = "YUEBING_ENGINE_SPIN_S"
@@ -191,4 +192,5 @@ async def generate(
             token_ids=list(completion.token_ids),
             finish_reason=completion.finish_reason if out.finished else None,
             num_cached_tokens=out.num_cached_tokens or 0,
+            kv_transfer_params=out.kv_transfer_params if out.finished else None,
         )

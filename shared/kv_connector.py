@@ -38,7 +38,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from shared.block_hash import block_hashes
 from shared.kv_client import MessengerClient, PoolFollower
 from shared.kv_pool import Geometry, PoolFile, checksum
-from shared.kv_wire import Hello, Pin, Release, Reserve, Written
+from shared.kv_wire import NO_ROOM, Hello, Pin, Release, Reserve, Written
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -104,6 +104,7 @@ class Tracked:
     hashes: list[bytes]  # the prompt's full blocks
     dest: str | None = None  # save, streaming to this node ("" = keep local)
     saved: int = 0  # blocks handed to the worker so far
+    coming: int = 0  # save: the leading blocks the pool took, so on their way to `dest`
     expect: int = 0  # load: blocks prefill is sending
     wait_until: float = 0.0
     load_first: int = 0
@@ -203,20 +204,27 @@ class YuebingConnector(KVConnectorBase_V1):
         hashes = t.hashes[t.saved : done]
         assert self._kv_cache_manager is not None
         block_ids = self._kv_cache_manager.get_block_ids(req_id)[0][t.saved : done]
-        t.saved = done
+        unbroken, t.saved = t.coming == t.saved, done
         if self.follower is not None and not self.follower.alive:
             return []  # no messenger: nothing to save into; decode computes these blocks
         reply = self.client.call(Reserve(owner=req_id, hashes=hashes, dest=t.dest or ""))
         if reply is None or not reply.ok:
             return []  # decode will compute these blocks
         self.pool_id = reply.pool_id
+        if unbroken:  # a block the pool had no room for ends the run that decode can load
+            t.coming += next((i for i, s in enumerate(reply.slots) if s == NO_ROOM), len(reply.slots))
         return [Save(b, s) for b, s in zip(block_ids, reply.slots) if s >= 0]
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         # Saves are copied into the pool inside the step, so vLLM's blocks are free to go.
-        if self.tracked.pop(request.request_id, None) is not None:
-            self.client.note(Release(owner=request.request_id))
-        return False, None
+        t = self.tracked.pop(request.request_id, None)
+        if t is None:
+            return False, None
+        self.client.note(Release(owner=request.request_id))
+        # vLLM hands this back in the request's last output: prefill tells decode how
+        # many blocks to wait for, so that it never waits kv_wait_s for blocks the pool
+        # had no room for (or that no messenger took).
+        return False, ({"yb_coming": t.coming} if t.dest else None)
 
     # ================================= worker side =================================
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

@@ -139,6 +139,7 @@ class PrefillResult(Message):
     first_token_id: int = -1
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0
+    kv_blocks_sent: int = -1  # leading prompt blocks on their way to decode's node (-1: not known)
     error: str = ""
 
 

@@ -310,12 +310,14 @@ class Seen:
     kv_loaded_tokens: int = 0
     prefill_id: str = ""
     decode_id: str = ""
+    kv_blocks_sent: int = -1
 
     def add(self, event: Event) -> None:
         self.cached_tokens = self.cached_tokens or event.num_cached_tokens
         self.kv_loaded_tokens = self.kv_loaded_tokens or event.kv_loaded_tokens
         self.prefill_id = self.prefill_id or event.prefill_id
         self.decode_id = self.decode_id or event.decode_id
+        self.kv_blocks_sent = max(self.kv_blocks_sent, event.kv_blocks_sent)
 
     def report(self, prompt_tokens: int, decoded: bool) -> dict[str, Any]:
         """Yuebing's extension of a response: where it ran, and how much of the prompt
@@ -323,6 +325,8 @@ class Seen:
         return {
             "prefill_instance": self.prefill_id,
             "decode_instance": self.decode_id if decoded else None,
+            # prompt blocks prefill's pool took and sent toward decode (None: not known)
+            "prefill_kv_blocks_sent": self.kv_blocks_sent if self.kv_blocks_sent >= 0 else None,
             "decode_kv_loaded_tokens": self.kv_loaded_tokens if decoded else None,
             "decode_computed_prompt_tokens": prompt_tokens - self.kv_loaded_tokens if decoded else None,
         }

@@ -68,6 +68,7 @@ class Event:
     # Where it ran (the first event says).
     prefill_id: str = ""
     decode_id: str = ""
+    kv_blocks_sent: int = -1  # prompt blocks prefill sent toward decode (-1: not known)
 
 
 class Rejected(Exception):
@@ -98,6 +99,13 @@ def kv_plan(decode: Heartbeat | None, prompt_len: int, max_tokens: int, block_si
     return decode.node, prompt_len // block_size
 
 
+def kv_expected(planned: int, sent: int) -> int:
+    """The blocks decode waits for: the planned ones, but no more than prefill says are
+    on their way (`sent` < 0: it did not say). A block prefill's pool had no room for
+    never comes, and waiting kv_wait_s for it would only delay the first decode step."""
+    return planned if sent < 0 else min(planned, sent)
+
+
 class Pipeline:
     def __init__(self, nc: Client, config: ClusterConfig, registry: Registry) -> None:
         self.nc = nc
@@ -115,8 +123,11 @@ class Pipeline:
             kv_node, kv_blocks = kv_plan(self.registry.latest.get(reply.decode_id), len(prompt), sampling.max_tokens,
                                          self.config.block_size)
             result = await self._prefill(request_id, prompt, sampling, deadline, reply, kv_node)
+            if (expected := kv_expected(kv_blocks, result.kv_blocks_sent)) < kv_blocks:
+                log.info("kv blocks not coming: decode computes them", planned=kv_blocks, sent=result.kv_blocks_sent)
+                kv_blocks = expected
             first = Event([result.first_token_id], result.finish_reason, result.num_cached_tokens,
-                          prefill_id=reply.prefill_id, decode_id=reply.decode_id)
+                          prefill_id=reply.prefill_id, decode_id=reply.decode_id, kv_blocks_sent=result.kv_blocks_sent)
             if result.finish_reason is not None:
                 finished = True
                 yield first

@@ -258,11 +258,7 @@ class Messenger:
         outcome = self.pool.layer_arrived(slot, layer, layer_sum, good)
         if outcome == "failed":
             self.counters.checksum_failures += 1
-            now = time.monotonic()
-            self._failed = {h: t for h, t in self._failed.items() if now - t < FAILED_MEMORY_S}
-            self._failed[block_hash] = now
-            self.events.append(BlockEvent(kind="failed", pool_id=self.pool_id, hashes=[block_hash]))
-            log.warning("block failed its checksum: dropped", block=block_hash.hex()[:16], layer=layer)
+            self._give_up(block_hash, time.monotonic(), "block failed its checksum: dropped", layer=layer)
             return
         if outcome == "ignored":
             return
@@ -278,6 +274,14 @@ class Messenger:
             slot.dests.clear()
             self.events.append(BlockEvent(kind="ready", pool_id=self.pool_id, hashes=[block_hash]))
             self._kv_event("stored", "dram", [block_hash])
+
+    def _give_up(self, block_hash: bytes, now: float, why: str, **fields: object) -> None:
+        """An arriving block will not become ready here: engines waiting for it hear so
+        (and compute it instead of waiting), and its other layers are ignored a while."""
+        self._failed = {h: t for h, t in self._failed.items() if now - t < FAILED_MEMORY_S}
+        self._failed[block_hash] = now
+        self.events.append(BlockEvent(kind="failed", pool_id=self.pool_id, hashes=[block_hash]))
+        log.warning(why, block=block_hash.hex()[:16], **fields)
 
     # --- other messengers (transport) ----------------------------------------------
     def _send_block(self, slot: Slot, dest: str) -> None:
@@ -325,6 +329,8 @@ class Messenger:
         slot = self.pool.begin_receive(frame.block_hash, now)
         self._publish_evictions()
         if slot is None:
+            if self.pool.get(frame.block_hash) is None:  # not here: no room for it
+                self._give_up(frame.block_hash, now, "no room for an arriving block: dropped")
             return
         # Sum the frame while the kernel's copy of it is still in cache, then copy.
         good = checksum(payload) == frame.checksum

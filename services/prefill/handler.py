@@ -93,4 +93,5 @@ class Prefiller:
             first_token_id=token_ids[0],
             finish_reason=finish,
             num_cached_tokens=steps[-1].num_cached_tokens,
+            kv_blocks_sent=int((steps[-1].kv_transfer_params or {}).get("yb_coming", -1)),
         )

@@ -46,6 +46,7 @@ def test_decode_loads_prefill_kv_and_matches_plain_vllm(cluster, client, referen
     for p, (tokens, report), expected in zip(prompts, results, want):
         assert tokens == expected, f"prompt of {len(p)} tokens"
         full_blocks = len(p) // BLOCK * BLOCK
+        assert report["prefill_kv_blocks_sent"] == len(p) // BLOCK, report  # the connector's word, through vLLM
         assert report["decode_kv_loaded_tokens"] == full_blocks, report
         assert report["decode_computed_prompt_tokens"] <= BLOCK - 1, report
     after = messenger(cluster.nats_url, "node-1")

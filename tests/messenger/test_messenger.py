@@ -78,6 +78,19 @@ def test_a_corrupted_layer_is_detected_and_the_block_never_shows(tmp_path):
     assert b.stats().checksum_failures == 1 and a.stats().corrupted_on_purpose == 1
 
 
+def test_a_block_arriving_at_a_pool_with_no_room_is_reported_failed_at_once(tmp_path):
+    # Decode's pool is full of pinned blocks: the engine waiting for the arriving block
+    # hears it will not come (and computes it) instead of waiting out kv_wait_s.
+    a, b = node(tmp_path / "a", "a"), node(tmp_path / "b", "b", slots=1)
+    assert b.control(Reserve(owner="busy", hashes=[b"p" * 16])).slots == [0]  # b's only slot, pinned
+    b.take_events()
+    slot = a.control(Reserve(owner="r1", hashes=[b"q" * 16], dest="b")).slots[0]
+    for layer in range(3):
+        write_layer(a, slot, layer, 2)
+    deliver(a, b)
+    assert [(e.kind, e.hashes) for e in b.take_events()] == [("failed", [b"q" * 16])]  # once, not per layer
+
+
 def test_a_block_already_in_the_pool_is_sent_without_being_written_again(tmp_path):
     a, b = node(tmp_path / "a", "a"), node(tmp_path / "b", "b")
     slot = a.control(Reserve(owner="r1", hashes=[b"z" * 16]))  # no destination
