@@ -176,7 +176,7 @@ class Messenger:
         assert self.ssd is not None and self.file is not None
         try:
             return self.ssd.load(block_hash, self.file.slot(slot.index))
-        except (OSError, ValueError) as e:
+        except Exception as e:  # whatever went wrong, the block is not served and its slot is freed
             return e
 
     def ssd_read_done(self, block_hash: bytes, slot: Slot, found: list[int] | None | Exception) -> bool:
