@@ -192,14 +192,16 @@ class MessengerCommand(Message):
     """stats: report counters; snapshot: list every block held (a KvSnapshot);
     send: push the leading `hashes` held here to `node` (what a prefill that pulls
     asks the holder), but for the first `skip`, which `node` holds already; fault:
-    corrupt the payload of the next `corrupt_next` layers sent (fault injection for
-    tests only)."""
+    corrupt the payload of the next `corrupt_next` layers sent, and refuse the next
+    `no_room_next` blocks engines reserve as if the pool were full of pinned blocks
+    (fault injection, for tests and drills)."""
 
     op: Literal["stats", "snapshot", "send", "fault"]
     node: str = ""
     hashes: list[str] = []
     skip: int = 0
     corrupt_next: int = 0
+    no_room_next: int = 0
 
 
 class MessengerAck(Message):
@@ -244,6 +246,7 @@ class MessengerStats(Message):
     sends_dropped: int = 0
     corrupted_on_purpose: int = 0
     corrupt_pending: int = 0
+    no_room_pending: int = 0
     ssd_blocks: int = 0
     hits_dram: int = 0
     hits_ssd: int = 0

@@ -173,7 +173,8 @@ class MessengerService:
         else:
             if cmd.op == "fault":
                 self.messenger.corrupt_next = max(0, cmd.corrupt_next)
-                log.warning("fault injection armed", corrupt_next=cmd.corrupt_next)
+                self.messenger.no_room_next = max(0, cmd.no_room_next)
+                log.warning("fault injection armed", corrupt_next=cmd.corrupt_next, no_room_next=cmd.no_room_next)
             reply = self.messenger.stats()
         await self._flush_events()
         await msg.respond(encode(reply))

@@ -71,7 +71,8 @@ class Messenger:
         self.events: list[BlockEvent] = []  # to publish to the engines (app.py drains it)
         self.kv_events: list[KvEvent] = []  # to publish on NATS, for the Conductor's index
         self.counters = MessengerStats(node=node)  # the counters; stats() adds the gauges
-        self.corrupt_next = 0
+        self.corrupt_next = 0  # fault injection: layers to damage on the way out
+        self.no_room_next = 0  # fault injection: reservations to refuse as if the pool were full
         self._failed: dict[bytes, float] = {}
 
     # --- engines (control socket) --------------------------------------------------
@@ -116,6 +117,10 @@ class Messenger:
         dest = r.dest if r.dest and r.dest != self.node else ""
         slots = []
         for h in r.hashes:
+            if self.no_room_next > 0:
+                self.no_room_next -= 1
+                slots.append(NO_ROOM)
+                continue
             index, slot = self.pool.reserve(h, r.owner, now)
             slots.append(index)
             if slot is not None and dest:
@@ -391,6 +396,7 @@ class Messenger:
             filling=counts.get("filling", 0),
             pinned=counts.get("pinned", 0),
             corrupt_pending=self.corrupt_next,
+            no_room_pending=self.no_room_next,
             ssd_blocks=len(self.ssd) if self.ssd else 0,
             ssd_dropped=self.ssd.dropped if self.ssd else 0,
         )

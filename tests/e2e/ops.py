@@ -17,12 +17,14 @@ from shared.messages import (
 )
 
 
-def messenger(nats_url: str, node: str, corrupt_next: int | None = None) -> MessengerStats:
-    """A node messenger's counters (and, with `corrupt_next`, its fault switch), over NATS."""
+def messenger(nats_url: str, node: str, corrupt_next: int | None = None, no_room_next: int = 0) -> MessengerStats:
+    """A node messenger's counters (and, with `corrupt_next` or `no_room_next`, its
+    fault switch), over NATS."""
     async def ask() -> MessengerStats:
         nc = await nats.connect(nats_url)
         try:
-            cmd = MessengerCommand(op="stats") if corrupt_next is None else MessengerCommand(op="fault", corrupt_next=corrupt_next)
+            cmd = (MessengerCommand(op="stats") if corrupt_next is None and not no_room_next
+                   else MessengerCommand(op="fault", corrupt_next=corrupt_next or 0, no_room_next=no_room_next))
             msg = await nc.request(messenger_subject(node), encode(cmd), timeout=5)
             return decode(msg.data, MessengerStats)
         finally:

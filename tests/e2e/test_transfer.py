@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
+import uuid
 
 import pytest
 
@@ -26,9 +27,10 @@ def prompt(length: int, seed: int) -> list[int]:
     return [rnd.randrange(32, 127) for _ in range(length)]
 
 
-def complete(client, ids: list[int]):
+def complete(client, ids: list[int], request_id: str | None = None):
     r = client.completions.create(
-        model="yuebing-tiny", prompt=ids, max_tokens=MAX_TOKENS, temperature=0, extra_body={"return_token_ids": True}
+        model="yuebing-tiny", prompt=ids, max_tokens=MAX_TOKENS, temperature=0, extra_body={"return_token_ids": True},
+        extra_headers={"x-request-id": request_id} if request_id else None,
     )
     assert r.model_extra["prompt_token_ids"] == ids
     return r.choices[0].model_extra["token_ids"], r.model_extra["yuebing"]
@@ -79,3 +81,21 @@ def test_a_block_corrupted_in_transit_is_detected_and_recomputed(cluster, client
     # Block 0 never became visible, so decode computed the prompt from there on.
     assert report["decode_kv_loaded_tokens"] == 0
     assert report["decode_computed_prompt_tokens"] == len(p)
+
+
+def test_decode_does_not_wait_for_blocks_prefills_pool_had_no_room_for(cluster, client, reference):
+    # The prefill node's pool refuses the prompt's first two blocks (as if full of
+    # pinned blocks): nothing decode could load is coming, so decode is told to wait
+    # for no block and computes the prompt at once, rather than after kv_wait_s.
+    armed = messenger(cluster.nats_url, "node-0", no_room_next=2)
+    assert armed.no_room_pending == 2
+    p = prompt(900, seed=9)  # 7 full blocks
+    request_id = f"no-room-{uuid.uuid4().hex[:8]}"
+    tokens, report = complete(client, p, request_id)
+    assert tokens == reference.greedy([p], MAX_TOKENS)[0]
+    assert messenger(cluster.nats_url, "node-0").no_room_pending == 0
+    assert report["prefill_kv_blocks_sent"] == 0, report
+    assert report["decode_kv_loaded_tokens"] == 0 and report["decode_computed_prompt_tokens"] == len(p)
+    # What decode was told to wait for, from its own log of the request.
+    (start,) = [line for line in cluster.log("decode-0").splitlines() if '"decode start"' in line and request_id in line]
+    assert '"kv_blocks": 0' in start, start
