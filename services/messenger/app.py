@@ -92,6 +92,7 @@ class MessengerService:
         self.tasks: list[asyncio.Task[None]] = []
         self.nc: Client | None = None
         self._sends = itertools.count()  # pin owners of sends (pulls from other nodes)
+        self._reading: dict[bytes, asyncio.Event] = {}  # blocks being read back from SSD
 
     def start(self) -> None:
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -127,9 +128,23 @@ class MessengerService:
         70B block is tens of MiB, and reading it inline would stall transfers and
         heartbeats. The run's blocks stay pinned for `owner` (the request, whose
         Release frees them; a send, which frees them when done)."""
-        for block_hash, slot in self.messenger.ssd_reads(owner, hashes):
-            found = await asyncio.to_thread(self.messenger.ssd_load, block_hash, slot)
-            self.messenger.ssd_read_done(block_hash, slot, found)
+        todo = self.messenger.ssd_reads(owner, hashes)
+        for block_hash, _ in todo:
+            self._reading[block_hash] = asyncio.Event()
+        try:
+            for block_hash, slot in todo:
+                found = await asyncio.to_thread(self.messenger.ssd_load, block_hash, slot)
+                self.messenger.ssd_read_done(block_hash, slot, found)
+                self._reading.pop(block_hash).set()
+        finally:  # cancelled: whoever waits on the rest stops waiting
+            for block_hash, _ in todo:
+                if (done := self._reading.pop(block_hash, None)) is not None:
+                    done.set()
+        # Blocks another pin or send is reading back right now: wait for those reads
+        # rather than find the blocks still filling and compute them.
+        for block_hash in hashes:
+            if (reading := self._reading.get(block_hash)) is not None:
+                await reading.wait()
 
     async def _notes_once(self) -> None:
         body = await self.sockets.written.recv()

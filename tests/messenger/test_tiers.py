@@ -194,3 +194,35 @@ async def test_making_room_for_a_read_back_keeps_the_blocks_the_same_pin_takes(t
     assert (stats.hits_dram, stats.hits_ssd, stats.evictions) == (1, 1, 2)
     m.note(Release(owner="r"))
     assert not any(s.owners for s in m.pool.slots)  # the request's release frees the run
+
+
+async def test_a_pin_waits_for_the_read_back_another_pin_started(tmp_path):
+    import asyncio
+    import threading
+
+    from services.messenger.app import MessengerService
+
+    m = start(tmp_path, ssd_path=str(tmp_path / "ssd"), ssd_bytes=10 * GEOMETRY.slot_bytes)
+    for i in (1, 2, 3):  # block 1 goes to SSD
+        store(m, i)
+    m.ssd.flush()
+    disk, real_load, loads = threading.Event(), m.ssd.load, []
+
+    def slow_load(block_hash, slot):
+        loads.append(block_hash)
+        assert disk.wait(5)
+        return real_load(block_hash, slot)
+
+    m.ssd.load = slow_load
+    service = MessengerService("n", m, sockets=None)
+    first = asyncio.create_task(service._read_from_ssd("a", [h(1)]))
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(service._read_from_ssd("b", [h(1)]))  # a send, say, of the same block
+    await asyncio.sleep(0.05)
+    assert not second.done()  # it waits for the first read rather than find the block filling
+    disk.set()
+    await asyncio.gather(first, second)
+    assert loads == [h(1)]  # read once
+    for owner in ("a", "b"):
+        (slot,) = m.control(Pin(owner=owner, hashes=[h(1)])).slots
+        assert content(m, slot) == {1}
