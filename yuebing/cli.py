@@ -292,6 +292,8 @@ def _bench_fidelity(args: argparse.Namespace) -> int:
           f"join overhead {h['join_overhead_s'] * 1e3:.1f} ms")
     for key, c in result["compare"].items():
         print(f"{key:>12}: live {c['live'] * 1e3:8.2f} ms   sim {c['sim'] * 1e3:8.2f} ms   sim/live {c['sim_over_live']:.3f}")
+    print("live decode gaps by streams decoding / a prefill waiting (mean ms, gaps): "
+          + ", ".join(f"{k} {g['mean_ms']:.1f} ({g['gaps']})" for k, g in result["live_decode_gaps"].items()))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
     if args.plot_dir:

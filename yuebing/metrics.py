@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -29,6 +29,9 @@ class Outcome:
     tbt_tail_s: float = 0.0
     end_s: float = 0.0
     cached_tokens: int = 0
+    # Live runs only (the replay's clock): when it was sent, and when each token came.
+    sent_at: float = 0.0
+    token_times: list[float] = field(default_factory=list)
 
     @property
     def completed(self) -> bool:

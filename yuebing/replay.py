@@ -90,8 +90,9 @@ async def _one(session: aiohttp.ClientSession, url: str, req: TraceRequest, opti
     # waited on the client side (the concurrency limit, a late event loop) waited for
     # its first token all the same, and the simulator counts it from arrival.
     arrival = start + req.timestamp_ms / 1e3
+    outcome.sent_at = time.monotonic()
     try:
-        token_times = await _stream(session, url, body, outcome)
+        token_times = outcome.token_times = await _stream(session, url, body, outcome)
     except (aiohttp.ClientError, TimeoutError):
         outcome.failed = True
         return outcome
@@ -260,6 +261,24 @@ async def calibrate(
     )
 
 
+def decode_gaps_by_load(outcomes: Sequence[Outcome], max_batch: int = 6) -> dict[str, dict[str, float]]:
+    """A live run's decode gaps (each request's after its hand-off to decode) grouped
+    by how many requests were decoding at the time ("3/...", capped at `max_batch`)
+    and whether any request was still waiting for its first token ("/prefill": with
+    one prefill instance, a prefill running or queued; "/idle" otherwise): what the
+    simulator's step model can be checked against, condition by condition."""
+    decoding = [(o.token_times[1], o.token_times[-1]) for o in outcomes if len(o.token_times) > 2]
+    waiting = [(o.sent_at, o.token_times[0]) for o in outcomes if o.token_times]
+    groups: dict[str, list[float]] = {}
+    for o in outcomes:
+        for a, b in itertools.pairwise(o.token_times[1:]):
+            mid = (a + b) / 2
+            batch = min(max_batch, sum(1 for s, e in decoding if s <= mid <= e))
+            busy = any(s < b and a < e for s, e in waiting)
+            groups.setdefault(f"{batch}/{'prefill' if busy else 'idle'}", []).append(b - a)
+    return {k: {"gaps": len(v), "mean_ms": statistics.fmean(v) * 1e3} for k, v in sorted(groups.items())}
+
+
 @dataclasses.dataclass
 class Fidelity:
     result: dict  # what --json writes: live and simulated summaries, their ratios, the calibration
@@ -286,7 +305,8 @@ def fidelity(url: str, trace: Sequence[TraceRequest], options: ReplayOptions, si
     ):
         compare[key] = {"live": live_value, "sim": sim_value, "sim_over_live": sim_value / live_value if live_value else 0.0}
     simulated.pop("load_over_time")
-    result = {"live": live, "sim": simulated, "compare": compare, "requests": len(trace), "host": dataclasses.asdict(host)}
+    result = {"live": live, "sim": simulated, "compare": compare, "requests": len(trace), "host": dataclasses.asdict(host),
+              "live_decode_gaps": decode_gaps_by_load(outcomes)}
     return Fidelity(result, outcomes, run.outcomes)
 
 

@@ -1,3 +1,5 @@
+import pytest
+
 from yuebing.replay import prompt_tokens
 from yuebing.trace import TraceRequest
 
@@ -28,3 +30,17 @@ def test_fidelity_pairs_plot_is_a_png(tmp_path):
     f = Fidelity({}, [outcome(0.3, 0.010), outcome(0.5, 0.012)], [outcome(0.25, 0.009), outcome(0.6, 0.011)])
     path = plot_pairs(f, str(tmp_path / "pairs.png"))
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_live_decode_gaps_are_grouped_by_streams_decoding_and_prefill_waiting():
+    from yuebing.metrics import Outcome
+    from yuebing.replay import decode_gaps_by_load
+
+    a = Outcome(0.0, 100, 4, 1.0, 1.0, sent_at=0.0, token_times=[1.0, 1.1, 1.3, 1.4])
+    b = Outcome(0.0, 100, 3, 1.0, 1.0, sent_at=1.15, token_times=[1.25, 1.35, 1.45])
+    groups = decode_gaps_by_load([a, b])
+    # a's 1.1-1.3 gap: a alone decoding, b waiting for its first token; a's 1.3-1.4 and
+    # b's 1.35-1.45: both decoding, nobody waiting. (The 1.0-1.1 hand-off is left out.)
+    assert groups.keys() == {"1/prefill", "2/idle"}
+    assert groups["1/prefill"]["gaps"] == 1 and groups["1/prefill"]["mean_ms"] == pytest.approx(200)
+    assert groups["2/idle"]["gaps"] == 2 and groups["2/idle"]["mean_ms"] == pytest.approx(100)
