@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import math
 import random
 import statistics
 import time
@@ -29,6 +30,8 @@ from yuebing.sim import HostSharing
 from yuebing.trace import TraceRequest
 
 PRINTABLE = (32, 127)  # token ids of printable bytes in the default byte-level tokenizer
+# calibrate's burst: requests, arrivals per second, tokens each generates
+BURST_REQUESTS, BURST_RATE, BURST_TOKENS = 30, 1.5, 64
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,9 @@ async def calibrate(
       max_tokens 2 each joins decode (KV load, tail, new sequence) while the next
       prefills, with max_tokens 1 none does: the widening of the gaps between their
       first tokens;
+    - decode beside a prefill: a burst of requests of varied lengths, whose decode
+      gaps beside a prefill are set against those without one, batch size by batch
+      size (the probes below are the fallback when the burst has too few);
     - then one decode stream, and then `streams`, run while long prompts are
       prefilled one after another: the prefills' slowdown against alone (a fixed
       share while anything decodes, and a share per stream), and the streams' gaps
@@ -239,6 +245,20 @@ async def calibrate(
             if n == streams:  # decode slowdown: a batch like the traces' (several streams)
                 decoded += streamed
             alone_again += [await ttft(session, long_prompt) for _ in range(repeats)]
+
+        # Decode beside a prefill as a burst of varied requests meets it (prefills of
+        # several sizes queueing, requests joining decode, several streams relayed):
+        # the probes above see only part of that slowdown.
+        burst: list[Outcome] = []
+
+        async def one(delay: float, n_in: int) -> None:
+            await asyncio.sleep(delay)
+            o = Outcome(0.0, n_in, BURST_TOKENS, math.inf, math.inf, sent_at=time.monotonic())
+            o.token_times = await _stream(session, url, _body(options, prompt(n_in), BURST_TOKENS), o)
+            burst.append(o)
+
+        delays = list(itertools.accumulate(rng.expovariate(BURST_RATE) for _ in range(BURST_REQUESTS)))
+        await asyncio.gather(*(one(d, rng.randrange(long_prompt // 8, long_prompt + 1)) for d in delays))
     inside, outside = [], []
     for times in decoded:
         for a, b in itertools.pairwise(times):
@@ -249,7 +269,9 @@ async def calibrate(
     alone_all = statistics.median(alone_samples + alone_again)  # before and after the rounds: drift cancels
     slowdown = {n: (statistics.median(t) - overhead) / max(1e-9, alone_all - overhead) - 1 for n, t in beside.items()}
     per_stream = max(0.0, (slowdown[streams] - slowdown[1]) / (streams - 1)) if streams > 1 else 0.0
-    decode_slowdown = statistics.mean(inside) / statistics.mean(outside) - 1 if inside and outside else 0.0
+    decode_slowdown = burst_decode_slowdown(decode_gaps_by_load(burst))
+    if decode_slowdown is None:  # the burst had too few gaps of some kind: the probes' figure
+        decode_slowdown = statistics.mean(inside) / statistics.mean(outside) - 1 if inside and outside else 0.0
     return HostSharing(
         prefill_scale=scale,
         prefill_slowdown_while_decoding=max(0.0, slowdown[1] - per_stream),
@@ -277,6 +299,19 @@ def decode_gaps_by_load(outcomes: Sequence[Outcome], max_batch: int = 6) -> dict
             busy = any(s < b and a < e for s, e in waiting)
             groups.setdefault(f"{batch}/{'prefill' if busy else 'idle'}", []).append(b - a)
     return {k: {"gaps": len(v), "mean_ms": statistics.fmean(v) * 1e3} for k, v in sorted(groups.items())}
+
+
+def burst_decode_slowdown(groups: dict[str, dict[str, float]], min_gaps: int = 20) -> float | None:
+    """How much slower decode steps are while a prefill runs, from `decode_gaps_by_load`
+    groups: per batch size, beside a prefill against idle, weighted by the gaps beside
+    a prefill; None when no batch size has `min_gaps` of both."""
+    pairs = []
+    for key, busy in groups.items():
+        batch, kind = key.split("/")
+        idle = groups.get(f"{batch}/idle")
+        if kind == "prefill" and idle and min(busy["gaps"], idle["gaps"]) >= min_gaps:
+            pairs.append((busy["gaps"], busy["mean_ms"] / idle["mean_ms"] - 1))
+    return sum(w * r for w, r in pairs) / sum(w for w, _ in pairs) if pairs else None
 
 
 @dataclasses.dataclass

@@ -44,3 +44,15 @@ def test_live_decode_gaps_are_grouped_by_streams_decoding_and_prefill_waiting():
     assert groups.keys() == {"1/prefill", "2/idle"}
     assert groups["1/prefill"]["gaps"] == 1 and groups["1/prefill"]["mean_ms"] == pytest.approx(200)
     assert groups["2/idle"]["gaps"] == 2 and groups["2/idle"]["mean_ms"] == pytest.approx(100)
+
+
+def test_decode_slowdown_beside_prefill_is_weighted_over_batch_sizes_with_enough_gaps():
+    from yuebing.replay import burst_decode_slowdown
+
+    groups = {
+        "1/idle": {"gaps": 40, "mean_ms": 10.0}, "1/prefill": {"gaps": 100, "mean_ms": 12.0},  # +20 %
+        "2/idle": {"gaps": 30, "mean_ms": 10.0}, "2/prefill": {"gaps": 300, "mean_ms": 14.0},  # +40 %
+        "3/idle": {"gaps": 5, "mean_ms": 10.0}, "3/prefill": {"gaps": 500, "mean_ms": 30.0},  # too few idle gaps
+    }
+    assert burst_decode_slowdown(groups) == pytest.approx((100 * 0.2 + 300 * 0.4) / 400)
+    assert burst_decode_slowdown({"1/prefill": {"gaps": 100, "mean_ms": 12.0}}) is None  # nothing to set it against
