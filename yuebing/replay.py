@@ -12,6 +12,7 @@ back), with `ignore_eos` so each request generates its trace's output length.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import itertools
 import json
@@ -269,6 +270,12 @@ async def calibrate(
     alone_all = statistics.median(alone_samples + alone_again)  # before and after the rounds: drift cancels
     slowdown = {n: (statistics.median(t) - overhead) / max(1e-9, alone_all - overhead) - 1 for n, t in beside.items()}
     per_stream = max(0.0, (slowdown[streams] - slowdown[1]) / (streams - 1)) if streams > 1 else 0.0
+    # The serving path's cost per step, from the burst's steps with no prefill beside
+    # them against the profile's step for their batch and context (the lone stream
+    # above is the fallback): measured under the load the simulator will model.
+    idle = [g.seconds - predictor.decode_step_s(g.batch, g.context) for g in decode_gaps(burst) if not g.beside_prefill]
+    if len(idle) >= 20:
+        step_overhead = max(0.0, statistics.median(idle))
     decode_slowdown = burst_decode_slowdown(decode_gaps_by_load(burst))
     if decode_slowdown is None:  # the burst had too few gaps of some kind: the probes' figure
         decode_slowdown = statistics.mean(inside) / statistics.mean(outside) - 1 if inside and outside else 0.0
@@ -283,21 +290,40 @@ async def calibrate(
     )
 
 
-def decode_gaps_by_load(outcomes: Sequence[Outcome], max_batch: int = 6) -> dict[str, dict[str, float]]:
-    """A live run's decode gaps (each request's after its hand-off to decode) grouped
-    by how many requests were decoding at the time ("3/...", capped at `max_batch`)
-    and whether any request was still waiting for its first token ("/prefill": with
-    one prefill instance, a prefill running or queued; "/idle" otherwise): what the
-    simulator's step model can be checked against, condition by condition."""
-    decoding = [(o.token_times[1], o.token_times[-1]) for o in outcomes if len(o.token_times) > 2]
+@dataclass(frozen=True)
+class DecodeGap:
+    """One gap between two decode tokens of a live request, and the load around it."""
+
+    seconds: float
+    batch: int  # requests decoding at its middle
+    context: int  # their tokens then (prompts and what they had generated)
+    beside_prefill: bool  # a request was waiting for its first token meanwhile
+
+
+def decode_gaps(outcomes: Sequence[Outcome]) -> list[DecodeGap]:
+    """A live run's decode gaps: each request's after its hand-off to decode. With one
+    prefill instance, a request waiting for its first token means a prefill running
+    (or queued)."""
+    decoding = [o for o in outcomes if len(o.token_times) > 2]
     waiting = [(o.sent_at, o.token_times[0]) for o in outcomes if o.token_times]
-    groups: dict[str, list[float]] = {}
-    for o in outcomes:
+    gaps = []
+    for o in decoding:
         for a, b in itertools.pairwise(o.token_times[1:]):
             mid = (a + b) / 2
-            batch = min(max_batch, sum(1 for s, e in decoding if s <= mid <= e))
+            batch = [x for x in decoding if x.token_times[1] <= mid <= x.token_times[-1]]
+            context = sum(x.input_len + bisect.bisect(x.token_times, mid) for x in batch)
             busy = any(s < b and a < e for s, e in waiting)
-            groups.setdefault(f"{batch}/{'prefill' if busy else 'idle'}", []).append(b - a)
+            gaps.append(DecodeGap(b - a, len(batch), context, busy))
+    return gaps
+
+
+def decode_gaps_by_load(outcomes: Sequence[Outcome], max_batch: int = 6) -> dict[str, dict[str, float]]:
+    """`decode_gaps` grouped by how many requests were decoding ("3/...", capped at
+    `max_batch`) and whether a prefill ran beside ("/prefill", else "/idle"): what the
+    simulator's step model can be checked against, condition by condition."""
+    groups: dict[str, list[float]] = {}
+    for g in decode_gaps(outcomes):
+        groups.setdefault(f"{min(max_batch, g.batch)}/{'prefill' if g.beside_prefill else 'idle'}", []).append(g.seconds)
     return {k: {"gaps": len(v), "mean_ms": statistics.fmean(v) * 1e3} for k, v in sorted(groups.items())}
 
 
