@@ -169,19 +169,18 @@ async def calibrate(
     - prefill scale and first-token overhead: TTFT of a short and a long prompt
       alone, fitted as overhead + scale × the profile's prefill time (the profile
       times an engine alone in-process; the serving engine saves KV as it goes);
-    - step overhead: the mean gap of a decode stream alone (median of three), less
-      the profile's step;
     - join overhead: long prompts sent at once prefill one after another; with
       max_tokens 2 each joins decode (KV load, tail, new sequence) while the next
       prefills, with max_tokens 1 none does: the widening of the gaps between their
       first tokens;
-    - decode beside a prefill: a burst of requests of varied lengths, whose decode
-      gaps beside a prefill are set against those without one, batch size by batch
-      size (the probes below are the fallback when the burst has too few);
     - then one decode stream, and then `streams`, run while long prompts are
       prefilled one after another: the prefills' slowdown against alone (a fixed
-      share while anything decodes, and a share per stream), and the streams' gaps
-      during a prefill against their gaps outside one.
+      share while anything decodes, and a share per stream);
+    - last a burst of requests of varied lengths: step overhead, its decode gaps with
+      no prefill beside them less the profile's step; decode beside a prefill, its
+      gaps beside a prefill against those without one, batch size by batch size.
+      Where the burst has too few gaps of a kind, lone decode streams (overhead) and
+      the streams' gaps during the probes above (slowdown) stand in.
     Prompts are fresh random tokens, so no cache helps."""
     rng = random.Random()
     repeats, rounds = 5, 2
@@ -219,15 +218,6 @@ async def calibrate(
             without += await burst_gaps(session, 1)
             with_join += await burst_gaps(session, 2)
         join_overhead = statistics.median(with_join) - statistics.median(without) if without and with_join else 0.0
-        # Decode streams attend to long prompts, as the traces' requests do: attention
-        # over a long context competes with a prefill for memory bandwidth.
-        gaps_alone = []  # per stream, after the hand-off; streams one at a time
-        for _ in range(3):
-            stream = await _stream(session, url, _body(options, prompt(long_prompt), min(120, stream_tokens)))
-            gaps_alone.append(statistics.mean(b - a for a, b in itertools.pairwise(stream[1:])))
-        gap_alone = statistics.median(gaps_alone)
-        step_overhead = max(0.0, gap_alone - predictor.decode_step_s(1, long_prompt + 60))
-
         # Prefills beside one decode stream and beside `streams`, in alternating
         # rounds, each followed by prefills alone again (a shared machine's speed
         # drifts): a fixed slowdown while anything decodes, and a share per stream;
@@ -260,25 +250,26 @@ async def calibrate(
 
         delays = list(itertools.accumulate(rng.expovariate(BURST_RATE) for _ in range(BURST_REQUESTS)))
         await asyncio.gather(*(one(d, rng.randrange(long_prompt // 8, long_prompt + 1)) for d in delays))
-    inside, outside = [], []
-    for times in decoded:
-        for a, b in itertools.pairwise(times):
-            if any(s <= a and b <= e for s, e in windows):
-                inside.append(b - a)
-            elif not any(a < e + 0.1 and s < b for s, e in windows):  # nor the step where the probe joins decode
-                outside.append(b - a)
+        gaps = decode_gaps(burst)
+
+        # The serving path's cost per step: the burst's steps with no prefill beside
+        # them against the profile's step for their batch and context, measured under
+        # the load the simulator will model. Too few such steps: lone streams instead,
+        # attending to long prompts as the traces' requests do.
+        idle = [g.seconds - predictor.decode_step_s(g.batch, g.context) for g in gaps if not g.beside_prefill]
+        if len(idle) < 20:
+            idle = []
+            for _ in range(3):
+                stream = await _stream(session, url, _body(options, prompt(long_prompt), min(120, stream_tokens)))
+                idle.append(statistics.mean(b - a for a, b in itertools.pairwise(stream[1:]))
+                            - predictor.decode_step_s(1, long_prompt + 60))
+        step_overhead = max(0.0, statistics.median(idle))
     alone_all = statistics.median(alone_samples + alone_again)  # before and after the rounds: drift cancels
     slowdown = {n: (statistics.median(t) - overhead) / max(1e-9, alone_all - overhead) - 1 for n, t in beside.items()}
     per_stream = max(0.0, (slowdown[streams] - slowdown[1]) / (streams - 1)) if streams > 1 else 0.0
-    # The serving path's cost per step, from the burst's steps with no prefill beside
-    # them against the profile's step for their batch and context (the lone stream
-    # above is the fallback): measured under the load the simulator will model.
-    idle = [g.seconds - predictor.decode_step_s(g.batch, g.context) for g in decode_gaps(burst) if not g.beside_prefill]
-    if len(idle) >= 20:
-        step_overhead = max(0.0, statistics.median(idle))
-    decode_slowdown = burst_decode_slowdown(decode_gaps_by_load(burst))
+    decode_slowdown = burst_decode_slowdown(decode_gaps_by_load(gaps))
     if decode_slowdown is None:  # the burst had too few gaps of some kind: the probes' figure
-        decode_slowdown = statistics.mean(inside) / statistics.mean(outside) - 1 if inside and outside else 0.0
+        decode_slowdown = _probe_decode_slowdown(decoded, windows)
     return HostSharing(
         prefill_scale=scale,
         prefill_slowdown_while_decoding=max(0.0, slowdown[1] - per_stream),
@@ -288,6 +279,18 @@ async def calibrate(
         step_overhead_s=step_overhead,
         join_overhead_s=max(0.0, join_overhead),
     )
+
+
+def _probe_decode_slowdown(decoded: list[list[float]], windows: list[tuple[float, float]]) -> float:
+    """The streams' gaps inside a probe's prefill against their gaps well outside one."""
+    inside, outside = [], []
+    for times in decoded:
+        for a, b in itertools.pairwise(times):
+            if any(s <= a and b <= e for s, e in windows):
+                inside.append(b - a)
+            elif not any(a < e + 0.1 and s < b for s, e in windows):  # nor the step where the probe joins decode
+                outside.append(b - a)
+    return statistics.mean(inside) / statistics.mean(outside) - 1 if inside and outside else 0.0
 
 
 @dataclass(frozen=True)
@@ -317,12 +320,12 @@ def decode_gaps(outcomes: Sequence[Outcome]) -> list[DecodeGap]:
     return gaps
 
 
-def decode_gaps_by_load(outcomes: Sequence[Outcome], max_batch: int = 6) -> dict[str, dict[str, float]]:
+def decode_gaps_by_load(gaps: Sequence[DecodeGap], max_batch: int = 6) -> dict[str, dict[str, float]]:
     """`decode_gaps` grouped by how many requests were decoding ("3/...", capped at
     `max_batch`) and whether a prefill ran beside ("/prefill", else "/idle"): what the
     simulator's step model can be checked against, condition by condition."""
     groups: dict[str, list[float]] = {}
-    for g in decode_gaps(outcomes):
+    for g in gaps:
         groups.setdefault(f"{min(max_batch, g.batch)}/{'prefill' if g.beside_prefill else 'idle'}", []).append(g.seconds)
     return {k: {"gaps": len(v), "mean_ms": statistics.fmean(v) * 1e3} for k, v in sorted(groups.items())}
 
@@ -367,7 +370,7 @@ def fidelity(url: str, trace: Sequence[TraceRequest], options: ReplayOptions, si
         compare[key] = {"live": live_value, "sim": sim_value, "sim_over_live": sim_value / live_value if live_value else 0.0}
     simulated.pop("load_over_time")
     result = {"live": live, "sim": simulated, "compare": compare, "requests": len(trace), "host": dataclasses.asdict(host),
-              "live_decode_gaps": decode_gaps_by_load(outcomes)}
+              "live_decode_gaps": decode_gaps_by_load(decode_gaps(outcomes))}
     return Fidelity(result, outcomes, run.outcomes)
 
 

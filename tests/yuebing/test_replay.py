@@ -34,11 +34,11 @@ def test_fidelity_pairs_plot_is_a_png(tmp_path):
 
 def test_live_decode_gaps_are_grouped_by_streams_decoding_and_prefill_waiting():
     from yuebing.metrics import Outcome
-    from yuebing.replay import decode_gaps_by_load
+    from yuebing.replay import decode_gaps, decode_gaps_by_load
 
     a = Outcome(0.0, 100, 4, 1.0, 1.0, sent_at=0.0, token_times=[1.0, 1.1, 1.3, 1.4])
     b = Outcome(0.0, 100, 3, 1.0, 1.0, sent_at=1.15, token_times=[1.25, 1.35, 1.45])
-    groups = decode_gaps_by_load([a, b])
+    groups = decode_gaps_by_load(decode_gaps([a, b]))
     # a's 1.1-1.3 gap: a alone decoding, b waiting for its first token; a's 1.3-1.4 and
     # b's 1.35-1.45: both decoding, nobody waiting. (The 1.0-1.1 hand-off is left out.)
     assert groups.keys() == {"1/prefill", "2/idle"}
