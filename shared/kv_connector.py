@@ -107,6 +107,8 @@ class Tracked:
     coming: int = 0  # save: the leading blocks the pool took, so on their way to `dest`
     expect: int = 0  # load: blocks prefill is sending
     wait_until: float = 0.0
+    seen_at: float = 0.0  # when the scheduler first saw it (how long it waited for its blocks)
+    asks: int = 0  # scheduler steps that asked for its blocks
     load_first: int = 0
     load_slots: list[int] = field(default_factory=list)
 
@@ -141,7 +143,7 @@ class YuebingConnector(KVConnectorBase_V1):
         if "yb_dest" not in params and "yb_expect" not in params:
             return
         hashes = block_hashes(request.prompt_token_ids or [], self.opts.block_size, self.opts.salt)
-        t = Tracked(hashes=hashes)
+        t = Tracked(hashes=hashes, seen_at=time.monotonic())
         if "yb_dest" in params:
             t.dest = str(params["yb_dest"])
         if "yb_expect" in params:
@@ -163,6 +165,7 @@ class YuebingConnector(KVConnectorBase_V1):
         ready = self.follower.leading_ready(want)
         expected = min(t.expect, last) - first
         waiting = ready < expected and not self.follower.any_failed(want[ready:expected])
+        t.asks += 1
         if waiting and self.follower.alive and time.monotonic() < t.wait_until:
             return None, False  # asked again next step
         pin = ready and self.follower.alive
@@ -170,9 +173,13 @@ class YuebingConnector(KVConnectorBase_V1):
         t.load_first, t.load_slots = first, (reply.slots if reply is not None and reply.ok else [])
         if reply is not None:
             self.pool_id = reply.pool_id
+        waited_ms = round((time.monotonic() - t.seen_at) * 1e3, 1)
         if len(t.load_slots) < expected:
-            log.info("kv blocks missing, computing them", request_id=request.request_id,
+            log.info("kv blocks missing, computing them", request_id=request.request_id, waited_ms=waited_ms,
                      loaded=len(t.load_slots), missing=expected - len(t.load_slots), messenger_alive=self.follower.alive)
+        elif expected:
+            log.info("kv blocks claimed", request_id=request.request_id, blocks=len(t.load_slots), waited_ms=waited_ms,
+                     steps=t.asks)
         return len(t.load_slots) * bs, False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:

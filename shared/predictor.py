@@ -70,6 +70,12 @@ class Predictor:
         n = new_tokens
         return max(self.floor_s, (a + n * (b + c * cached_tokens + d * n)) / 1e3)
 
+    def prefill_step_s(self, chunks: Sequence[tuple[int, int]]) -> float:
+        """One engine step computing several prompts' chunks, (new, cached) tokens
+        each: the step's fixed cost once, each chunk's linear and attention terms."""
+        a = self.prefill_coef[0] / 1e3
+        return max(self.floor_s, a + sum(self.prefill_s(n, p) - a for n, p in chunks if n > 0))
+
     def decode_step_s(self, batch: int, ctx_tokens: int) -> float:
         """One decode step for `batch` sequences holding `ctx_tokens` tokens in all."""
         if batch <= 0:

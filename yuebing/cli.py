@@ -265,23 +265,32 @@ def _bench_replay(args: argparse.Namespace) -> int:
     return 0 if result["failed"] == 0 else 1
 
 
-def _bench_fidelity(args: argparse.Namespace) -> int:
+def _fidelity_sim_config(args: argparse.Namespace, options):
+    """The live cluster as the simulator sees it, and the live profile's path."""
     import json
 
     from shared.config import profile_path
-    from shared.predictor import load_predictor
-    from yuebing.replay import fidelity
     from yuebing.sim import SimConfig
 
-    trace = _replay_trace(args)
     profile = Path(args.profile) if args.profile else profile_path(ClusterConfig())
     meta = json.loads(profile.read_text())["meta"]
-    options = _replay_options(args)
     config = SimConfig(
         prefill=args.prefill, decode=args.decode, policy=args.policy, block_tokens=options.block_tokens,
         pool_blocks=args.pool_blocks, kv_bytes_per_token=meta["kv_bytes_per_token"], bandwidth_gbps=meta["transfer_GBps"],
         chunk_tokens=ClusterConfig().step_tokens, slo_ttft_s=1e9, slo_tbt_s=1e9,
     )
+    return config, profile
+
+
+def _bench_fidelity(args: argparse.Namespace) -> int:
+    import json
+
+    from shared.predictor import load_predictor
+    from yuebing.replay import fidelity
+
+    trace = _replay_trace(args)
+    options = _replay_options(args)
+    config, profile = _fidelity_sim_config(args, options)
     run = fidelity(args.url, trace, options, config, load_predictor(profile))
     result = run.result
     h = result["host"]
@@ -289,7 +298,9 @@ def _bench_fidelity(args: argparse.Namespace) -> int:
           f"while decoding and +{h['prefill_slowdown_per_decoding']:.1%} per request decoding, "
           f"decode step +{h['decode_slowdown_per_prefill']:.1%} per prefill running, first-token overhead "
           f"{h['first_token_overhead_s'] * 1e3:.1f} ms, step overhead {h['step_overhead_s'] * 1e3:.2f} ms, "
-          f"join overhead {h['join_overhead_s'] * 1e3:.1f} ms")
+          f"join overhead {h['join_overhead_s'] * 1e3:.1f} ms, join step +{h['join_step_s'] * 1e3:.1f} ms, "
+          f"decode ×{h['decode_scale']:.2f} the profile, "
+          f"hand-off {h['handoff_s'] * 1e3:.1f} ms")
     for key, c in result["compare"].items():
         print(f"{key:>12}: live {c['live'] * 1e3:8.2f} ms   sim {c['sim'] * 1e3:8.2f} ms   sim/live {c['sim_over_live']:.3f}")
     print("live decode gaps by streams decoding / a prefill waiting (mean ms, gaps): "

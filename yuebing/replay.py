@@ -27,12 +27,12 @@ import aiohttp
 
 from shared.predictor import Predictor
 from yuebing.metrics import Outcome, gap_stats
-from yuebing.sim import HostSharing
+from yuebing.sim import HostSharing, SimConfig, tail_compute_s
 from yuebing.trace import TraceRequest
 
 PRINTABLE = (32, 127)  # token ids of printable bytes in the default byte-level tokenizer
-# calibrate's burst: requests, arrivals per second, tokens each generates
-BURST_REQUESTS, BURST_RATE, BURST_TOKENS = 30, 1.5, 64
+# calibrate's burst: groups of requests arriving at once, seconds apart; tokens each generates
+BURST_GROUPS, BURST_GROUP_SIZE, BURST_GROUP_GAP_S, BURST_TOKENS = 4, 8, 5.0, 64
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,8 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict, outcome:
 
 
 async def calibrate(
-    url: str, options: ReplayOptions, predictor: Predictor, long_prompt: int = 2048, streams: int = 3, stream_tokens: int = 700
+    url: str, options: ReplayOptions, predictor: Predictor, config: SimConfig, long_prompt: int = 2048, streams: int = 3,
+    stream_tokens: int = 700,
 ) -> HostSharing:
     """How the live cluster's instances share their host, for the simulator: each
     figure from a few requests of its own, never from the trace under test.
@@ -178,7 +179,9 @@ async def calibrate(
       share while anything decodes, and a share per stream);
     - last a burst of requests of varied lengths: step overhead, its decode gaps with
       no prefill beside them less the profile's step; decode beside a prefill, its
-      gaps beside a prefill against those without one, batch size by batch size.
+      gaps beside a prefill against those without one, batch size by batch size;
+      joins, the steps where a request joined decode against the steps around them
+      (join step) and its first gap against that step (hand-off: join_costs).
       Where the burst has too few gaps of a kind, lone decode streams (overhead) and
       the streams' gaps during the probes above (slowdown) stand in.
     Prompts are fresh random tokens, so no cache helps."""
@@ -240,23 +243,16 @@ async def calibrate(
         # Decode beside a prefill as a burst of varied requests meets it (prefills of
         # several sizes queueing, requests joining decode, several streams relayed):
         # the probes above see only part of that slowdown.
-        burst: list[Outcome] = []
-
-        async def one(delay: float, n_in: int) -> None:
-            await asyncio.sleep(delay)
-            o = Outcome(0.0, n_in, BURST_TOKENS, math.inf, math.inf, sent_at=time.monotonic())
-            o.token_times = await _stream(session, url, _body(options, prompt(n_in), BURST_TOKENS), o)
-            burst.append(o)
-
-        delays = list(itertools.accumulate(rng.expovariate(BURST_RATE) for _ in range(BURST_REQUESTS)))
-        await asyncio.gather(*(one(d, rng.randrange(long_prompt // 8, long_prompt + 1)) for d in delays))
+        burst_trace = calibration_burst(rng, long_prompt, options.block_tokens)
+        burst, _ = await replay(url, burst_trace, dataclasses.replace(options, salt=rng.getrandbits(32), progress=False))
         gaps = decode_gaps(burst)
 
         # The serving path's cost per step: the burst's steps with no prefill beside
         # them against the profile's step for their batch and context, measured under
         # the load the simulator will model. Too few such steps: lone streams instead,
         # attending to long prompts as the traces' requests do.
-        idle = [g.seconds - predictor.decode_step_s(g.batch, g.context) for g in gaps if not g.beside_prefill]
+        idle = [g.seconds - predictor.decode_step_s(g.batch, g.context) for g in gaps
+                if not (g.beside_prefill or g.joining)]
         if len(idle) < 20:
             idle = []
             for _ in range(3):
@@ -264,13 +260,14 @@ async def calibrate(
                 idle.append(statistics.mean(b - a for a, b in itertools.pairwise(stream[1:]))
                             - predictor.decode_step_s(1, long_prompt + 60))
         step_overhead = max(0.0, statistics.median(idle))
+        handoff, join_step = join_costs(decode_joins(burst, predictor, options.block_tokens))
     alone_all = statistics.median(alone_samples + alone_again)  # before and after the rounds: drift cancels
     slowdown = {n: (statistics.median(t) - overhead) / max(1e-9, alone_all - overhead) - 1 for n, t in beside.items()}
     per_stream = max(0.0, (slowdown[streams] - slowdown[1]) / (streams - 1)) if streams > 1 else 0.0
     decode_slowdown = burst_decode_slowdown(decode_gaps_by_load(gaps))
     if decode_slowdown is None:  # the burst had too few gaps of some kind: the probes' figure
         decode_slowdown = _probe_decode_slowdown(decoded, windows)
-    return HostSharing(
+    host = HostSharing(
         prefill_scale=scale,
         prefill_slowdown_while_decoding=max(0.0, slowdown[1] - per_stream),
         prefill_slowdown_per_decoding=per_stream,
@@ -278,7 +275,46 @@ async def calibrate(
         first_token_overhead_s=overhead,
         step_overhead_s=step_overhead,
         join_overhead_s=max(0.0, join_overhead),
+        handoff_s=handoff,
+        join_step_s=join_step,
     )
+    return level_to_burst(host, burst_trace, burst, config, predictor)
+
+
+def calibration_burst(rng: random.Random, long_prompt: int, block_tokens: int) -> list[TraceRequest]:
+    """The calibration's own load: groups of requests arriving at once (as a trace's
+    requests of one timestamp do), prompts of varied lengths, fresh blocks each."""
+    burst, next_id = [], 0
+    for group in range(BURST_GROUPS):
+        for _ in range(BURST_GROUP_SIZE):
+            n = rng.randrange(long_prompt // 8, long_prompt + 1)
+            blocks = math.ceil(n / block_tokens)
+            burst.append(TraceRequest(group * BURST_GROUP_GAP_S * 1e3, n, BURST_TOKENS, tuple(range(next_id, next_id + blocks))))
+            next_id += blocks
+    return burst
+
+
+def level_to_burst(host: HostSharing, trace: Sequence[TraceRequest], live: Sequence[Outcome], config: SimConfig,
+                   predictor: Predictor, rounds: int = 4) -> HostSharing:
+    """The probes measure how the instances slow each other; what they cannot pin
+    down is the level of the whole, which drifts with the machine: so the prefill and
+    decode scales are set so that the simulator, replaying the calibration burst,
+    gives the mean TTFT and mean TBT that the live cluster gave it."""
+    from yuebing.metrics import summarize
+    from yuebing.sim import simulate
+
+    want = summarize(list(live), 1.0)
+    if not want["completed"]:
+        return host
+    base = host.first_token_overhead_s
+    for _ in range(rounds):
+        got = simulate(trace, dataclasses.replace(config, host=host), predictor).result
+        host = dataclasses.replace(
+            host,
+            prefill_scale=host.prefill_scale * max(1e-3, want["ttft_s"]["mean"] - base) / max(1e-3, got["ttft_s"]["mean"] - base),
+            decode_scale=host.decode_scale * want["tbt_mean_s"]["mean"] / max(1e-6, got["tbt_mean_s"]["mean"]),
+        )
+    return host
 
 
 def _probe_decode_slowdown(decoded: list[list[float]], windows: list[tuple[float, float]]) -> float:
@@ -301,6 +337,11 @@ class DecodeGap:
     batch: int  # requests decoding at its middle
     context: int  # their tokens then (prompts and what they had generated)
     beside_prefill: bool  # a request was waiting for its first token meanwhile
+    joining: bool = False  # another request joined decode in this step (its first decode token ends it)
+
+
+# Tokens of one decode step reach the client within this of each other.
+SAME_STEP_S = 0.002
 
 
 def decode_gaps(outcomes: Sequence[Outcome]) -> list[DecodeGap]:
@@ -316,8 +357,48 @@ def decode_gaps(outcomes: Sequence[Outcome]) -> list[DecodeGap]:
             batch = [x for x in decoding if x.token_times[1] <= mid <= x.token_times[-1]]
             context = sum(x.input_len + bisect.bisect(x.token_times, mid) for x in batch)
             busy = any(s < b and a < e for s, e in waiting)
-            gaps.append(DecodeGap(b - a, len(batch), context, busy))
+            joining = any(x is not o and abs(x.token_times[1] - b) < SAME_STEP_S for x in decoding)
+            gaps.append(DecodeGap(b - a, len(batch), context, busy, joining))
     return gaps
+
+
+@dataclass(frozen=True)
+class DecodeJoin:
+    """A live request joining decode while others decode, seen from both sides."""
+
+    first_gap: float  # its first token to its second (its first from decode)
+    step: float  # the others' step that ends with its second token: the step it joined in
+    step_before: float  # their step before that one, and after it
+    step_after: float
+    tail_s: float  # the profile's cost of computing its prompt tail in that step
+
+
+def decode_joins(outcomes: Sequence[Outcome], predictor: Predictor, block_tokens: int) -> list[DecodeJoin]:
+    """Every request of a live run that joined decode beside requests already decoding."""
+    decoding = [o for o in outcomes if len(o.token_times) > 2]
+    joins = []
+    for j in decoding:
+        second = j.token_times[1]
+        seen = [(t[k] - t[k - 1], t[k - 1] - t[k - 2], t[k + 1] - t[k])
+                for t in (o.token_times for o in decoding if o is not j)
+                for k in range(3, len(t) - 1) if abs(t[k] - second) < SAME_STEP_S]
+        if seen:
+            step, before, after = (statistics.fmean(x) for x in zip(*seen))
+            joins.append(DecodeJoin(second - j.token_times[0], step, before, after,
+                                    tail_compute_s(predictor, j.input_len, block_tokens)))
+    return joins
+
+
+def join_costs(joins: Sequence[DecodeJoin], min_joins: int = 5) -> tuple[float, float]:
+    """(handoff_s, join_step_s) for HostSharing from `decode_joins`: how much longer
+    the step a request joins in is than the steps around it, beyond its tail's
+    compute; and what its first gap holds besides that step and the wait for the step
+    in progress when it came (half that step, on average). (0, 0) with too few joins."""
+    if len(joins) < min_joins:
+        return 0.0, 0.0
+    join_step = statistics.fmean(j.step - (j.step_before + j.step_after) / 2 - j.tail_s for j in joins)
+    handoff = statistics.fmean(j.first_gap - j.step - j.step_before / 2 for j in joins)
+    return max(0.0, handoff), max(0.0, join_step)
 
 
 def decode_gaps_by_load(gaps: Sequence[DecodeGap], max_batch: int = 6) -> dict[str, dict[str, float]]:
@@ -326,6 +407,8 @@ def decode_gaps_by_load(gaps: Sequence[DecodeGap], max_batch: int = 6) -> dict[s
     simulator's step model can be checked against, condition by condition."""
     groups: dict[str, list[float]] = {}
     for g in gaps:
+        if g.joining:  # a step another request joined in: join_costs models those
+            continue
         groups.setdefault(f"{min(max_batch, g.batch)}/{'prefill' if g.beside_prefill else 'idle'}", []).append(g.seconds)
     return {k: {"gaps": len(v), "mean_ms": statistics.fmean(v) * 1e3} for k, v in sorted(groups.items())}
 
@@ -356,7 +439,7 @@ def fidelity(url: str, trace: Sequence[TraceRequest], options: ReplayOptions, si
     from yuebing.metrics import summarize
     from yuebing.sim import simulate
 
-    host = asyncio.run(calibrate(url, options, predictor))
+    host = asyncio.run(calibrate(url, options, predictor, sim_config))
     sim_config = dataclasses.replace(sim_config, host=host)
     outcomes, wall = asyncio.run(replay(url, trace, options))
     live = summarize(outcomes, wall)

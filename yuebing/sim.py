@@ -55,17 +55,26 @@ class HostSharing:
     prefill_slowdown_per_decoding: float = 0.0
     decode_slowdown_per_prefill: float = 0.0
     prefill_scale: float = 1.0  # the serving engine's prefill time against the profile's
+    decode_scale: float = 1.0  # the serving engine's decode step against the profile's
     first_token_overhead_s: float = 0.0  # serving path: arrival to prefill, first token back
     step_overhead_s: float = 0.0  # serving path: per decode step, token relay
     # A request joining decode (its KV loaded, its tail computed, a new sequence set
     # up, in processes beside the prefill engine's) delays the prefills running then.
     join_overhead_s: float = 0.0
+    # The hand-off to decode: from the first token to the request reaching decode's
+    # scheduler (the gateway's round trip to decode, the engine taking the request).
+    handoff_s: float = 0.0
+    # The step a request joins decode in is this much longer, for the whole batch,
+    # than its prompt tail's compute: the request's KV loaded from the node pool into
+    # the engine, its sequence set up.
+    join_step_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.prefill_scale <= 0:
-            raise ValueError("prefill_scale must be positive")
+        if self.prefill_scale <= 0 or self.decode_scale <= 0:
+            raise ValueError("prefill_scale and decode_scale must be positive")
         if min(self.prefill_slowdown_while_decoding, self.prefill_slowdown_per_decoding, self.decode_slowdown_per_prefill,
-               self.first_token_overhead_s, self.step_overhead_s, self.join_overhead_s) < 0:
+               self.first_token_overhead_s, self.step_overhead_s, self.join_overhead_s, self.handoff_s,
+               self.join_step_s) < 0:
             raise ValueError("host-sharing slowdowns and overheads cannot be negative")
 
 
@@ -120,7 +129,7 @@ class SimRequest:
     decode_id: str = ""
     pull_blocks: int = 0
     cached_tokens: int = 0  # reused, from its own cache or pulled
-    prefilled: int = 0  # computed in the step that ended the request before it (chunked prefill)
+    prefilled: int = 0  # prompt tokens computed so far (chunked prefill)
     local_cached_tokens: int = 0  # reused from its own cache only
     first_token_at: float = 0.0
     # Decode progress: tokens still to make, context attended, and the step times
@@ -133,15 +142,15 @@ class SimRequest:
 @dataclass
 class PrefillInstance:
     iid: str
-    queue: deque[SimRequest] = field(default_factory=deque)
+    queue: deque[SimRequest] = field(default_factory=deque)  # its requests, the one(s) in the step first
     busy_s: float = 0.0
-    running: SimRequest | None = None  # the prefill in progress
+    step: list[tuple[SimRequest, int]] = field(default_factory=list)  # the step in progress: (request, tokens)
     done_at: float = 0.0  # when it ends
     version: int = 0  # invalidates a scheduled end when a join on the host delays it
 
     @property
     def busy(self) -> bool:
-        return self.running is not None
+        return bool(self.step)
 
 
 @dataclass
@@ -247,61 +256,60 @@ class Simulation:
         inst = self.prefills[r.prefill_id]
         inst.queue.append(r)
         if not inst.busy:
-            self._start_prefill(inst)
+            self._start_step(inst)
             self._host_changed()  # one more prefill running
 
     # --- prefill ------------------------------------------------------------
-    def _prefill_seconds(self, r: SimRequest, next_up: SimRequest | None) -> float:
-        """Pull, then prefill of what is not cached. With a step budget (chunk_tokens,
-        vLLM's chunked prefill) a prompt runs in steps of at most that many tokens, and
-        the step that ends it fills up with the first tokens of the request queued
-        next (`next_up`), whose first token therefore comes later than alone would."""
-        c = self.config
-        done = r.cached_tokens + r.prefilled
-        total = self.predictor.transfer_s(r.pull_blocks * c.block_tokens)
-        if not c.chunk_tokens:
-            return total + self.predictor.prefill_s(r.trace.input_length - done, done)
-        n = 0
-        while done < r.trace.input_length:
-            n = min(c.chunk_tokens, r.trace.input_length - done)
-            total += self.predictor.prefill_s(n, done)
-            done += n
-        if next_up is not None:
-            start = next_up.cached_tokens + next_up.prefilled
-            # Its last token is left for a step of its own: the step its first token comes from.
-            share = min(c.chunk_tokens - n, next_up.trace.input_length - 1 - start)
-            if share > 0:
-                total += self.predictor.prefill_s(share, start)
-                next_up.prefilled += share
-        return total
+    def _step_chunks(self, inst: PrefillInstance) -> list[tuple[SimRequest, int]]:
+        """What the next engine step computes, as vLLM's scheduler picks it: with a
+        step budget (chunk_tokens, vLLM's chunked prefill) the queue's requests in
+        order, each as much of its prompt as the budget has left, so one step may end
+        one prompt, compute a whole short one and start the next; without one, the
+        head's whole prompt."""
+        if not self.config.chunk_tokens:
+            r = inst.queue[0]
+            return [(r, self._uncomputed(r))]
+        chunks, budget = [], self.config.chunk_tokens
+        for r in inst.queue:
+            if budget <= 0:
+                break
+            n = min(budget, self._uncomputed(r))
+            chunks.append((r, n))
+            budget -= n
+        return chunks
 
-    def _start_prefill(self, inst: PrefillInstance) -> None:
-        r = inst.running = inst.queue.popleft()
-        seconds = self._prefill_seconds(r, inst.queue[0] if inst.queue else None)
+    def _uncomputed(self, r: SimRequest) -> int:
+        return r.trace.input_length - r.cached_tokens - r.prefilled
+
+    def _start_step(self, inst: PrefillInstance) -> None:
+        inst.step = self._step_chunks(inst)
+        # A request's pulled blocks arrive before its first tokens are computed.
+        pulls = sum(r.pull_blocks for r, _ in inst.step if not r.prefilled) * self.config.block_tokens
+        seconds = self.predictor.prefill_step_s([(n, r.cached_tokens + r.prefilled) for r, n in inst.step])
         host = self.config.host
         decoding = sum(len(d.batch) for d in self.decodes.values())
         if decoding:
             seconds *= 1 + host.prefill_slowdown_while_decoding + host.prefill_slowdown_per_decoding * decoding
-        seconds *= host.prefill_scale
+        seconds = seconds * host.prefill_scale + self.predictor.transfer_s(pulls)
         inst.busy_s += seconds
         inst.done_at, inst.version = self.now + seconds, inst.version + 1
-        self.at(inst.done_at, "prefill_done", r, inst.version)
+        self.at(inst.done_at, "prefill_done", inst, inst.version)
 
     def _deadline(self, r: SimRequest, _v: int) -> None:
         """Its client gave up before the first token: the request leaves its prefill
-        instance's queue, or stops running there (the work done so far is lost)."""
+        instance's queue. A step that computes only it stops (the work done so far
+        is lost); a step it shares with others runs on without it."""
         if r.first_token_at or r.outcome.wasted_prefill:
             return
         inst = self.prefills[r.prefill_id]
-        if inst.running is r:
+        inst.queue.remove(r)
+        if [x for x, _ in inst.step] == [r]:
             inst.busy_s -= inst.done_at - self.now
-            inst.running, inst.version = None, inst.version + 1  # its prefill_done no longer counts
+            inst.step, inst.version = [], inst.version + 1  # its prefill_done no longer counts
             if inst.queue:
-                self._start_prefill(inst)
+                self._start_step(inst)
             else:
                 self._host_changed()
-        else:
-            inst.queue.remove(r)
         r.outcome.failed = True
         self._settle(r)
 
@@ -309,24 +317,35 @@ class Simulation:
         for inst in self.prefills.values():
             if inst.busy:
                 inst.done_at, inst.busy_s, inst.version = inst.done_at + seconds, inst.busy_s + seconds, inst.version + 1
-                self.at(inst.done_at, "prefill_done", inst.running, inst.version)
+                self.at(inst.done_at, "prefill_done", inst, inst.version)
 
-    def _prefill_done(self, r: SimRequest, version: int) -> None:
-        inst = self.prefills[r.prefill_id]
+    def _prefill_done(self, inst: PrefillInstance, version: int) -> None:
         if version != inst.version:
             return  # delayed by a join on the host, and rescheduled
-        inst.running = None
+        step, inst.step = inst.step, []
+        done = []
+        for r, n in step:
+            if r.outcome.failed:
+                continue  # its client gave up during the step
+            r.prefilled += n
+            if not self._uncomputed(r):
+                inst.queue.remove(r)
+                done.append(r)
         if inst.queue:
-            self._start_prefill(inst)
+            self._start_step(inst)
         else:
             self._host_changed()  # one prefill fewer
+        for r in done:
+            self._first_token(r)
+
+    def _first_token(self, r: SimRequest) -> None:
         self.state.prefill_done(r.rid, self.now)
         r.first_token_at = self.now
         r.outcome.ttft_s = self.now - r.arrival + self.config.host.first_token_overhead_s
         r.outcome.cached_tokens = r.cached_tokens
         # With layer-wise streaming only the last layer's KV is left to send now.
         delay = self.predictor.transfer_s(r.trace.input_length) / (32 if self.config.layerwise else 1)
-        self.at(self.now + delay, "join", r)
+        self.at(self.now + delay + self.config.host.handoff_s, "join", r)
 
     # --- decode -------------------------------------------------------------
     def _join(self, r: SimRequest, _v: int) -> None:
@@ -346,11 +365,10 @@ class Simulation:
         r.ctx = r.trace.input_length + 1
         # Decode computes what no full pool block holds, the prompt's tail, beside the
         # first token in its next step: that step is longer for the whole batch (by the
-        # tail's marginal cost; a step's fixed cost is in the step time already).
-        tail = r.trace.input_length % self.config.block_tokens
-        if tail:
-            held = r.trace.input_length - tail
-            inst.join_s += max(0.0, self.predictor.prefill_s(tail + 1, held) - self.predictor.prefill_s(1, held))
+        # tail's marginal cost, a step's fixed cost being in the step time already, and
+        # by loading the request's KV from the pool).
+        inst.join_s += tail_compute_s(self.predictor, r.trace.input_length, self.config.block_tokens)
+        inst.join_s += self.config.host.join_step_s
         inst.waiting.append(r)
         if not inst.batch:
             self._start_segment(inst)
@@ -364,8 +382,9 @@ class Simulation:
             return
         steps = min(r.remaining for r in inst.batch)
         tokens = sum(r.ctx for r in inst.batch) + len(inst.batch) * steps // 2  # context at mid-segment
-        inst.step_s = self.predictor.decode_step_s(len(inst.batch), tokens) + self.config.host.step_overhead_s
-        inst.step_s *= 1 + self.config.host.decode_slowdown_per_prefill * self._prefilling()
+        host = self.config.host
+        inst.step_s = host.decode_scale * self.predictor.decode_step_s(len(inst.batch), tokens) + host.step_overhead_s
+        inst.step_s *= 1 + host.decode_slowdown_per_prefill * self._prefilling()
         if inst.join_s:  # one longer step that carries the joiners' tails
             steps, inst.step_s, inst.join_s = 1, inst.step_s + inst.join_s, 0.0
         inst.seg_start, inst.seg_steps = self.now, steps
@@ -444,6 +463,17 @@ class Simulation:
         if not counts:
             return {"blocks": 0, "mean": 0.0, "max": 0}
         return {"blocks": len(counts), "mean": sum(counts) / len(counts), "max": max(counts)}
+
+
+def tail_compute_s(predictor: Predictor, prompt_len: int, block_tokens: int) -> float:
+    """What computing a joining request's prompt tail (what no full block holds) adds
+    to a decode step: its marginal prefill cost, the step's fixed cost being paid
+    already."""
+    tail = prompt_len % block_tokens
+    if not tail:
+        return 0.0
+    held = prompt_len - tail
+    return max(0.0, predictor.prefill_s(tail + 1, held) - predictor.prefill_s(1, held))
 
 
 def segment_stats(segments: Sequence[tuple[float, int]]) -> tuple[float, float, float]:

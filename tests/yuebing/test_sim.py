@@ -70,6 +70,18 @@ def test_a_step_budget_fills_the_step_that_ends_a_prompt_with_the_next_one():
     assert [o.ttft_s for o in chunked] == pytest.approx([1.0, 3.048, 5.0])
 
 
+def test_one_step_ends_a_prompt_and_computes_whole_short_ones_beside_it():
+    # As vLLM schedules a step: the 3000-token prompt's first 2048 tokens (0-2.048 s);
+    # then its last 952 tokens, and the two short prompts that came meanwhile, whole,
+    # in one step: all three first tokens come at its end (3.7 s).
+    trace = [TraceRequest(0.0, 3000, 1, (1, 2, 3, 4, 5, 6)), TraceRequest(500.0, 500, 1, (7,)), TraceRequest(500.0, 200, 1, (8,))]
+    config = SimConfig(prefill=1, decode=1, policy="round_robin", kv_bytes_per_token=0, chunk_tokens=2048)
+    assert [o.ttft_s for o in simulate(trace, config, FLAT).outcomes] == pytest.approx([3.7, 3.2, 3.2])
+    # One fixed cost a step, not one a prompt: 5 ms a step here.
+    fixed = replace(FLAT, prefill_coef=(5.0, 1.0, 0.0, 0.0))
+    assert [o.ttft_s for o in simulate(trace, config, fixed).outcomes] == pytest.approx([3.71, 3.21, 3.21])
+
+
 def test_a_request_joining_decode_delays_the_prefill_running_beside_it():
     # Both arrive at once: the second prefills (1.024-2.048 s) while the first joins
     # decode (at 1.024 s); a one-token request never joins.
@@ -79,6 +91,23 @@ def test_a_request_joining_decode_delays_the_prefill_running_beside_it():
     assert shared[0].ttft_s == pytest.approx(alone[0].ttft_s)
     assert shared[1].ttft_s == pytest.approx(alone[1].ttft_s + 0.05)
     assert shared[2].ttft_s == pytest.approx(alone[2].ttft_s + 0.10)  # both joins fell in its wait or its prefill
+
+def test_a_hand_off_delays_the_join_and_a_join_step_lengthens_the_batchs_step():
+    # The first decodes alone, its prefill ending at 1.024 s; the second's ends at
+    # 2.048 s. Each joins decode after the hand-off, in a step longer for the batch.
+    trace = [TraceRequest(0.0, 1024, 201, (1, 2)), TraceRequest(0.0, 1024, 3, (3, 4))]
+    config = SimConfig(prefill=1, decode=1, policy="round_robin", layerwise=False, kv_bytes_per_token=0)
+    host = HostSharing(handoff_s=0.015, join_step_s=0.005)
+    alone, shared = (simulate(trace, replace(config, host=h), FLAT).outcomes for h in (HostSharing(), host))
+    assert shared[1].ttft_s == pytest.approx(alone[1].ttft_s)  # the first token is prefill's
+    # The first joins at 1.039 s: a 15-ms step, then 10-ms steps ending at 2.054 s
+    # and 2.064 s. The second joins at 2.063 s, waits for the step in progress, and
+    # its join step takes 15 ms: its second token at 2.079 s, its third 10 ms later.
+    assert shared[1].end_s == pytest.approx(2.089)
+    assert shared[1].tbt_mean_s == pytest.approx((0.031 + 0.010) / 2)
+    # The first request: the hand-off, and two join steps (its own, the second's).
+    assert shared[0].end_s - alone[0].end_s == pytest.approx(0.015 + 2 * 0.005)
+
 
 def test_a_client_past_its_deadline_leaves_the_queue_and_stops_its_prefill():
     # Three 4-s prefills at once on one instance, clients that wait 6 s: the second
