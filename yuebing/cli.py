@@ -282,6 +282,11 @@ def _fidelity_sim_config(args: argparse.Namespace, options):
     return config, profile
 
 
+def _print_compare(compare: dict, indent: str) -> None:
+    for key, c in compare.items():
+        print(f"{indent}{key:>12}: live {c['live'] * 1e3:8.2f} ms   sim {c['sim'] * 1e3:8.2f} ms   sim/live {c['sim_over_live']:.3f}")
+
+
 def _bench_fidelity(args: argparse.Namespace) -> int:
     import json
 
@@ -291,20 +296,22 @@ def _bench_fidelity(args: argparse.Namespace) -> int:
     trace = _replay_trace(args)
     options = _replay_options(args)
     config, profile = _fidelity_sim_config(args, options)
-    run = fidelity(args.url, trace, options, config, load_predictor(profile))
+    run = fidelity(args.url, trace, options, config, load_predictor(profile), repeats=args.repeats)
     result = run.result
-    h = result["host"]
-    print(f"host sharing (calibrated live): prefill ×{h['prefill_scale']:.2f} the profile, +{h['prefill_slowdown_while_decoding']:.1%} "
-          f"while decoding and +{h['prefill_slowdown_per_decoding']:.1%} per request decoding, "
-          f"decode step +{h['decode_slowdown_per_prefill']:.1%} per prefill running, first-token overhead "
-          f"{h['first_token_overhead_s'] * 1e3:.1f} ms, step overhead {h['step_overhead_s'] * 1e3:.2f} ms, "
-          f"join overhead {h['join_overhead_s'] * 1e3:.1f} ms, join step +{h['join_step_s'] * 1e3:.1f} ms, "
-          f"decode ×{h['decode_scale']:.2f} the profile, "
-          f"hand-off {h['handoff_s'] * 1e3:.1f} ms")
-    for key, c in result["compare"].items():
-        print(f"{key:>12}: live {c['live'] * 1e3:8.2f} ms   sim {c['sim'] * 1e3:8.2f} ms   sim/live {c['sim_over_live']:.3f}")
-    print("live decode gaps by streams decoding / a prefill waiting (mean ms, gaps): "
-          + ", ".join(f"{k} {g['mean_ms']:.1f} ({g['gaps']})" for k, g in result["live_decode_gaps"].items()))
+    for i, r in enumerate(result["runs"]):
+        h = r["host"]
+        print(f"run {i + 1}: host sharing (calibrated live): prefill ×{h['prefill_scale']:.2f} the profile, "
+              f"+{h['prefill_slowdown_while_decoding']:.1%} while decoding and +{h['prefill_slowdown_per_decoding']:.1%} per "
+              f"request decoding; decode ×{h['decode_scale']:.2f} the profile, step +{h['step_overhead_s'] * 1e3:.2f} ms, "
+              f"+{h['decode_slowdown_per_prefill']:.1%} per prefill running; first-token overhead "
+              f"{h['first_token_overhead_s'] * 1e3:.1f} ms, hand-off {h['handoff_s'] * 1e3:.1f} ms, join step "
+              f"+{h['join_step_s'] * 1e3:.1f} ms, join overhead {h['join_overhead_s'] * 1e3:.1f} ms")
+        print("  live decode gaps by streams decoding / a prefill waiting (mean ms, gaps): "
+              + ", ".join(f"{k} {g['mean_ms']:.1f} ({g['gaps']})" for k, g in r["live_decode_gaps"].items()))
+        _print_compare(r["compare"], "  ")
+    if len(result["runs"]) > 1:
+        print(f"over the {len(result['runs'])} runs (means of the runs' means):")
+        _print_compare(result["compare"], "")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
     if args.plot_dir:
@@ -315,6 +322,13 @@ def _bench_fidelity(args: argparse.Namespace) -> int:
         print("wrote", plot_cdfs({"live": run.live, "simulated": run.simulated}, str(Path(args.plot_dir) / "fidelity_cdf.png")))
         print("wrote", plot_pairs(run, str(Path(args.plot_dir) / "fidelity_pairs.png")))
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _live_flags(p: argparse.ArgumentParser) -> None:
@@ -403,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     bf.add_argument("--pool-blocks", type=int, default=2048, help="prefix-cache blocks per prefill engine")
     bf.add_argument("--profile", default="", help="the live profile (default: the shipped one)")
     bf.add_argument("--plot-dir", default="", help="write TTFT/TBT CDFs and per-request live-vs-sim plots here")
+    bf.add_argument("--repeats", type=_positive_int, default=1,
+                    help="calibrate and replay this many times (fresh prompts each) and compare the means over the runs")
     bf.set_defaults(func=_bench_fidelity)
 
     sp = sub.add_parser("sim", help="simulate a cluster replaying a trace (policies from the Conductor)")

@@ -73,13 +73,23 @@ async def replay(url: str, trace: Sequence[TraceRequest], options: ReplayOptions
         start = time.monotonic()
 
         async def run(req: TraceRequest) -> Outcome:
-            await asyncio.sleep(max(0.0, start + req.timestamp_ms / 1e3 - time.monotonic()))
             async with limit:
                 outcome = await _one(session, url, req, options, start)
             bar.update()
             return outcome
 
-        outcomes = await asyncio.gather(*(run(r) for r in trace))
+        # Requests of one timestamp reach the gateway in trace order, as the simulator
+        # serves them, because one loop starts them in that order (tasks that each
+        # sleep to the same instant wake in no set order: that shuffled whole groups).
+        tasks: dict[int, asyncio.Task[Outcome]] = {}
+        try:
+            for i in sorted(range(len(trace)), key=lambda i: trace[i].timestamp_ms):
+                await asyncio.sleep(max(0.0, start + trace[i].timestamp_ms / 1e3 - time.monotonic()))
+                tasks[i] = asyncio.create_task(run(trace[i]))
+            outcomes = await asyncio.gather(*(tasks[i] for i in range(len(trace))))
+        finally:
+            for task in tasks.values():
+                task.cancel()
         wall = time.monotonic() - start
     bar.close()
     return list(outcomes), wall
@@ -428,33 +438,45 @@ def burst_decode_slowdown(groups: dict[str, dict[str, float]], min_gaps: int = 2
 
 @dataclasses.dataclass
 class Fidelity:
-    result: dict  # what --json writes: live and simulated summaries, their ratios, the calibration
-    live: list[Outcome]  # per request, in trace order
+    result: dict  # what --json writes: per run and over the runs, live and simulated means, their ratios
+    live: list[Outcome]  # per request, in trace order, run after run
     simulated: list[Outcome]
 
 
-def fidelity(url: str, trace: Sequence[TraceRequest], options: ReplayOptions, sim_config, predictor) -> Fidelity:
+def fidelity(url: str, trace: Sequence[TraceRequest], options: ReplayOptions, sim_config: SimConfig, predictor: Predictor,
+             repeats: int = 1) -> Fidelity:
     """The same trace on the live cluster and in the simulator: mean TTFT and TBT
-    side by side. The simulator gets the host-sharing figures `calibrate` measures."""
+    side by side. Each run calibrates anew (the simulator gets the host-sharing
+    figures `calibrate` measures) and replays the trace with fresh prompts, so no
+    cache carries over; over several runs the means of the runs' means are compared,
+    since one live run on a shared machine moves by several per cent."""
     from yuebing.metrics import summarize
     from yuebing.sim import simulate
 
-    host = asyncio.run(calibrate(url, options, predictor, sim_config))
-    sim_config = dataclasses.replace(sim_config, host=host)
-    outcomes, wall = asyncio.run(replay(url, trace, options))
-    live = summarize(outcomes, wall)
-    run = simulate(trace, sim_config, predictor)
-    simulated = run.result
+    runs, live_all, sim_all = [], [], []
+    for i in range(repeats):
+        run_options = dataclasses.replace(options, salt=options.salt + i)
+        host = asyncio.run(calibrate(url, run_options, predictor, sim_config))
+        outcomes, wall = asyncio.run(replay(url, trace, run_options))
+        sim = simulate(trace, dataclasses.replace(sim_config, host=host), predictor)
+        live, simulated = summarize(outcomes, wall), sim.result
+        simulated.pop("load_over_time")
+        runs.append({"live": live, "sim": simulated, "compare": _compare([live], [simulated]), "host": dataclasses.asdict(host),
+                     "live_decode_gaps": decode_gaps_by_load(decode_gaps(outcomes))})
+        live_all += outcomes
+        sim_all += sim.outcomes
+    result = {"requests": len(trace), "repeats": repeats, "runs": runs,
+              "compare": _compare([r["live"] for r in runs], [r["sim"] for r in runs])}
+    return Fidelity(result, live_all, sim_all)
+
+
+def _compare(live: Sequence[dict], sim: Sequence[dict]) -> dict[str, dict[str, float]]:
+    """Mean TTFT and mean TBT, live against simulated, each the mean over runs."""
     compare = {}
-    for key, live_value, sim_value in (
-        ("ttft_mean_s", live["ttft_s"]["mean"], simulated["ttft_s"]["mean"]),
-        ("tbt_mean_s", live["tbt_mean_s"]["mean"], simulated["tbt_mean_s"]["mean"]),
-    ):
-        compare[key] = {"live": live_value, "sim": sim_value, "sim_over_live": sim_value / live_value if live_value else 0.0}
-    simulated.pop("load_over_time")
-    result = {"live": live, "sim": simulated, "compare": compare, "requests": len(trace), "host": dataclasses.asdict(host),
-              "live_decode_gaps": decode_gaps_by_load(decode_gaps(outcomes))}
-    return Fidelity(result, outcomes, run.outcomes)
+    for key, field_ in (("ttft_mean_s", "ttft_s"), ("tbt_mean_s", "tbt_mean_s")):
+        a, b = (statistics.fmean(r[field_]["mean"] for r in runs) for runs in (live, sim))
+        compare[key] = {"live": a, "sim": b, "sim_over_live": b / a if a else 0.0}
+    return compare
 
 
 def plot_pairs(f: Fidelity, path: str) -> str:

@@ -25,13 +25,27 @@ def test_replay_measures_every_request_and_shared_prefixes_hit(cluster):
     assert result["completed"] == 8 and result["cache_hit_rate"] > 0.1
 
 
+def test_requests_of_one_timestamp_are_served_in_trace_order(cluster):
+    # The simulator serves a group that arrives at once in trace order; so must the
+    # replay send it (tasks sleeping to one instant used to wake shuffled).
+    from yuebing.trace import TraceRequest
+
+    trace = [TraceRequest(300.0, 200 + 60 * i, 2, (1000 + 2 * i, 1001 + 2 * i)) for i in range(6)]
+    outcomes, _ = asyncio.run(replay(cluster.url, trace, ReplayOptions(block_tokens=128, progress=False, salt=12)))
+    firsts = [o.token_times[0] for o in outcomes]
+    assert all(a <= b + 0.002 for a, b in zip(firsts, firsts[1:])), firsts
+
+
 def test_calibration_measures_the_serving_path_against_the_profile(cluster):
     from shared.config import ClusterConfig, profile_path
     from shared.predictor import load_predictor
     from yuebing.replay import calibrate
+    from yuebing.sim import SimConfig
 
     predictor = load_predictor(profile_path(ClusterConfig()))
-    host = asyncio.run(calibrate(cluster.url, ReplayOptions(progress=False), predictor, long_prompt=512, streams=2,
+    config = SimConfig(prefill=1, decode=1, policy="round_robin", block_tokens=128, kv_bytes_per_token=0,
+                       chunk_tokens=ClusterConfig().step_tokens)
+    host = asyncio.run(calibrate(cluster.url, ReplayOptions(progress=False), predictor, config, long_prompt=512, streams=2,
                                  stream_tokens=400))
     # The serving engine runs the profile's curves within a small factor, behind a
     # serving path that costs milliseconds, not seconds, and two engines sharing two
@@ -41,3 +55,7 @@ def test_calibration_measures_the_serving_path_against_the_profile(cluster):
     assert host.prefill_slowdown_per_decoding < 1.0 and host.decode_slowdown_per_prefill < 3.0
     assert host.prefill_slowdown_while_decoding < 1.0
     assert host.join_overhead_s < 0.2  # a join's set-up beside a prefill: milliseconds
+    # Levelled on the burst, the engines still run the profile's curves within a small
+    # factor; handing a request to decode and its join step cost milliseconds.
+    assert 0.2 < host.prefill_scale and 0.2 < host.decode_scale < 3.0
+    assert host.handoff_s < 0.2 and host.join_step_s < 0.2
