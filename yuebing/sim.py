@@ -2,12 +2,13 @@
 
 Requests from a trace arrive at their timestamps; the Conductor's own code
 (`services.conductor`: Scheduler, ClusterState, PrefixIndex) places them; prefill
-instances work through their queues one request at a time (prefill time, and pull
-time for blocks copied from another node, from the profile's time models; with a
-step budget, the step that ends one prompt starts the next, as vLLM's chunked
-prefill does); decode
-instances run continuous batching, one step for the whole batch, re-checking the
-TBT SLO when a request arrives (a refusal there is a wasted prefill).
+instances work through their queues in engine steps (prefill time, and pull time for
+blocks copied from another node, from the profile's time models): a whole prompt a
+step, or with a step budget the queue's prompts in order as vLLM's chunked prefill
+schedules them, so one step may end a prompt, compute short ones beside it and
+start the next; decode instances run continuous batching, one step for the whole
+batch, re-checking the TBT SLO when a request arrives (a refusal there is a wasted
+prefill).
 
 Decode is simulated in segments rather than token by token: between two changes of
 a batch (a request joins or finishes) every step takes the same time, so a segment
