@@ -4,12 +4,18 @@ inside a request, its request id (bound with `structlog.contextvars`)."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
 
 
+# The set-up, for the processes a service spawns (vLLM's engine and workers).
+LOG_ENV = "YUEBING_LOG"
+
+
 def setup_logging(service: str, instance_id: str = "", level: str = "info") -> None:
+    os.environ[LOG_ENV] = f"{service} {instance_id} {level}"
     logging.basicConfig(stream=sys.stderr, level=level.upper(), format="%(message)s")
     structlog.configure(
         processors=[
@@ -25,3 +31,12 @@ def setup_logging(service: str, instance_id: str = "", level: str = "info") -> N
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service, **({"instance": instance_id} if instance_id else {}))
+
+
+def inherit_logging() -> None:
+    """vLLM spawns its engine and worker processes, where the KV connector runs and
+    logs: a vLLM "general plugin" (pyproject.toml), this sets them up as the service
+    that spawned them, so their lines too are JSON with service and instance."""
+    setting = os.environ.get(LOG_ENV, "").split(" ")
+    if len(setting) == 3 and not structlog.is_configured():
+        setup_logging(*setting)

@@ -187,13 +187,17 @@ async def calibrate(
     - then one decode stream, and then `streams`, run while long prompts are
       prefilled one after another: the prefills' slowdown against alone (a fixed
       share while anything decodes, and a share per stream);
-    - last a burst of requests of varied lengths: step overhead, its decode gaps with
-      no prefill beside them less the profile's step; decode beside a prefill, its
-      gaps beside a prefill against those without one, batch size by batch size;
-      joins, the steps where a request joined decode against the steps around them
-      (join step) and its first gap against that step (hand-off: join_costs).
-      Where the burst has too few gaps of a kind, lone decode streams (overhead) and
-      the streams' gaps during the probes above (slowdown) stand in.
+    - then a burst, groups of requests of varied lengths arriving at once
+      (calibration_burst), replayed: step overhead, its decode gaps with no prefill
+      beside them less the profile's step; decode beside a prefill, its gaps beside a
+      prefill against those without one, batch size by batch size; joins, the steps
+      where a request joined decode against the steps around them (join step) and its
+      first gap against that step (hand-off: join_costs). Where the burst has too few
+      gaps of a kind, lone decode streams (overhead) and the streams' gaps during the
+      probes above (slowdown) stand in;
+    - last the level: the prefill and decode scales at which the simulator, given
+      all of the above, replays the burst with its live mean TTFT and mean TBT
+      (level_to_burst).
     Prompts are fresh random tokens, so no cache helps."""
     rng = random.Random()
     repeats, rounds = 5, 2
