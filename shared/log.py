@@ -9,7 +9,6 @@ import sys
 
 import structlog
 
-
 # The set-up, for the processes a service spawns (vLLM's engine and workers).
 LOG_ENV = "YUEBING_LOG"
 
