@@ -92,6 +92,7 @@ def test_a_request_joining_decode_delays_the_prefill_running_beside_it():
     assert shared[1].ttft_s == pytest.approx(alone[1].ttft_s + 0.05)
     assert shared[2].ttft_s == pytest.approx(alone[2].ttft_s + 0.10)  # both joins fell in its wait or its prefill
 
+
 def test_a_hand_off_delays_the_join_and_a_join_step_lengthens_the_batchs_step():
     # The first decodes alone, its prefill ending at 1.024 s; the second's ends at
     # 2.048 s. Each joins decode after the hand-off, in a step longer for the batch.
