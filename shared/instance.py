@@ -1,24 +1,33 @@
-"""What every engine instance (prefill or decode) does besides generating: announce
-itself with heartbeats, own its in-flight requests, and abort one on a Cancel."""
+"""What every instance (prefill, decode, messenger) does besides its own work:
+announce itself with heartbeats, own its in-flight requests, and abort one on a
+Cancel."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from shared import bus
 from shared.config import ClusterConfig
-from shared.engine import EngineLoad
 from shared.messages import CANCEL, HEARTBEAT, Cancel, Heartbeat, Role
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass
+class EngineLoad:
+    """The engine scheduler's latest view of itself, for heartbeats (an engine's
+    stat logger keeps it current; instances without an engine leave it at zero)."""
+
+    num_waiting: int = 0
+    kv_usage: float = 0.0
 
 
 class Instance:
@@ -106,29 +115,3 @@ class Instance:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def serve_engine(
-    role: Role,
-    config: ClusterConfig,
-    instance_id: str,
-    node: str,
-    stop: asyncio.Event,
-    subject: str,
-    kind: type[bus.M],
-    make_handler: Callable[[Instance, Any], Callable[[Any, Msg], Awaitable[None]]],
-) -> None:
-    """Run an engine instance until `stop`: engine, NATS, handler, heartbeats."""
-    from shared.engine import build_engine  # vLLM is heavy; only engine services pay for it
-
-    engine, load = build_engine(config, node)
-    nc = await bus.connect(config.nats_url, name=instance_id)
-    instance = Instance(role, instance_id, node, config, nc, load)
-    await bus.subscribe(nc, subject, kind, make_handler(instance, engine))
-    await instance.start()
-    log.info(f"{role} ready", model=config.model, node=node)
-    await stop.wait()
-    log.info(f"{role} stopping", in_flight=len(instance.requests))
-    await instance.close()
-    await bus.close(nc)
-    engine.shutdown()

@@ -20,7 +20,7 @@ HEARTBEAT = f"{PREFIX}.heartbeat"  # every instance and messenger publishes here
 SCHEDULE = f"{PREFIX}.conductor.schedule"  # request/reply, queue group "conductor"
 CONDUCTOR_STATS = f"{PREFIX}.conductor.stats"  # request/reply: a ConductorStats
 CANCEL = f"{PREFIX}.cancel"  # broadcast: whoever holds the request aborts it
-REQUEST_EVENTS = f"{PREFIX}.events.request"  # progress of a request, for the Conductor's books
+REQUEST_UPDATES = f"{PREFIX}.request.updates"  # a request's progress, for the Conductor's books
 KV_EVENTS = f"{PREFIX}.events.kv"  # blocks stored in / evicted from / removed from a node's pool
 CONDUCTOR_QUEUE = "conductor"
 
@@ -71,26 +71,36 @@ class Heartbeat(Message):
 class ScheduleRequest(Message):
     request_id: str
     prompt_len: int
-    block_hashes: list[str]
+    block_hashes: list[str]  # the prompt's full blocks (shared/block_hash.py), hashed once by the gateway
     max_tokens: int
     deadline: float  # unix time after which nobody should work on the request
     slo_ttft_ms: float = 0.0  # 0: the cluster default
     slo_tbt_ms: float = 0.0
 
 
-class ScheduleReply(Message):
-    request_id: str
-    accepted: bool
-    prefill_id: str = ""
-    decode_id: str = ""
-    predicted_ttft_ms: float = 0.0
-    predicted_tbt_ms: float = 0.0
-    # Remote reuse: the node whose pool holds a longer prefix than the prefill
-    # instance's node, how many leading blocks to have after pulling from it, and
-    # how many of those the prefill node's pool holds already (not sent again).
+class Placement(Message):
+    """Where one request runs, as the Conductor decided it; the gateway executes it.
+
+    kv_blocks: the prompt's leading full blocks whose KV prefill sends to decode's
+    node (0 when no decode runs). Remote reuse: prefill first pulls the first
+    `pull_blocks` prompt blocks from node `pull_from`'s pool, but for the first
+    `pull_skip`, which the prefill node's pool holds already."""
+
+    prefill_id: str
+    decode_id: str
+    decode_node: str
+    kv_blocks: int = 0
     pull_from: str = ""
     pull_blocks: int = 0
     pull_skip: int = 0
+
+
+class ScheduleReply(Message):
+    request_id: str
+    accepted: bool
+    placement: Placement | None = None  # when accepted
+    predicted_ttft_ms: float = 0.0
+    predicted_tbt_ms: float = 0.0
     # When not accepted: "overloaded" (HTTP 429) or "unavailable" (HTTP 503).
     rejection: Literal["", "overloaded", "unavailable"] = ""
     reason: str = ""
@@ -120,17 +130,10 @@ class Sampling(msgspec.Struct, kw_only=True):
 class PrefillRequest(Message):
     request_id: str
     prompt_token_ids: list[int]
+    block_hashes: list[str]  # the prompt's, as the gateway hashed it (shared/block_hash.py)
     sampling: Sampling
     deadline: float
-    decode_id: str
-    # The decode instance's node: prefill's messenger streams the prompt's KV there.
-    kv_dest_node: str = ""
-    # Remote reuse (from the Conductor): pull the first `pull_blocks` prompt blocks
-    # from node `pull_from`'s pool before computing, but for the first `pull_skip`,
-    # which this node's pool holds already.
-    pull_from: str = ""
-    pull_blocks: int = 0
-    pull_skip: int = 0
+    placement: Placement
 
 
 class PrefillResult(Message):
@@ -139,7 +142,9 @@ class PrefillResult(Message):
     first_token_id: int = -1
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0
-    kv_blocks_sent: int = -1  # leading prompt blocks on their way to decode's node (-1: not known)
+    # The placement's kv_blocks as it came out: the leading ones prefill's pool took
+    # (a block it had no room for never reaches decode); -1: not known.
+    kv_blocks: int = -1
     error: str = ""
 
 
@@ -151,7 +156,8 @@ class DecodeRequest(Message):
     deadline: float
     stream_subject: str
     slo_tbt_ms: float = 0.0  # decode double-checks it on arrival; 0: no check
-    kv_blocks: int = 0  # prompt blocks prefill streams to decode's node; the rest is computed
+    block_hashes: list[str] = []  # the prompt's, as the gateway hashed them
+    kv_blocks: int = 0  # the placement's, as prefill reported it: decode waits for these and computes the rest
 
 
 class DecodeAccept(Message):
@@ -161,7 +167,7 @@ class DecodeAccept(Message):
     overloaded: bool = False  # refused because its TBT SLO would be missed
 
 
-class RequestEvent(Message):
+class RequestUpdate(Message):
     """prefill_done: its decode starts now; finished: it left the cluster (any way;
     `completed` when it decoded to its end); decode_refused: decode turned it away
     after prefill (wasted prefill)."""

@@ -1,4 +1,4 @@
-"""Wiring of the Conductor: heartbeats keep the live view, request events keep the
+"""Wiring of the Conductor: heartbeats keep the live view, request updates keep the
 books, and each schedule request gets the policy's answer."""
 
 from __future__ import annotations
@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
 from nats.aio.msg import Msg
 
 from services.conductor.index import PoolIndex, PrefixIndex
-from services.conductor.policy import Decision, DecodeLoad, Params, Request, Scheduler, pool_pull
+from services.conductor.policy import Decision, DecodeLoad, Params, PrefillLoad, Request, Scheduler, kv_blocks, pool_pull
 from services.conductor.state import ClusterState
 from shared import bus, service
 from shared.config import ClusterConfig, profile_path
@@ -23,7 +23,7 @@ from shared.messages import (
     CONDUCTOR_STATS,
     HEARTBEAT,
     KV_EVENTS,
-    REQUEST_EVENTS,
+    REQUEST_UPDATES,
     SCHEDULE,
     ConductorStats,
     Heartbeat,
@@ -31,7 +31,8 @@ from shared.messages import (
     KvSnapshot,
     MessageError,
     MessengerCommand,
-    RequestEvent,
+    RequestUpdate,
+    Placement,
     ScheduleReply,
     ScheduleRequest,
     encode,
@@ -42,6 +43,18 @@ from shared.predictor import load_predictor
 log = structlog.get_logger(__name__)
 KV_FULL = 0.98  # share of a decode engine's KV cache in use beyond which it has no room
 HEARING_POLL_S = 0.05  # how often a request held by a just-started Conductor looks again
+
+
+@dataclass(frozen=True)
+class View:
+    """The cluster as one schedule request sees it: live instances' loads and nodes,
+    and how many of its leading blocks each node's pool holds."""
+
+    prefills: list[PrefillLoad]
+    decodes: list[DecodeLoad]
+    prefill_nodes: dict[str, str]  # instance → node
+    decode_nodes: dict[str, str]
+    node_prefix: dict[str, int]
 
 
 class Conductor:
@@ -91,7 +104,7 @@ class Conductor:
         for gone in self.registry.expire(now):
             log.warning("instance lost", instance_id=gone)
             self._forget(gone)
-        # A request whose events never came (its gateway died) leaves the books at its deadline.
+        # A request whose updates never came (its gateway died) leaves the books at its deadline.
         wall = time.time()
         for rid in [r for r, d in self.deadlines.items() if d < wall]:
             self.finish(rid, now)
@@ -131,43 +144,56 @@ class Conductor:
             slo_ttft_s=(ask.slo_ttft_ms or self.config.slo_ttft_ms) / 1e3,
             slo_tbt_s=(ask.slo_tbt_ms or self.config.slo_tbt_ms) / 1e3,
         )
-        live_prefill = {hb.instance_id: hb.node for hb in self.registry.alive("prefill", now)}
-        live_decode = {hb.instance_id: hb for hb in self.registry.alive("decode", now)}
-        node_prefix = self.pools.prefix_blocks(ask.block_hashes, set(self.messenger_nodes.values()))
-        pool_prefix = {iid: node_prefix.get(node, 0) for iid, node in live_prefill.items()}
-        loads = self.state.prefill_loads(ask.block_hashes, now, pool_prefix)
-        prefills = [x for x in loads if x.instance_id in live_prefill]
-        decodes = [self._with_room(x, live_decode[x.instance_id]) for x in self.state.decode_loads(now) if x.instance_id in live_decode]
-        out = self.scheduler.schedule(req, prefills, decodes, now, self.state.decode_time_s)
-        log.debug("decision", request_id=req.request_id, request=req, prefills=prefills, decodes=decodes, out=out)
+        view = self._view(ask.block_hashes, now)
+        out = self.scheduler.schedule(req, view.prefills, view.decodes, now, self.state.decode_time_s)
+        log.debug("decision", request_id=req.request_id, request=req, prefills=view.prefills, decodes=view.decodes, out=out)
         if not isinstance(out, Decision):
             self.counts["rejected"] += 1
             return ScheduleReply(
                 request_id=req.request_id, accepted=False, rejection=out.kind, reason=out.reason, retry_after_s=out.retry_after_s
             )
         self.counts["accepted"] += 1
-        # Remote reuse goes through the node pools whatever the policy: decide the pull
-        # here, once, and charge the books for the pull that is sent (the blocks it
-        # saves and its transfer), not for the policy's own idea of one.
-        chosen_node = live_prefill[out.prefill.instance_id]
-        prefix = next(x.prefix_blocks for x in prefills if x.instance_id == out.prefill.instance_id)
-        pull_node, pull_blocks = pool_pull(chosen_node, prefix, node_prefix)
-        sent = replace(out.prefill, cached_blocks=max(prefix, pull_blocks), pull_from=pull_node,
-                       pull_blocks=max(0, pull_blocks - prefix))
-        self.state.assign(req, ask.block_hashes, replace(out, prefill=sent), now)
-        # Only what the prefill node's pool lacks travels (its engine's own cache may hold more).
-        pull_skip = min(node_prefix.get(chosen_node, 0), pull_blocks)
         self.deadlines[req.request_id] = ask.deadline
         return ScheduleReply(
             request_id=req.request_id,
             accepted=True,
-            prefill_id=out.prefill.instance_id,
-            decode_id=out.decode_id,
+            placement=self._place(req, ask.block_hashes, out, view, now),
             predicted_ttft_ms=out.prefill.ttft_s * 1e3,
             predicted_tbt_ms=out.tbt_s * 1e3,
+        )
+
+    def _view(self, hashes: list[str], now: float) -> View:
+        """The live instances' loads for a request with these block hashes."""
+        prefill_nodes = {hb.instance_id: hb.node for hb in self.registry.alive("prefill", now)}
+        live_decode = {hb.instance_id: hb for hb in self.registry.alive("decode", now)}
+        node_prefix = self.pools.prefix_blocks(hashes, set(self.messenger_nodes.values()))
+        pool_prefix = {iid: node_prefix.get(node, 0) for iid, node in prefill_nodes.items()}
+        prefills = [x for x in self.state.prefill_loads(hashes, now, pool_prefix) if x.instance_id in prefill_nodes]
+        decodes = [self._with_room(x, live_decode[x.instance_id]) for x in self.state.decode_loads(now)
+                   if x.instance_id in live_decode]
+        decode_nodes = {iid: hb.node for iid, hb in live_decode.items()}
+        return View(prefills, decodes, prefill_nodes, decode_nodes, node_prefix)
+
+    def _place(self, req: Request, hashes: list[str], out: Decision, view: View, now: float) -> Placement:
+        """The placement the gateway executes, with the books charged for it."""
+        # Remote reuse goes through the node pools whatever the policy: decide the pull
+        # here, once, and charge the books for the pull that is sent (the blocks it
+        # saves and its transfer), not for the policy's own idea of one.
+        chosen_node = view.prefill_nodes[out.prefill.instance_id]
+        prefix = next(x.prefix_blocks for x in view.prefills if x.instance_id == out.prefill.instance_id)
+        pull_node, pull_blocks = pool_pull(chosen_node, prefix, view.node_prefix)
+        sent = replace(out.prefill, cached_blocks=max(prefix, pull_blocks), pull_from=pull_node,
+                       pull_blocks=max(0, pull_blocks - prefix))
+        self.state.assign(req, hashes, replace(out, prefill=sent), now)
+        return Placement(
+            prefill_id=out.prefill.instance_id,
+            decode_id=out.decode_id,
+            decode_node=view.decode_nodes[out.decode_id],
+            kv_blocks=kv_blocks(req, self.config.block_size),
             pull_from=pull_node,
             pull_blocks=pull_blocks,
-            pull_skip=pull_skip,
+            # Only what the prefill node's pool lacks travels (its engine's own cache may hold more).
+            pull_skip=min(view.node_prefix.get(chosen_node, 0), pull_blocks),
         )
 
     @staticmethod
@@ -178,14 +204,14 @@ class Conductor:
             return DecodeLoad(load.instance_id, load.items, capacity=min(load.capacity, len(load.items)))
         return load
 
-    def on_event(self, event: RequestEvent, now: float) -> None:
-        if event.kind == "prefill_done":
-            self.state.prefill_done(event.request_id, now)
+    def on_update(self, update: RequestUpdate, now: float) -> None:
+        if update.kind == "prefill_done":
+            self.state.prefill_done(update.request_id, now)
             return
-        if event.kind == "decode_refused":
+        if update.kind == "decode_refused":
             self.counts["wasted_prefill"] += 1
-            log.warning("wasted prefill: decode refused", request_id=event.request_id, decode=event.instance_id)
-        self.finish(event.request_id, now, completed=event.kind == "finished" and event.completed)
+            log.warning("wasted prefill: decode refused", request_id=update.request_id, decode=update.instance_id)
+        self.finish(update.request_id, now, completed=update.kind == "finished" and update.completed)
 
     def finish(self, request_id: str, now: float, completed: bool = False) -> None:
         self.deadlines.pop(request_id, None)
@@ -224,8 +250,8 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     async def on_stats(msg: Msg) -> None:
         await msg.respond(encode(conductor.stats()))
 
-    async def on_event(event: RequestEvent, _msg: Any) -> None:
-        conductor.on_event(event, time.monotonic())
+    async def on_update(update: RequestUpdate, _msg: Any) -> None:
+        conductor.on_update(update, time.monotonic())
 
     async def on_schedule(ask: ScheduleRequest, msg: Msg) -> None:
         while conductor.hearing_instances(time.monotonic()):
@@ -234,10 +260,10 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
         log.info(
             "scheduled" if reply.accepted else "rejected",
             request_id=ask.request_id,
-            prefill=reply.prefill_id or None,
-            decode=reply.decode_id or None,
+            prefill=reply.placement.prefill_id if reply.placement else None,
+            decode=reply.placement.decode_id if reply.placement else None,
             ttft_ms=round(reply.predicted_ttft_ms, 1),
-            pull_from=reply.pull_from or None,
+            pull_from=reply.placement.pull_from or None if reply.placement else None,
             reason=reply.reason or None,
             prompt_len=ask.prompt_len,
         )
@@ -245,7 +271,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
 
     await bus.subscribe(nc, HEARTBEAT, Heartbeat, on_heartbeat)
     conductor.listening(time.monotonic())
-    await bus.subscribe(nc, REQUEST_EVENTS, RequestEvent, on_event)
+    await bus.subscribe(nc, REQUEST_UPDATES, RequestUpdate, on_update)
     await bus.subscribe(nc, KV_EVENTS, KvEvent, on_kv_event)
     await nc.subscribe(CONDUCTOR_STATS, cb=on_stats)
     await bus.subscribe(nc, SCHEDULE, ScheduleRequest, on_schedule, queue=CONDUCTOR_QUEUE)

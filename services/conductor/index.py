@@ -125,16 +125,9 @@ class PoolIndex:
             self._forget(h, node)
         self._blocks.pop(node, None)
 
-    def tiers(self, h: BlockId) -> dict[str, set[str]]:
-        return self._tiers.get(h, {})
-
     def prefix_blocks(self, hashes: Sequence[BlockId], nodes: Iterable[str]) -> dict[str, int]:
         """For each node, how many leading blocks of `hashes` its pool holds (any tier)."""
         return leading_run(hashes, self._tiers, nodes)
-
-    def replica_counts(self) -> list[int]:
-        """For every indexed block, on how many nodes it is."""
-        return [len(nodes) for nodes in self._tiers.values()]
 
     def _forget(self, h: BlockId, node: str) -> None:
         nodes = self._tiers.get(h)

@@ -238,13 +238,30 @@ ADMISSIONS = ("none", "early_reject", "predictive")
 
 
 # --- decode choice and admission ----------------------------------------------
+def decode_context(prompt_len: int, max_tokens: int) -> int:
+    """The context a decoding request is counted with: its prompt and half its
+    output (its mean context over the decode, the output's length unknown)."""
+    return prompt_len + max_tokens // 2
+
+
+def joining_tbt_s(predictor: Predictor, batch: int, tokens: int, prompt_len: int) -> float:
+    """The decode step once a request of `prompt_len` prompt tokens joins a batch of
+    `batch` requests attending to `tokens` tokens: the TBT admission judges, and
+    decode's double check on arrival (services/decode/handler.py) too."""
+    return predictor.decode_step_s(batch + 1, tokens + prompt_len)
+
+
+def tbt_exceeded(tbt_s: float, slo_tbt_s: float, where: str) -> str:
+    return f"predicted TBT {tbt_s * 1e3:.1f} ms on {where} exceeds the SLO of {slo_tbt_s * 1e3:.1f} ms"
+
+
 def tbt_at(load: DecodeLoad, t: float, req: Request, ctx: Context, until: float | None = None) -> float:
     """Predicted TBT on `load` at time t (or at its busiest until `until`), with this
     request in the batch; infinite when its KV cache would have no room for it."""
     batch, tokens = load.at(t) if until is None else load.peak(t, until)
     if batch + 1 > load.capacity:
         return math.inf
-    return ctx.predictor.decode_step_s(batch + 1, tokens + req.prompt_len)
+    return joining_tbt_s(ctx.predictor, batch, tokens, req.prompt_len)
 
 
 def choose_decode(
@@ -264,7 +281,6 @@ class Scheduler:
             raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(PREFILL_POLICIES)}")
         if admission not in ADMISSIONS:
             raise ValueError(f"unknown admission {admission!r}; choose from {', '.join(ADMISSIONS)}")
-        self.policy_name = policy
         self.policy = PREFILL_POLICIES[policy]
         self.admission = admission
         self.ctx = Context(predictor, params, random.Random(seed))
@@ -298,7 +314,7 @@ class Scheduler:
             if judged > req.slo_tbt_s:
                 return Rejection(
                     "overloaded",
-                    f"predicted TBT {judged * 1e3:.1f} ms on {decode.instance_id} exceeds the SLO of {req.slo_tbt_s * 1e3:.1f} ms"
+                    tbt_exceeded(judged, req.slo_tbt_s, decode.instance_id)
                     if judged < math.inf
                     else f"decode instance {decode.instance_id} has no room for it",
                     retry_after_s=self._decode_drain_s(decode, when, now),
@@ -309,6 +325,12 @@ class Scheduler:
         """Until the first request decoding at t finishes: a fair time to come back."""
         ends = [i.end for i in load.items if i.start <= t < i.end]
         return max(0.0, min(ends) - now) if ends else 1.0
+
+
+def kv_blocks(req: Request, block_size: int) -> int:
+    """The prompt's leading full blocks whose KV prefill sends to decode: every one,
+    unless no decode runs (a one-token request ends at prefill)."""
+    return req.prompt_len // block_size if req.max_tokens > 1 else 0
 
 
 def pool_pull(chosen_node: str, chosen_prefix: int, node_prefix: Mapping[str, int]) -> tuple[str, int]:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.conductor.index import PrefixIndex
-from services.conductor.policy import Decision, DecodeItem, DecodeLoad, Params, PrefillLoad, Request
+from services.conductor.policy import Decision, DecodeItem, DecodeLoad, Params, PrefillLoad, Request, decode_context
 from shared.predictor import Predictor
 
 WINDOW_S = 180.0  # Preble's load window: three minutes
@@ -128,7 +128,7 @@ class ClusterState:
         # The prefill engine keeps these blocks in its prefix cache afterwards.
         self.index.insert(choice.instance_id, hashes)
         start = now + decision.prefill.ttft_s
-        item = DecodeItem(start, start + self.decode_time_s, req.prompt_len + req.max_tokens // 2)
+        item = DecodeItem(start, start + self.decode_time_s, decode_context(req.prompt_len, req.max_tokens))
         self.decode[decision.decode_id][req.request_id] = item
         self.placed[req.request_id] = (choice.instance_id, decision.decode_id)
 

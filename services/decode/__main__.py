@@ -1,5 +1,7 @@
-from services.decode.app import main, parser
+"""Decode instance: generates the tokens after the first on a vLLM engine."""
+from services.decode.handler import Decoder
 from shared import service
+from shared.engine.runtime import serving
 
 if __name__ == "__main__":
-    service.run("decode", main, parser().parse_args())
+    service.run("decode", serving(Decoder), service.parser("decode", instance=True).parse_args())

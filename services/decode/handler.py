@@ -1,47 +1,55 @@
-"""Serve DecodeRequests: generate every token after the first and publish them, in
-order, on the request's stream subject."""
+"""The decode role: take a request after its prefill, double-check its TBT SLO
+against the batch as it is now, then generate every token after the first and
+publish them, in order, on the request's stream subject."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import structlog
 from nats.aio.msg import Msg
 
+from services.conductor.policy import decode_context, joining_tbt_s, tbt_exceeded
 from shared import bus
-from shared.engine import generate
+from shared.config import profile_path
+from shared.engine.llm import generate
 from shared.instance import Instance
-from shared.messages import DecodeAccept, DecodeRequest, TokenChunk, encode
-from shared.predictor import Predictor
+from shared.messages import DecodeAccept, DecodeRequest, TokenChunk, decode_subject, encode
+from shared.predictor import load_predictor
 
 log = structlog.get_logger(__name__)
 
 
 class Decoder:
-    def __init__(self, instance: Instance, engine, predictor: Predictor) -> None:
+    ROLE = "decode"
+    REQUEST = DecodeRequest
+    subject = staticmethod(decode_subject)
+
+    def __init__(self, instance: Instance, engine: Any) -> None:
         self.instance = instance
         self.engine = engine
-        self.predictor = predictor
-        self.context: dict[str, int] = {}  # request id → tokens it attends to
+        self.predictor = load_predictor(profile_path(instance.config))
+        self.context: dict[str, int] = {}  # request id → the context the books count it with
 
-    def predicted_tbt_s(self, extra_tokens: int) -> float:
-        """Decode step time with one more request of `extra_tokens` in the batch."""
-        return self.predictor.decode_step_s(len(self.context) + 1, sum(self.context.values()) + extra_tokens)
+    def refusal(self, req: DecodeRequest) -> tuple[str, bool]:
+        """Why this request cannot start here ("" if it can), and whether for load."""
+        if req.slo_tbt_ms:
+            # The Conductor's own rule, on the batch as it is now rather than as predicted.
+            tbt = joining_tbt_s(self.predictor, len(self.context), sum(self.context.values()), len(req.prompt_token_ids))
+            if tbt * 1e3 > req.slo_tbt_ms:
+                return tbt_exceeded(tbt, req.slo_tbt_ms / 1e3, self.instance.instance_id), True
+        if req.sampling.max_tokens < 2:
+            return "decode needs max_tokens >= 2 (the first token comes from prefill)", False
+        if bus.remaining(req.deadline) <= 0:
+            return "deadline already passed", False
+        return "", False
 
     async def on_request(self, req: DecodeRequest, msg: Msg) -> None:
-        error, overloaded = "", False
-        ctx = len(req.prompt_token_ids) + req.sampling.max_tokens // 2
-        tbt = self.predicted_tbt_s(ctx)
-        if req.slo_tbt_ms and tbt * 1e3 > req.slo_tbt_ms:
-            # The Conductor predicted otherwise; we see the batch as it is now.
-            error, overloaded = f"predicted TBT {tbt * 1e3:.1f} ms exceeds the SLO of {req.slo_tbt_ms:.1f} ms", True
-        elif req.sampling.max_tokens < 2:
-            error = "decode needs max_tokens >= 2 (the first token comes from prefill)"
-        elif bus.remaining(req.deadline) <= 0:
-            error = "deadline already passed"
-        else:
+        error, overloaded = self.refusal(req)
+        if not error:
             try:
-                self.instance.run(req.request_id, self._decode(req, ctx))
+                self.instance.run(req.request_id, self._decode(req))
             except ValueError as e:
                 error = str(e)
         if error:
@@ -49,9 +57,9 @@ class Decoder:
         reply = DecodeAccept(request_id=req.request_id, ok=not error, error=error, overloaded=overloaded)
         await msg.respond(encode(reply))
 
-    async def _decode(self, req: DecodeRequest, ctx: int) -> None:
+    async def _decode(self, req: DecodeRequest) -> None:
         structlog.contextvars.bind_contextvars(request_id=req.request_id)
-        self.context[req.request_id] = ctx
+        self.context[req.request_id] = decode_context(len(req.prompt_token_ids), req.sampling.max_tokens)
         try:
             await self._generate(req)
         finally:
@@ -61,23 +69,20 @@ class Decoder:
         # The engine runs prompt + first token. The connector loads the prompt's blocks
         # that prefill streamed into this node's pool and the engine computes only the
         # rest: the prompt's last partial block, the first token, and any block that
-        # did not arrive within kv_wait_s (see shared/kv_connector.py).
+        # did not arrive within kv_wait_s (see shared/kv/connector.py).
         prompt = [*req.prompt_token_ids, req.first_token_id]
-        kv = {"yb_expect": req.kv_blocks, "yb_wait_s": min(self.instance.config.kv_wait_s, bus.remaining(req.deadline))}
+        kv = {"kv_blocks": req.kv_blocks, "kv_wait_s": min(self.instance.config.kv_wait_s, bus.remaining(req.deadline))}
         seq = 0
         log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens, kv_blocks=req.kv_blocks)
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
-                async for step in generate(
-                    self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - 1, kv
-                ):
+                steps = generate(self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - 1, kv)
+                async for step in steps:
+                    loaded = step.num_cached_tokens if seq == 0 else 0
                     if seq == 0:
-                        log.info("decode kv", loaded_tokens=step.num_cached_tokens,
-                                 computed_prompt_tokens=len(req.prompt_token_ids) - step.num_cached_tokens)
-                    chunk = TokenChunk(
-                        request_id=req.request_id, seq=seq, token_ids=step.token_ids, finish_reason=step.finish_reason,
-                        kv_loaded_tokens=step.num_cached_tokens if seq == 0 else 0,
-                    )
+                        log.info("decode kv", loaded_tokens=loaded, computed_prompt_tokens=len(req.prompt_token_ids) - loaded)
+                    chunk = TokenChunk(request_id=req.request_id, seq=seq, token_ids=step.token_ids,
+                                       finish_reason=step.finish_reason, kv_loaded_tokens=loaded)
                     await bus.publish(self.instance.nc, req.stream_subject, chunk)
                     seq += 1
         except asyncio.CancelledError:
@@ -86,8 +91,7 @@ class Decoder:
         except Exception as e:
             reason = "deadline exceeded in decode" if isinstance(e, TimeoutError) else f"decode failed: {e}"
             log.warning("decode failed", error=reason)
-            await bus.publish(
-                self.instance.nc, req.stream_subject, TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason)
-            )
+            failed = TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason)
+            await bus.publish(self.instance.nc, req.stream_subject, failed)
             return
         log.info("decode done", chunks=seq)

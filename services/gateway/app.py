@@ -19,7 +19,7 @@ from aiohttp import web
 
 from services.gateway import protocol
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import Event, Pipeline, Rejected, Slo, UpstreamError
+from services.gateway.pipeline import Pipeline, Rejected, Report, Slo, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
 from services.gateway.text import TextStream, Tokenizer
 from shared import bus, service
@@ -174,30 +174,28 @@ class Gateway:
             max_tokens=p.max_tokens, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed, ignore_eos=o.ignore_eos
         )
 
-    async def _events(self, p: Prepared, text: TextStream) -> Any:
-        """Pipeline events as (text delta, finish reason, cached tokens), with metrics."""
+    async def _events(self, p: Prepared, text: TextStream, report: Report) -> Any:
+        """The pipeline's token chunks as (text delta, finish reason), with metrics."""
         start = time.monotonic()
         deadline = time.time() + self.config.request_timeout_s
         first_at = last_at = 0.0
         try:
-            events = self.pipeline.run(p.request_id, p.prompt, self._sampling(p), deadline, p.slo)
-            async for event in events:
+            chunks = self.pipeline.run(p.request_id, p.prompt, self._sampling(p), deadline, p.slo, report)
+            async for chunk in chunks:
                 last_at = time.monotonic()
                 if not first_at:
                     first_at = last_at
                     self.metrics.ttft.observe(first_at - start)
-                    self.metrics.cached_tokens.inc(event.num_cached_tokens)
-                if event.kv_loaded_tokens:  # only decode's first chunk carries it
-                    self.metrics.kv_loaded_tokens.inc(event.kv_loaded_tokens)
-                delta = text.push(event.token_ids)
-                finish = event.finish_reason
-                if text.stopped:
-                    finish = "stop"
+                    self.metrics.cached_tokens.inc(report.cached_tokens)
+                if chunk.kv_loaded_tokens:  # only decode's first chunk carries it
+                    self.metrics.kv_loaded_tokens.inc(chunk.kv_loaded_tokens)
+                delta = text.push(chunk.token_ids)
+                finish = "stop" if text.stopped else chunk.finish_reason
                 if finish is not None:
                     delta += text.flush()
-                yield delta, finish, event
+                yield delta, finish
                 if finish is not None:
-                    await events.aclose()  # a stop string ends it early: cancels the rest
+                    await chunks.aclose()  # a stop string ends it early: cancels the rest
                     break
         except Rejected as e:
             retry = {"Retry-After": str(max(1, round(e.reply.retry_after_s)))}
@@ -220,10 +218,9 @@ class Gateway:
         self.metrics.completion_tokens.inc(n)
 
     async def _complete(self, p: Prepared) -> web.Response:
-        text = TextStream(self.tokenizer, p.options.stop)
-        finish, seen = None, Seen()
-        async for _delta, finish_reason, event in self._events(p, text):
-            seen.add(event)
+        text, report = TextStream(self.tokenizer, p.options.stop), Report()
+        finish = None
+        async for _delta, finish_reason in self._events(p, text, report):
             finish = finish_reason or finish
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
         if p.kind == "chat":
@@ -233,8 +230,8 @@ class Gateway:
         body: dict[str, Any] = {
             **self._envelope(p, chunk=False),
             "choices": [choice],
-            "usage": protocol.usage(len(p.prompt), len(text.token_ids), seen.cached_tokens),
-            "yuebing": seen.report(len(p.prompt), decoded=len(text.token_ids) > 1),
+            "usage": protocol.usage(len(p.prompt), len(text.token_ids), report.cached_tokens),
+            "yuebing": yuebing_field(report, len(p.prompt), decoded=len(text.token_ids) > 1),
         }
         if p.options.return_token_ids:
             choice["token_ids"] = text.token_ids
@@ -242,8 +239,8 @@ class Gateway:
         return web.Response(body=orjson.dumps(body), content_type="application/json", headers={"x-request-id": p.request_id})
 
     async def _stream(self, request: web.Request, p: Prepared) -> web.StreamResponse:
-        text = TextStream(self.tokenizer, p.options.stop)
-        events = self._events(p, text)
+        text, report = TextStream(self.tokenizer, p.options.stop), Report()
+        events = self._events(p, text, report)
         # Fail before the first byte where we can: a rejection must be a real 429.
         try:
             first = await anext(events)
@@ -253,15 +250,13 @@ class Gateway:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": p.request_id}
         )
         await response.prepare(request)
-        seen = Seen()
         sent_tokens = 0
         try:
             if p.kind == "chat":
                 await self._send(response, p, {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
             pending = [first] if first is not None else []
             async for item in _chain(pending, events):
-                delta, finish, event = item
-                seen.add(event)
+                delta, finish = item
                 choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
                 if p.kind == "chat":
                     choice["delta"] = {"content": delta} if delta else {}
@@ -282,8 +277,8 @@ class Gateway:
             usage = {
                 **self._envelope(p, chunk=True),
                 "choices": [],
-                "usage": protocol.usage(len(p.prompt), len(text.token_ids), seen.cached_tokens),
-                "yuebing": seen.report(len(p.prompt), decoded=len(text.token_ids) > 1),
+                "usage": protocol.usage(len(p.prompt), len(text.token_ids), report.cached_tokens),
+                "yuebing": yuebing_field(report, len(p.prompt), decoded=len(text.token_ids) > 1),
             }
             await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
@@ -302,34 +297,18 @@ class Gateway:
         return {"id": prefix + p.request_id, "object": obj, "created": int(time.time()), "model": self.config.served_model_name}
 
 
-@dataclass
-class Seen:
-    """What a request's events said about where and how it ran."""
-
-    cached_tokens: int = 0
-    kv_loaded_tokens: int = 0
-    prefill_id: str = ""
-    decode_id: str = ""
-    kv_blocks_sent: int = -1
-
-    def add(self, event: Event) -> None:
-        self.cached_tokens = self.cached_tokens or event.num_cached_tokens
-        self.kv_loaded_tokens = self.kv_loaded_tokens or event.kv_loaded_tokens
-        self.prefill_id = self.prefill_id or event.prefill_id
-        self.decode_id = self.decode_id or event.decode_id
-        self.kv_blocks_sent = max(self.kv_blocks_sent, event.kv_blocks_sent)
-
-    def report(self, prompt_tokens: int, decoded: bool) -> dict[str, Any]:
-        """Yuebing's extension of a response: where it ran, and how much of the prompt
-        decode loaded from prefill's KV rather than computed (None: no decode ran)."""
-        return {
-            "prefill_instance": self.prefill_id,
-            "decode_instance": self.decode_id if decoded else None,
-            # prompt blocks prefill's pool took and sent toward decode (None: not known)
-            "prefill_kv_blocks_sent": self.kv_blocks_sent if self.kv_blocks_sent >= 0 else None,
-            "decode_kv_loaded_tokens": self.kv_loaded_tokens if decoded else None,
-            "decode_computed_prompt_tokens": prompt_tokens - self.kv_loaded_tokens if decoded else None,
-        }
+def yuebing_field(report: Report, prompt_tokens: int, decoded: bool) -> dict[str, Any]:
+    """Yuebing's extension of a response: where it ran, and how much of the prompt
+    decode loaded from prefill's KV rather than computed (None: no decode ran)."""
+    placement = report.placement
+    return {
+        "prefill_instance": placement.prefill_id if placement else "",
+        "decode_instance": placement.decode_id if placement and decoded else None,
+        # prompt blocks prefill's pool took and sent toward decode (None: not known)
+        "kv_blocks": report.kv_blocks if report.kv_blocks >= 0 else None,
+        "decode_kv_loaded_tokens": report.kv_loaded_tokens if decoded else None,
+        "decode_computed_prompt_tokens": prompt_tokens - report.kv_loaded_tokens if decoded else None,
+    }
 
 
 async def _chain(first: list[Any], rest: Any) -> Any:

@@ -1,5 +1,7 @@
-"""One request through the disaggregated cluster: ask the Conductor, prefill the
-prompt on one instance, decode the rest on another, and stream tokens back.
+"""One request through the disaggregated cluster: ask the Conductor where it runs,
+prefill the prompt there, decode the rest on the decode instance it chose, and
+stream the tokens back. The gateway executes the Conductor's placement; it never
+places anything itself.
 
 Every wait is bounded by the request's deadline and by the liveness of the instance
 being waited on, so a dead instance fails the request within a few heartbeats.
@@ -24,18 +26,17 @@ from shared.config import ClusterConfig
 from shared.liveness import Registry
 from shared.messages import (
     CANCEL,
-    REQUEST_EVENTS,
+    REQUEST_UPDATES,
     SCHEDULE,
     Cancel,
     DecodeAccept,
     DecodeRequest,
-    FinishReason,
-    Heartbeat,
     Message,
     MessageError,
+    Placement,
     PrefillRequest,
     PrefillResult,
-    RequestEvent,
+    RequestUpdate,
     Sampling,
     ScheduleReply,
     ScheduleRequest,
@@ -58,17 +59,15 @@ class Slo:
     tbt_ms: float = 0.0
 
 
-@dataclass(frozen=True)
-class Event:
-    token_ids: list[int]
-    finish_reason: FinishReason | None
-    num_cached_tokens: int = 0
-    # Prompt tokens whose KV decode loaded from the pool rather than computing.
-    kv_loaded_tokens: int = 0
-    # Where it ran (the first event says).
-    prefill_id: str = ""
-    decode_id: str = ""
-    kv_blocks_sent: int = -1  # prompt blocks prefill sent toward decode (-1: not known)
+@dataclass
+class Report:
+    """Where and how a request ran, filled in as it runs: the response's `yuebing`
+    field and the gateway's metrics read it."""
+
+    placement: Placement | None = None
+    cached_tokens: int = 0  # prompt tokens prefill did not compute
+    kv_blocks: int = -1  # prompt blocks prefill's pool took and sent toward decode (-1: not known)
+    kv_loaded_tokens: int = 0  # prompt tokens whose KV decode loaded rather than computed
 
 
 class Rejected(Exception):
@@ -89,21 +88,23 @@ class UpstreamError(Exception):
         self.status = status
 
 
-def kv_plan(decode: Heartbeat | None, prompt_len: int, max_tokens: int, block_size: int) -> tuple[str, int]:
-    """Where prefill streams a request's KV (its decode instance's node), and how many
-    full blocks decode should wait for: ("", 0) when the decode instance is unknown
-    here or never runs (a one-token request), so that decode computes the prompt at
-    once instead of waiting kv_wait_s for blocks nobody sends."""
-    if decode is None or max_tokens <= 1:
-        return "", 0
-    return decode.node, prompt_len // block_size
-
-
 def kv_expected(planned: int, sent: int) -> int:
     """The blocks decode waits for: the planned ones, but no more than prefill says are
     on their way (`sent` < 0: it did not say). A block prefill's pool had no room for
     never comes, and waiting kv_wait_s for it would only delay the first decode step."""
     return planned if sent < 0 else min(planned, sent)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request as the pipeline carries it from step to step."""
+
+    request_id: str
+    prompt: list[int]
+    block_hashes: list[str]
+    sampling: Sampling
+    deadline: float
+    slo: Slo
 
 
 class Pipeline:
@@ -114,132 +115,123 @@ class Pipeline:
         self.started = time.monotonic()
 
     async def run(
-        self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo = Slo()
-    ) -> AsyncIterator[Event]:
-        reply = await self._schedule(request_id, prompt, sampling, deadline, slo)
+        self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo = Slo(),
+        report: Report | None = None,
+    ) -> AsyncIterator[TokenChunk]:
+        """The request's tokens, the first from prefill, the rest from decode."""
+        report = report if report is not None else Report()
+        # The one place the prompt is hashed: the Conductor and prefill take these.
+        hashes = hex_hashes(prompt, self.config.block_size, self.config.model_salt)
+        job = Job(request_id, prompt, hashes, sampling, deadline, slo)
+        placement = await self._schedule(job)
+        report.placement = placement
+        update = RequestUpdate(request_id=request_id, kind="finished")
         finished = False
-        outcome: RequestEvent = RequestEvent(request_id=request_id, kind="finished")
         try:
-            kv_node, kv_blocks = kv_plan(self.registry.latest.get(reply.decode_id), len(prompt), sampling.max_tokens,
-                                         self.config.block_size)
-            result = await self._prefill(request_id, prompt, sampling, deadline, reply, kv_node)
-            if (expected := kv_expected(kv_blocks, result.kv_blocks_sent)) < kv_blocks:
-                log.info("kv blocks not coming: decode computes them", planned=kv_blocks, sent=result.kv_blocks_sent)
-                kv_blocks = expected
-            first = Event([result.first_token_id], result.finish_reason, result.num_cached_tokens,
-                          prefill_id=reply.prefill_id, decode_id=reply.decode_id, kv_blocks_sent=result.kv_blocks_sent)
-            if result.finish_reason is not None:
-                finished = True
-                yield first
-                return
-            # Decode must accept before the first token goes out, so that a refusal
-            # can still be a clean 429 rather than an error in the middle of a stream.
-            tbt_ms = slo.tbt_ms or self.config.slo_tbt_ms
-            sub = await self._start_decode(request_id, prompt, result.first_token_id, sampling, deadline, reply, tbt_ms,
-                                           kv_blocks)
-            try:
-                yield first
-                async for event in self._tokens(sub, reply.decode_id, deadline):
-                    finished = event.finish_reason is not None
-                    yield event
-            finally:
-                await sub.unsubscribe()
+            async for chunk in self._serve(job, placement, report):
+                finished = chunk.finish_reason is not None
+                yield chunk
         except DecodeRefused as e:
-            outcome = RequestEvent(request_id=request_id, kind="decode_refused", instance_id=reply.decode_id)
+            update = RequestUpdate(request_id=request_id, kind="decode_refused", instance_id=placement.decode_id)
             raise Rejected(ScheduleReply(request_id=request_id, accepted=False, rejection="overloaded", reason=str(e),
                                          retry_after_s=1.0)) from e
         finally:
             if not finished:  # cancelled, failed or abandoned: free the instances' slots
                 await self._publish(CANCEL, Cancel(request_id=request_id, reason="abandoned by gateway"))
-            elif outcome.kind == "finished":
-                outcome = RequestEvent(request_id=request_id, kind="finished", completed=True)
-            await self._publish(REQUEST_EVENTS, outcome)  # the Conductor closes its books
+            elif update.kind == "finished":
+                update = RequestUpdate(request_id=request_id, kind="finished", completed=True)
+            await self._publish(REQUEST_UPDATES, update)  # the Conductor closes its books
 
-    async def _prefill(
-        self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, reply: ScheduleReply, kv_node: str
-    ) -> PrefillResult:
-        ask = PrefillRequest(
-            request_id=request_id,
-            prompt_token_ids=prompt,
-            sampling=sampling,
-            deadline=deadline,
-            decode_id=reply.decode_id,
-            kv_dest_node=kv_node,
-            pull_from=reply.pull_from,
-            pull_blocks=reply.pull_blocks,
-            pull_skip=reply.pull_skip,
-        )
-        subject = prefill_subject(reply.prefill_id)
-        result = await self._watch(
-            reply.prefill_id, bus.request(self.nc, subject, ask, PrefillResult, timeout=bus.remaining(deadline)), deadline
-        )
-        if not result.ok:
-            raise UpstreamError(502, f"prefill on {reply.prefill_id} failed: {result.error}")
-        return result
+    async def _serve(self, job: Job, placement: Placement, report: Report) -> AsyncIterator[TokenChunk]:
+        result = await self._prefill(job, placement)
+        report.cached_tokens, report.kv_blocks = result.num_cached_tokens, result.kv_blocks
+        first = TokenChunk(request_id=job.request_id, seq=0, token_ids=[result.first_token_id],
+                           finish_reason=result.finish_reason)
+        if result.finish_reason is not None:
+            yield first
+            return
+        kv_blocks = kv_expected(placement.kv_blocks, result.kv_blocks)
+        if kv_blocks < placement.kv_blocks:
+            log.info("kv blocks not coming: decode computes them", planned=placement.kv_blocks, kv_blocks=kv_blocks)
+        # Decode must accept before the first token goes out, so that a refusal
+        # can still be a clean 429 rather than an error in the middle of a stream.
+        sub = await self._start_decode(job, placement.decode_id, result.first_token_id, kv_blocks)
+        try:
+            yield first
+            async for chunk in self._tokens(sub, placement.decode_id, job.deadline):
+                report.kv_loaded_tokens = report.kv_loaded_tokens or chunk.kv_loaded_tokens
+                yield chunk
+        finally:
+            await sub.unsubscribe()
 
-    async def _schedule(
-        self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo
-    ) -> ScheduleReply:
+    async def _schedule(self, job: Job) -> Placement:
         ask = ScheduleRequest(
-            request_id=request_id,
-            prompt_len=len(prompt),
-            block_hashes=hex_hashes(prompt, self.config.block_size, self.config.model_salt),
-            max_tokens=sampling.max_tokens,
-            deadline=deadline,
-            slo_ttft_ms=slo.ttft_ms,
-            slo_tbt_ms=slo.tbt_ms,
+            request_id=job.request_id,
+            prompt_len=len(job.prompt),
+            block_hashes=job.block_hashes,
+            max_tokens=job.sampling.max_tokens,
+            deadline=job.deadline,
+            slo_ttft_ms=job.slo.ttft_ms,
+            slo_tbt_ms=job.slo.tbt_ms,
         )
-        timeout = min(self.config.schedule_timeout_s, bus.remaining(deadline))
+        timeout = min(self.config.schedule_timeout_s, bus.remaining(job.deadline))
         try:
             reply = await bus.request(self.nc, SCHEDULE, ask, ScheduleReply, timeout)
         except (TimeoutError, MessageError) as e:
             raise UpstreamError(503, f"conductor unavailable: {e}") from e
-        if not reply.accepted:
+        if not reply.accepted or reply.placement is None:
             raise Rejected(reply)
-        log.info("scheduled", prefill=reply.prefill_id, decode=reply.decode_id)
-        return reply
+        log.info("scheduled", prefill=reply.placement.prefill_id, decode=reply.placement.decode_id)
+        return reply.placement
 
-    async def _start_decode(
-        self,
-        request_id: str,
-        prompt: list[int],
-        first: int,
-        sampling: Sampling,
-        deadline: float,
-        reply: ScheduleReply,
-        slo_tbt_ms: float,
-        kv_blocks: int,
-    ) -> Subscription:
+    async def _prefill(self, job: Job, placement: Placement) -> PrefillResult:
+        ask = PrefillRequest(
+            request_id=job.request_id,
+            prompt_token_ids=job.prompt,
+            block_hashes=job.block_hashes,
+            sampling=job.sampling,
+            deadline=job.deadline,
+            placement=placement,
+        )
+        asked = bus.request(self.nc, prefill_subject(placement.prefill_id), ask, PrefillResult,
+                            timeout=bus.remaining(job.deadline))
+        result = await self._watch(placement.prefill_id, asked, job.deadline)
+        if not result.ok:
+            raise UpstreamError(502, f"prefill on {placement.prefill_id} failed: {result.error}")
+        return result
+
+    async def _start_decode(self, job: Job, decode_id: str, first: int, kv_blocks: int) -> Subscription:
         """Hand the request to its decode instance; returns the subscription its tokens
         will arrive on (the caller unsubscribes)."""
         # Subscribe before asking, so no chunk can be published before we listen.
-        sub = await self.nc.subscribe(stream_subject(request_id))
+        sub = await self.nc.subscribe(stream_subject(job.request_id))
         ask = DecodeRequest(
-            request_id=request_id,
-            prompt_token_ids=prompt,
+            request_id=job.request_id,
+            prompt_token_ids=job.prompt,
             first_token_id=first,
-            sampling=sampling,
-            deadline=deadline,
-            stream_subject=stream_subject(request_id),
-            slo_tbt_ms=slo_tbt_ms,
+            sampling=job.sampling,
+            deadline=job.deadline,
+            stream_subject=stream_subject(job.request_id),
+            slo_tbt_ms=job.slo.tbt_ms or self.config.slo_tbt_ms,
+            block_hashes=job.block_hashes,
             kv_blocks=kv_blocks,
         )
-        timeout = min(self.config.schedule_timeout_s * 2, bus.remaining(deadline))
+        timeout = min(self.config.schedule_timeout_s * 2, bus.remaining(job.deadline))
         try:
-            accept = await bus.request(self.nc, decode_subject(reply.decode_id), ask, DecodeAccept, timeout)
+            accept = await bus.request(self.nc, decode_subject(decode_id), ask, DecodeAccept, timeout)
             if accept.overloaded:
-                raise DecodeRefused(f"decode instance {reply.decode_id}: {accept.error}")
+                raise DecodeRefused(f"decode instance {decode_id}: {accept.error}")
             if not accept.ok:
-                raise UpstreamError(503, f"decode instance {reply.decode_id} refused: {accept.error}")
+                raise UpstreamError(503, f"decode instance {decode_id} refused: {accept.error}")
         except (TimeoutError, MessageError) as e:
             await sub.unsubscribe()
-            raise UpstreamError(503, f"decode instance {reply.decode_id} unavailable: {e}") from e
+            raise UpstreamError(503, f"decode instance {decode_id} unavailable: {e}") from e
         except BaseException:
             await sub.unsubscribe()
             raise
         return sub
 
-    async def _tokens(self, sub: Subscription, decode_id: str, deadline: float) -> AsyncIterator[Event]:
+    async def _tokens(self, sub: Subscription, decode_id: str, deadline: float) -> AsyncIterator[TokenChunk]:
         seq = 0
         while True:
             chunk = await self._next_chunk(sub, decode_id, deadline)
@@ -248,7 +240,7 @@ class Pipeline:
             seq += 1
             if chunk.error:
                 raise UpstreamError(502, f"decode on {decode_id} failed: {chunk.error}")
-            yield Event(chunk.token_ids, chunk.finish_reason, kv_loaded_tokens=chunk.kv_loaded_tokens)
+            yield chunk
             if chunk.finish_reason is not None:
                 return
 

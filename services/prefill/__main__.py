@@ -1,5 +1,7 @@
-from services.prefill.app import main, parser
+"""Prefill instance: computes a prompt and its first token on a vLLM engine."""
+from services.prefill.handler import Prefiller
 from shared import service
+from shared.engine.runtime import serving
 
 if __name__ == "__main__":
-    service.run("prefill", main, parser().parse_args())
+    service.run("prefill", serving(Prefiller), service.parser("prefill", instance=True).parse_args())

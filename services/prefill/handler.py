@@ -1,33 +1,41 @@
-"""Serve PrefillRequests: compute the prompt, return the first token."""
+"""The prefill role: compute a prompt and its first token, saving the prompt's KV
+into the node pool as it goes (the messenger streams it on to decode's node), and
+answer with the first token."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import structlog
 from nats.aio.msg import Msg
 
 from shared import bus
-from shared.block_hash import hex_hashes
-from shared.engine import generate
+from shared.engine.llm import generate
 from shared.instance import Instance
 from shared.messages import (
-    REQUEST_EVENTS,
+    REQUEST_UPDATES,
     MessageError,
     MessengerAck,
     MessengerCommand,
     PrefillRequest,
     PrefillResult,
-    RequestEvent,
+    RequestUpdate,
     encode,
     messenger_subject,
+    prefill_subject,
 )
 
 log = structlog.get_logger(__name__)
+PULL_ASK_TIMEOUT_S = 1.0  # a holder that does not answer this fast is not worth waiting for
 
 
 class Prefiller:
-    def __init__(self, instance: Instance, engine) -> None:
+    ROLE = "prefill"
+    REQUEST = PrefillRequest
+    subject = staticmethod(prefill_subject)
+
+    def __init__(self, instance: Instance, engine: Any) -> None:
         self.instance = instance
         self.engine = engine
 
@@ -39,7 +47,7 @@ class Prefiller:
 
     async def _prefill(self, req: PrefillRequest, msg: Msg) -> None:
         structlog.contextvars.bind_contextvars(request_id=req.request_id)
-        log.info("prefill start", prompt_len=len(req.prompt_token_ids), decode=req.decode_id)
+        log.info("prefill start", prompt_len=len(req.prompt_token_ids), decode=req.placement.decode_id)
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
                 result = await self._first_token(req)
@@ -51,35 +59,43 @@ class Prefiller:
         except Exception as e:
             log.exception("prefill failed")
             result = PrefillResult(request_id=req.request_id, ok=False, error=f"prefill failed: {e}")
-        log.info("prefill done", ok=result.ok, cached=result.num_cached_tokens, error=result.error or None)
+        log.info("prefill done", ok=result.ok, cached=result.num_cached_tokens, kv_blocks=result.kv_blocks,
+                 error=result.error or None)
         await msg.respond(encode(result))
-        event = RequestEvent(request_id=req.request_id, kind="prefill_done", instance_id=self.instance.instance_id)
-        await bus.publish(self.instance.nc, REQUEST_EVENTS, event)
+        update = RequestUpdate(request_id=req.request_id, kind="prefill_done", instance_id=self.instance.instance_id)
+        await bus.publish(self.instance.nc, REQUEST_UPDATES, update)
 
     async def _pull(self, req: PrefillRequest) -> int:
-        """Ask the messenger of node `req.pull_from` to send the prompt's first blocks
-        to this node's pool; returns how many leading blocks are on their way."""
-        config = self.instance.config
-        bs = config.block_size
-        hashes = hex_hashes(req.prompt_token_ids[: req.pull_blocks * bs], bs, config.model_salt)
-        ask = MessengerCommand(op="send", node=self.instance.node, hashes=hashes, skip=req.pull_skip)
+        """Ask the messenger of the placement's `pull_from` node to send the prompt's
+        first blocks to this node's pool; returns how many leading blocks are coming."""
+        placement = req.placement
+        hashes = req.block_hashes[: placement.pull_blocks]
+        ask = MessengerCommand(op="send", node=self.instance.node, hashes=hashes, skip=placement.pull_skip)
+        subject = messenger_subject(placement.pull_from)
         try:
-            ack = await bus.request(self.instance.nc, messenger_subject(req.pull_from), ask, MessengerAck, timeout=1.0)
+            ack = await bus.request(self.instance.nc, subject, ask, MessengerAck, timeout=PULL_ASK_TIMEOUT_S)
         except (TimeoutError, MessageError) as e:
-            log.warning("pull failed: computing instead", holder=req.pull_from, error=str(e))
+            log.warning("pull failed: computing instead", holder=placement.pull_from, error=str(e))
             return 0
-        log.info("pull", holder=req.pull_from, asked=len(hashes), coming=ack.blocks, error=ack.error or None)
+        log.info("pull", holder=placement.pull_from, asked=len(hashes), kv_blocks=ack.blocks, error=ack.error or None)
         return ack.blocks if ack.ok else 0
+
+    async def _kv_params(self, req: PrefillRequest) -> dict[str, Any]:
+        """What the KV connector is told (shared/kv/connector.py): stream each saved
+        layer to decode's node, and wait for the blocks a pull brings first."""
+        placement = req.placement
+        params: dict[str, Any] = {"kv_dest": placement.decode_node if placement.kv_blocks else ""}
+        if placement.pull_from and placement.pull_blocks:
+            coming = await self._pull(req)
+            if coming:  # wait for them (never past the deadline), then compute the rest
+                params.update(kv_blocks=coming, kv_wait_s=min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)))
+        return params
 
     async def _first_token(self, req: PrefillRequest) -> PrefillResult:
         # The connector loads the prompt's leading blocks found in this node's pool,
         # saves the others into it layer by layer as they are computed, and the
         # messenger streams them to the decode node meanwhile.
-        kv: dict[str, object] = {"yb_dest": req.kv_dest_node}
-        if req.pull_from and req.pull_blocks:
-            coming = await self._pull(req)
-            if coming:  # wait for them (never past the deadline), then compute the rest
-                kv.update(yb_expect=coming, yb_wait_s=min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)))
+        kv = await self._kv_params(req)
         steps = [s async for s in generate(self.engine, req.request_id, req.prompt_token_ids, req.sampling, 1, kv)]
         token_ids = [t for s in steps for t in s.token_ids]
         if len(token_ids) != 1:
@@ -93,5 +109,5 @@ class Prefiller:
             first_token_id=token_ids[0],
             finish_reason=finish,
             num_cached_tokens=steps[-1].num_cached_tokens,
-            kv_blocks_sent=int((steps[-1].kv_transfer_params or {}).get("yb_coming", -1)),
+            kv_blocks=int((steps[-1].kv_transfer_params or {}).get("kv_blocks", -1)),
         )

@@ -4,7 +4,7 @@ import time
 
 from services.conductor.app import Conductor
 from shared.config import ClusterConfig
-from shared.messages import Heartbeat, RequestEvent, ScheduleRequest
+from shared.messages import Heartbeat, RequestUpdate, ScheduleRequest
 
 
 def hb(iid: str, role: str) -> Heartbeat:
@@ -30,11 +30,24 @@ def test_cache_aware_sends_a_shared_prefix_back_to_its_holder():
     first = c.schedule(ask("r1", ["a", "b", "c", "d"]), now=0.0)
     other = c.schedule(ask("r2", ["x", "y"]), now=0.0)  # no prefix anywhere: the idle one
     for rid in ("r1", "r2"):
-        c.on_event(RequestEvent(request_id=rid, kind="finished"), now=0.3)
+        c.on_update(RequestUpdate(request_id=rid, kind="finished"), now=0.3)
     again = c.schedule(ask("r3", ["a", "b", "c", "d", "e"]), now=0.4)
     assert first.accepted and again.accepted
-    assert again.prefill_id == first.prefill_id != other.prefill_id
+    assert again.placement.prefill_id == first.placement.prefill_id != other.placement.prefill_id
     assert again.predicted_ttft_ms < first.predicted_ttft_ms  # four blocks are cached
+
+
+def test_the_reply_carries_the_whole_placement_the_gateway_executes():
+    c = Conductor(ClusterConfig(model="/m/tiny", policy="round_robin", block_size=128))
+    c.on_heartbeat(Heartbeat(instance_id="p0", role="prefill", node="node-0", pid=1, seq=1, sent_at=0.0), now=0.0)
+    c.on_heartbeat(Heartbeat(instance_id="d0", role="decode", node="node-1", pid=1, seq=1, sent_at=0.0), now=0.0)
+    placement = c.schedule(ask("r1", ["a", "b"]), now=0.0).placement
+    # Prefill streams every full prompt block to the decode instance's node.
+    assert (placement.prefill_id, placement.decode_id, placement.decode_node) == ("p0", "d0", "node-1")
+    assert placement.kv_blocks == 2
+    one_token = ScheduleRequest(request_id="r2", prompt_len=300, block_hashes=["a", "b"], max_tokens=1,
+                                deadline=time.time() + 60)
+    assert c.schedule(one_token, now=0.0).placement.kv_blocks == 0  # no decode runs: nothing to send
 
 
 def test_admission_rejects_with_retry_after_and_dead_instances_are_unavailable():
@@ -49,8 +62,8 @@ def test_admission_rejects_with_retry_after_and_dead_instances_are_unavailable()
 def test_decode_refusal_counts_as_wasted_prefill_and_frees_the_books():
     c = conductor()
     assert c.schedule(ask("r1", ["a"]), now=0.0).accepted
-    c.on_event(RequestEvent(request_id="r1", kind="prefill_done", instance_id="p0"), now=0.1)
-    c.on_event(RequestEvent(request_id="r1", kind="decode_refused", instance_id="d0"), now=0.2)
+    c.on_update(RequestUpdate(request_id="r1", kind="prefill_done", instance_id="p0"), now=0.1)
+    c.on_update(RequestUpdate(request_id="r1", kind="decode_refused", instance_id="d0"), now=0.2)
     assert c.counts["wasted_prefill"] == 1
     assert all(not load.items for load in c.state.decode_loads(now=0.2))
 
@@ -79,22 +92,23 @@ def test_pool_index_from_kv_events_routes_and_pulls_and_forgets_a_silent_node():
     assert c.stats().pool_blocks == 3 and c.stats().pool_nodes == ["node-0", "node-1"]
     # Round robin picks p0 (node-0 holds 1 block); node-1 holds 3 (DRAM and SSD): pull them.
     reply = c.schedule(ask("r1", ["a", "b", "c", "d"]), now=0.0)
-    assert reply.prefill_id == "p0" and (reply.pull_from, reply.pull_blocks) == ("node-1", 3)
-    assert reply.pull_skip == 1  # node-0's pool holds "a": it does not travel again
+    placement = reply.placement
+    assert placement.prefill_id == "p0" and (placement.pull_from, placement.pull_blocks) == ("node-1", 3)
+    assert placement.pull_skip == 1  # node-0's pool holds "a": it does not travel again
     # The books charge p0 for that pull: 3 blocks it will not compute.
     assert c.state.prefill["p0"].outstanding["r1"].cached_tokens == 3 * 128
     # Evicted from SSD too: gone from node-1.
     c.on_kv_event(KvEvent(node="node-1", kind="evicted", tier="ssd", hashes=["b"]))
-    assert c.pools.tiers("b") == {}
+    assert c.pools.prefix_blocks(["a", "b"], ["node-1"]) == {"node-1": 1}
     # node-1's messenger goes silent: everything it held leaves the index.
     for b in beats[:4]:
         c.on_heartbeat(b, now=5.0)
-    assert c.pools.tiers("c") == {} and c.stats().pool_nodes == ["node-0"]
+    assert c.pools.prefix_blocks(["a"], ["node-1"]) == {"node-1": 0} and c.stats().pool_nodes == ["node-0"]
     # node-0's messenger restarts before it is missed (a new pid): its DRAM pool is new,
     # so its old blocks leave the index and its snapshot is wanted again.
     restarted = Heartbeat(instance_id="m0", role="messenger", node="node-0", pid=2, seq=1, sent_at=0.0)
     assert c.on_heartbeat(restarted, now=5.5) is True
-    assert c.pools.tiers("a") == {} and c.stats().pool_nodes == ["node-0"]
+    assert c.pools.prefix_blocks(["a"], ["node-0"]) == {"node-0": 0} and c.stats().pool_nodes == ["node-0"]
 
 
 def test_a_just_started_conductor_waits_to_hear_the_cluster_before_calling_it_unavailable():

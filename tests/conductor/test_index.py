@@ -34,11 +34,14 @@ def test_pool_index_prefix_by_node_across_tiers():
     idx.stored("n1", "dram", ["a"])
     assert idx.prefix_blocks(["a", "b", "c", "d"], ["n0", "n1", "n2"]) == {"n0": 2, "n1": 3, "n2": 0}
     idx.evicted("n1", "dram", ["a"])  # still on SSD there
-    assert idx.tiers("a") == {"n0": {"dram"}, "n1": {"ssd"}}
+    assert idx.prefix_blocks(["a"], ["n0", "n1"]) == {"n0": 1, "n1": 1}
+    idx.evicted("n1", "ssd", ["a"])  # gone from its last tier there
+    assert idx.prefix_blocks(["a"], ["n0", "n1"]) == {"n0": 1, "n1": 0}
+    idx.stored("n1", "ssd", ["a"])
     idx.removed("n0", ["b"])
     assert idx.prefix_blocks(["a", "b"], ["n0", "n1"]) == {"n0": 1, "n1": 2}
-    assert sorted(idx.replica_counts()) == [1, 1, 2]
     idx.replace_node("n1", {"dram": ["z"]})
-    assert idx.tiers("c") == {} and idx.tiers("z") == {"n1": {"dram"}}
+    assert idx.prefix_blocks(["a", "b", "c"], ["n1"]) == {"n1": 0}
+    assert idx.prefix_blocks(["z"], ["n1"]) == {"n1": 1}
     idx.remove_node("n1")
     assert len(idx) == 1

@@ -1,20 +1,200 @@
-"""The gateway's per-request plan: where KV goes, and what decode waits for."""
+"""Pipeline.run over a real nats-server, with the Conductor, prefill and decode
+played by responders on their subjects: what the gateway asks each, in which order,
+what it streams back, and how it fails."""
 
-from services.gateway.pipeline import kv_expected, kv_plan
-from shared.messages import Heartbeat
+from __future__ import annotations
 
-DECODE = Heartbeat(instance_id="decode-0", role="decode", node="node-1", pid=1, seq=1, sent_at=0.0)
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.gateway.pipeline import Pipeline, Rejected, Report, UpstreamError, kv_expected
+from shared import bus
+from shared.config import ClusterConfig
+from shared.liveness import Registry
+from shared.messages import (
+    CANCEL,
+    REQUEST_UPDATES,
+    SCHEDULE,
+    Cancel,
+    DecodeAccept,
+    DecodeRequest,
+    Heartbeat,
+    Placement,
+    PrefillRequest,
+    PrefillResult,
+    RequestUpdate,
+    Sampling,
+    ScheduleReply,
+    ScheduleRequest,
+    TokenChunk,
+    decode_subject,
+    encode,
+    prefill_subject,
+)
+
+PLACEMENT = Placement(prefill_id="p0", decode_id="d0", decode_node="node-1", kv_blocks=2)
+PROMPT = list(range(300))  # two full 128-token blocks
 
 
-def test_kv_goes_to_the_decode_node_and_decode_waits_for_the_full_blocks():
-    assert kv_plan(DECODE, prompt_len=300, max_tokens=16, block_size=128) == ("node-1", 2)
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = Path(sys.executable).with_name("nats-server")
+    proc = subprocess.Popen([str(server), "-a", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "nats-server did not start"
+            time.sleep(0.05)
+    yield f"nats://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
 
 
-def test_no_destination_means_no_wait():
-    # Decode unknown to this gateway (no heartbeat yet): prefill sends nothing, so
-    # decode must not wait kv_wait_s for blocks; a one-token request never decodes.
-    assert kv_plan(None, prompt_len=300, max_tokens=16, block_size=128) == ("", 0)
-    assert kv_plan(DECODE, prompt_len=300, max_tokens=1, block_size=128) == ("", 0)
+class Cluster:
+    """Responders for the Conductor, p0 and d0 that record what they were asked."""
+
+    def __init__(self, nc, placement: Placement = PLACEMENT, prefill_kv_blocks: int = 2, tokens: int = 3,
+                 decode_overloaded: bool = False) -> None:
+        self.nc = nc
+        self.placement = placement
+        self.prefill_kv_blocks = prefill_kv_blocks
+        self.tokens = tokens
+        self.decode_overloaded = decode_overloaded
+        self.asked: dict[str, object] = {}
+        self.published: list[object] = []
+
+    async def start(self) -> None:
+        await bus.subscribe(self.nc, SCHEDULE, ScheduleRequest, self.on_schedule)
+        await bus.subscribe(self.nc, prefill_subject("p0"), PrefillRequest, self.on_prefill)
+        await bus.subscribe(self.nc, decode_subject("d0"), DecodeRequest, self.on_decode)
+        await bus.subscribe(self.nc, REQUEST_UPDATES, RequestUpdate, self.on_published)
+        await bus.subscribe(self.nc, CANCEL, Cancel, self.on_published)
+
+    async def on_schedule(self, ask: ScheduleRequest, msg) -> None:
+        self.asked["schedule"] = ask
+        await msg.respond(encode(ScheduleReply(request_id=ask.request_id, accepted=True, placement=self.placement)))
+
+    async def on_prefill(self, ask: PrefillRequest, msg) -> None:
+        self.asked["prefill"] = ask
+        finish = "length" if ask.sampling.max_tokens == 1 else None  # as prefill ends a one-token request
+        result = PrefillResult(request_id=ask.request_id, ok=True, first_token_id=7, num_cached_tokens=128,
+                               kv_blocks=self.prefill_kv_blocks, finish_reason=finish)
+        await msg.respond(encode(result))
+
+    async def on_decode(self, ask: DecodeRequest, msg) -> None:
+        self.asked["decode"] = ask
+        accept = DecodeAccept(request_id=ask.request_id, ok=not self.decode_overloaded,
+                              overloaded=self.decode_overloaded, error="busy" if self.decode_overloaded else "")
+        await msg.respond(encode(accept))
+        for seq in range(self.tokens if not self.decode_overloaded else 0):
+            last = seq == self.tokens - 1
+            chunk = TokenChunk(request_id=ask.request_id, seq=seq, token_ids=[100 + seq],
+                               finish_reason="length" if last else None, kv_loaded_tokens=256 if seq == 0 else 0)
+            await bus.publish(self.nc, ask.stream_subject, chunk)
+
+    async def on_published(self, message, _msg) -> None:
+        self.published.append(message)
+
+    async def updates(self, n: int) -> list[object]:
+        """The first n updates and cancels, waiting for them (they are fire-and-forget)."""
+        async with asyncio.timeout(5):
+            while len(self.published) < n:
+                await asyncio.sleep(0.01)
+        return self.published
+
+
+@pytest.fixture
+async def connected(nats_url):
+    nc = await bus.connect(nats_url, name="test")
+    config = ClusterConfig(model="/m/tiny", block_size=128, heartbeat_interval_s=0.2, liveness_timeout_s=1.0)
+    registry = Registry(timeout_s=config.liveness_timeout_s)
+    for iid, role in [("p0", "prefill"), ("d0", "decode")]:
+        registry.observe(Heartbeat(instance_id=iid, role=role, node="node-1", pid=1, seq=1, sent_at=0.0), time.monotonic())
+    yield nc, Pipeline(nc, config, registry)
+    await nc.close()
+
+
+async def run(pipeline: Pipeline, request_id: str, max_tokens: int = 4, report: Report | None = None) -> list[TokenChunk]:
+    sampling = Sampling(max_tokens=max_tokens, temperature=0.0)
+    return [c async for c in pipeline.run(request_id, PROMPT, sampling, time.time() + 10, report=report)]
+
+
+async def test_prefill_gives_the_first_token_decode_the_rest_as_placed(connected):
+    nc, pipeline = connected
+    cluster = Cluster(nc)
+    await cluster.start()
+    report = Report()
+    chunks = await run(pipeline, "r1", report=report)
+    assert [t for c in chunks for t in c.token_ids] == [7, 100, 101, 102]
+    assert chunks[-1].finish_reason == "length"
+    # The prompt is hashed once, by the gateway, and the same hashes reach the Conductor and prefill.
+    assert len(cluster.asked["schedule"].block_hashes) == 2
+    assert cluster.asked["prefill"].block_hashes == cluster.asked["schedule"].block_hashes
+    # Prefill executes the Conductor's placement; decode waits for the blocks prefill sent.
+    assert cluster.asked["prefill"].placement == PLACEMENT
+    assert (cluster.asked["decode"].first_token_id, cluster.asked["decode"].kv_blocks) == (7, 2)
+    assert (report.placement, report.cached_tokens, report.kv_blocks, report.kv_loaded_tokens) == (PLACEMENT, 128, 2, 256)
+    [update] = await cluster.updates(1)
+    assert update == RequestUpdate(request_id="r1", kind="finished", completed=True)
+
+
+async def test_decode_waits_only_for_the_blocks_prefills_pool_took(connected):
+    nc, pipeline = connected
+    cluster = Cluster(nc, prefill_kv_blocks=1)  # the pool had room for one of the two
+    await cluster.start()
+    await run(pipeline, "r2")
+    assert cluster.asked["decode"].kv_blocks == 1
+
+
+async def test_a_request_that_ends_at_its_first_token_never_reaches_decode(connected):
+    nc, pipeline = connected
+    cluster = Cluster(nc, placement=Placement(prefill_id="p0", decode_id="d0", decode_node="node-1", kv_blocks=0))
+    await cluster.start()
+    chunks = await run(pipeline, "r3", max_tokens=1)
+    assert [(c.token_ids, c.finish_reason) for c in chunks] == [([7], "length")]
+    assert "decode" not in cluster.asked
+
+
+async def test_a_decode_refusal_is_a_rejection_and_the_conductor_hears_of_the_wasted_prefill(connected):
+    nc, pipeline = connected
+    cluster = Cluster(nc, decode_overloaded=True)
+    await cluster.start()
+    with pytest.raises(Rejected) as refused:
+        await run(pipeline, "r4")
+    assert refused.value.reply.rejection == "overloaded"
+    published = await cluster.updates(2)
+    assert Cancel(request_id="r4", reason="abandoned by gateway") in published
+    assert RequestUpdate(request_id="r4", kind="decode_refused", instance_id="d0") in published
+
+
+async def test_an_instance_that_stops_beating_fails_the_request_fast(connected):
+    nc, pipeline = connected
+    pipeline.started -= 10  # long past the start-up grace
+    pipeline.registry = Registry(timeout_s=1.0)  # nobody is beating
+    await bus.subscribe(nc, SCHEDULE, ScheduleRequest, Cluster(nc).on_schedule)
+
+    async def stalled(_ask, _msg) -> None:  # takes the request and never answers
+        pass
+
+    await bus.subscribe(nc, prefill_subject("p0"), PrefillRequest, stalled)
+    started = time.monotonic()
+    with pytest.raises(UpstreamError) as failed:
+        await run(pipeline, "r5")
+    assert failed.value.status == 503 and "stopped responding" in str(failed.value)
+    assert time.monotonic() - started < 2.0  # one heartbeat interval, not the deadline
 
 
 def test_decode_waits_for_no_more_blocks_than_prefill_sent():

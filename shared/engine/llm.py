@@ -13,15 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.config import ClusterConfig
+from shared.engine.spin import SPIN_ENV
+from shared.instance import EngineLoad
 from shared.messages import FinishReason, Sampling
-
-
-@dataclass
-class EngineLoad:
-    """The engine scheduler's latest view of itself, for heartbeats."""
-
-    num_waiting: int = 0
-    kv_usage: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -34,8 +28,6 @@ class Step:
     kv_transfer_params: dict[str, Any] | None = None  # the connector's word on a finished request
 
 
-SPIN_ENV = "YUEBING_ENGINE_SPIN_S"
-IDLE_POLL_MS = 2  # how often a sleeping vLLM queue reader rechecks (limit_idle_spin)
 
 
 def engine_environment(config: ClusterConfig) -> dict[str, str]:
@@ -56,12 +48,12 @@ def engine_environment(config: ClusterConfig) -> dict[str, str]:
 
 
 def kv_transfer_config(config: ClusterConfig, node: str):  # -> vllm KVTransferConfig
-    """The Yuebing connector (shared/kv_connector.py), talking to `node`'s messenger."""
+    """The Yuebing connector (shared/kv/connector.py), talking to `node`'s messenger."""
     from vllm.config import KVTransferConfig
 
     return KVTransferConfig(
         kv_connector="YuebingConnector",
-        kv_connector_module_path="shared.kv_connector",
+        kv_connector_module_path="shared.kv.connector",
         kv_role="kv_both",
         # A block that fails to load is computed instead of failing the request.
         kv_load_failure_policy="recompute",
@@ -73,46 +65,6 @@ def kv_transfer_config(config: ClusterConfig, node: str):  # -> vllm KVTransferC
             "model": config.served_model_name,
         },
     )
-
-
-def limit_idle_spin() -> None:
-    """vLLM's engine and worker processes hand each other work through shared-memory
-    queues whose readers busy-wait (sched_yield) for a hard-coded 1 s after every
-    message. Where engines share cores that steals the CPU from whichever engine has
-    work: with three engines on two cores, idle workers took 30-95 % of a core each
-    and a 2,048-token prefill took up to 1 s instead of 140 ms. A short spin keeps
-    back-to-back steps fast and lets idle engines sleep.
-
-    A sleeping reader then relies on a ZeroMQ notification that vLLM sends through a
-    PUB socket with a high-water mark of 1, and some are dropped: the reader slept
-    until its 5 s recheck (measured: a 5,010 ms gap in a decode stream, right as
-    another request finished). Under the stock 1 s spin that drop almost never
-    matters; under a short spin it would happen on every idle gap, so a sleeping
-    reader also rechecks the queue every IDLE_POLL_MS.
-
-    vLLM spawns its processes, so this runs in each of them: it is a vLLM "general
-    plugin" (pyproject.toml), which vLLM loads in its engine and worker processes,
-    and it takes the limit from the environment they inherit (engine_environment).
-    Any vLLM started from this environment gets it, the baselines the benchmarks
-    compare against included, so comparisons are engine against the same engine."""
-    value = os.environ.get(SPIN_ENV)
-    if value is None:
-        return
-    seconds = float(value)
-    from vllm.distributed.device_communicators import shm_broadcast
-
-    condition = shm_broadcast.SpinCondition
-    if getattr(condition.wait, "yuebing_limit", None) == seconds:
-        return
-    original = getattr(condition.wait, "__wrapped__", condition.wait)
-
-    def wait(self, timeout_ms: int | None = None) -> None:
-        self.busy_loop_s = min(self.busy_loop_s, seconds)
-        original(self, IDLE_POLL_MS if timeout_ms is None else min(timeout_ms, IDLE_POLL_MS))
-
-    wait.__wrapped__ = original  # type: ignore[attr-defined]
-    wait.yuebing_limit = seconds  # type: ignore[attr-defined]
-    condition.wait = wait
 
 
 def build_engine(config: ClusterConfig, node: str | None = None) -> tuple[Any, EngineLoad]:  # (vllm AsyncLLM, its live load)
@@ -183,7 +135,7 @@ async def generate(
     kv_transfer_params: dict[str, Any] | None = None,
 ) -> AsyncIterator[Step]:
     """Run one request; cancelling the consumer aborts it inside the engine.
-    `kv_transfer_params` is what the Yuebing connector reads (see shared/kv_connector.py)."""
+    `kv_transfer_params` is what the Yuebing connector reads (see shared/kv/connector.py)."""
     params = sampling_params(sampling, max_tokens, kv_transfer_params)
     prompt = {"prompt_token_ids": prompt_token_ids}
     async for out in engine.generate(prompt, params, request_id):

@@ -1,11 +1,11 @@
-"""The cap on vLLM's idle busy-wait (shared/engine.py limit_idle_spin)."""
+"""The cap on vLLM's idle busy-wait (shared/engine/spin.py)."""
 
 import time
 
 import pytest
 import zmq
 
-from shared.engine import SPIN_ENV, limit_idle_spin
+from shared.engine.spin import SPIN_ENV, limit_idle_spin
 
 
 def test_a_sleeping_queue_reader_rechecks_without_a_notification(monkeypatch):

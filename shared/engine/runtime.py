@@ -1,0 +1,63 @@
+"""The one runtime of an engine instance, prefill or decode: build the engine,
+connect to NATS, announce the instance with heartbeats, hand each request of the
+role's subject to the role's handler, and shut down in order on `stop`.
+
+A role is a handler class (services/prefill/handler.py, services/decode/handler.py)
+that says which subject and message it serves; everything else is the same."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any, ClassVar, Protocol
+
+import structlog
+from nats.aio.msg import Msg
+
+from shared import bus
+from shared.config import ClusterConfig
+from shared.instance import Instance
+from shared.messages import Role
+from shared.service import Main
+
+log = structlog.get_logger(__name__)
+
+
+class Handler(Protocol):
+    """One role's request handler; built once the engine and the instance exist."""
+
+    ROLE: ClassVar[Role]
+    REQUEST: ClassVar[type[bus.Message]]
+
+    @staticmethod
+    def subject(instance_id: str) -> str: ...
+
+    def __init__(self, instance: Instance, engine: Any) -> None: ...
+
+    async def on_request(self, request: Any, msg: Msg) -> None: ...
+
+
+def serving(handler: type[Handler]) -> Main:
+    """The service main of an engine instance whose requests `handler` serves."""
+
+    async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
+        await serve(handler, config, args.instance_id, args.node, stop)
+
+    return main
+
+
+async def serve(handler: type[Handler], config: ClusterConfig, instance_id: str, node: str, stop: asyncio.Event) -> None:
+    """Run an engine instance until `stop`: engine, NATS, handler, heartbeats."""
+    from shared.engine.llm import build_engine  # vLLM is heavy; only engine services pay for it
+
+    engine, load = build_engine(config, node)
+    nc = await bus.connect(config.nats_url, name=instance_id)
+    instance = Instance(handler.ROLE, instance_id, node, config, nc, load)
+    await bus.subscribe(nc, handler.subject(instance_id), handler.REQUEST, handler(instance, engine).on_request)
+    await instance.start()
+    log.info(f"{handler.ROLE} ready", model=config.model, node=node)
+    await stop.wait()
+    log.info(f"{handler.ROLE} stopping", in_flight=len(instance.requests))
+    await instance.close()
+    await bus.close(nc)
+    engine.shutdown()
