@@ -222,62 +222,79 @@ def parser() -> argparse.ArgumentParser:
     return service.parser("conductor", instance=False)
 
 
-async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
-    conductor = Conductor(config)
-    nc = await bus.connect(config.nats_url, name="conductor")
+class Wiring:
+    """The Conductor on NATS: each subject's handler calls into `Conductor` with the
+    wall clock; the snapshot requests it starts are its tasks, cancelled on close."""
 
-    snapshots: set[asyncio.Task[None]] = set()
+    def __init__(self, conductor: Conductor, nc: Any) -> None:
+        self.conductor = conductor
+        self.nc = nc
+        self.snapshots: set[asyncio.Task[None]] = set()
 
-    async def fetch_snapshot(node: str) -> None:
+    async def start(self) -> None:
+        await bus.subscribe(self.nc, HEARTBEAT, Heartbeat, self.on_heartbeat)
+        self.conductor.listening(time.monotonic())
+        await bus.subscribe(self.nc, REQUEST_UPDATES, RequestUpdate, self.on_update)
+        await bus.subscribe(self.nc, KV_EVENTS, KvEvent, self.on_kv_event)
+        await self.nc.subscribe(CONDUCTOR_STATS, cb=self.on_stats)
+        await bus.subscribe(self.nc, SCHEDULE, ScheduleRequest, self.on_schedule, queue=CONDUCTOR_QUEUE)
+
+    async def close(self) -> None:
+        for task in self.snapshots:
+            task.cancel()
+        await asyncio.gather(*self.snapshots, return_exceptions=True)
+
+    async def fetch_snapshot(self, node: str) -> None:
         """A messenger we have not heard from: take its whole pool as the truth."""
         ask = MessengerCommand(op="snapshot")
         for attempt in range(3):
             try:
-                conductor.on_snapshot(await bus.request(nc, messenger_subject(node), ask, KvSnapshot, timeout=2.0))
+                snapshot = await bus.request(self.nc, messenger_subject(node), ask, KvSnapshot, timeout=2.0)
+                self.conductor.on_snapshot(snapshot)
                 return
             except (TimeoutError, MessageError) as e:
                 log.warning("pool snapshot failed", node=node, attempt=attempt, error=str(e))
 
-    async def on_heartbeat(hb: Heartbeat, _msg: Any) -> None:
-        if conductor.on_heartbeat(hb, time.monotonic()):
-            task = asyncio.create_task(fetch_snapshot(hb.node), name=f"snapshot-{hb.node}")
-            snapshots.add(task)
-            task.add_done_callback(snapshots.discard)
+    async def on_heartbeat(self, hb: Heartbeat, _msg: Any) -> None:
+        if self.conductor.on_heartbeat(hb, time.monotonic()):
+            task = asyncio.create_task(self.fetch_snapshot(hb.node), name=f"snapshot-{hb.node}")
+            self.snapshots.add(task)
+            task.add_done_callback(self.snapshots.discard)
 
-    async def on_kv_event(event: KvEvent, _msg: Any) -> None:
-        conductor.on_kv_event(event)
+    async def on_kv_event(self, event: KvEvent, _msg: Any) -> None:
+        self.conductor.on_kv_event(event)
 
-    async def on_stats(msg: Msg) -> None:
-        await msg.respond(encode(conductor.stats()))
+    async def on_stats(self, msg: Msg) -> None:
+        await msg.respond(encode(self.conductor.stats()))
 
-    async def on_update(update: RequestUpdate, _msg: Any) -> None:
-        conductor.on_update(update, time.monotonic())
+    async def on_update(self, update: RequestUpdate, _msg: Any) -> None:
+        self.conductor.on_update(update, time.monotonic())
 
-    async def on_schedule(ask: ScheduleRequest, msg: Msg) -> None:
-        while conductor.hearing_instances(time.monotonic()):
+    async def on_schedule(self, ask: ScheduleRequest, msg: Msg) -> None:
+        while self.conductor.hearing_instances(time.monotonic()):
             await asyncio.sleep(HEARING_POLL_S)
-        reply = conductor.schedule(ask, time.monotonic())
+        reply = self.conductor.schedule(ask, time.monotonic())
+        placement = reply.placement
         log.info(
             "scheduled" if reply.accepted else "rejected",
             request_id=ask.request_id,
-            prefill=reply.placement.prefill_id if reply.placement else None,
-            decode=reply.placement.decode_id if reply.placement else None,
+            prefill=placement.prefill_id if placement else None,
+            decode=placement.decode_id if placement else None,
             ttft_ms=round(reply.predicted_ttft_ms, 1),
-            pull_from=reply.placement.pull_from or None if reply.placement else None,
+            pull_from=(placement.pull_from or None) if placement else None,
             reason=reply.reason or None,
             prompt_len=ask.prompt_len,
         )
         await msg.respond(encode(reply))
 
-    await bus.subscribe(nc, HEARTBEAT, Heartbeat, on_heartbeat)
-    conductor.listening(time.monotonic())
-    await bus.subscribe(nc, REQUEST_UPDATES, RequestUpdate, on_update)
-    await bus.subscribe(nc, KV_EVENTS, KvEvent, on_kv_event)
-    await nc.subscribe(CONDUCTOR_STATS, cb=on_stats)
-    await bus.subscribe(nc, SCHEDULE, ScheduleRequest, on_schedule, queue=CONDUCTOR_QUEUE)
+
+async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
+    conductor = Conductor(config)
+    nc = await bus.connect(config.nats_url, name="conductor")
+    wiring = Wiring(conductor, nc)
+    await wiring.start()
     log.info("conductor ready", policy=config.policy, admission=config.admission, profile=str(profile_path(config)))
     await stop.wait()
     log.info("conductor stopping", **conductor.counts)
-    for task in snapshots:
-        task.cancel()
+    await wiring.close()
     await bus.close(nc)

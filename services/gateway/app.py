@@ -25,7 +25,7 @@ from services.gateway.text import TextStream, Tokenizer
 from shared import bus, service
 from shared.config import ClusterConfig
 from shared.liveness import Registry
-from shared.messages import HEARTBEAT, Heartbeat, Sampling
+from shared.messages import HEARTBEAT, Heartbeat, Sampling, TokenChunk
 
 log = structlog.get_logger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -176,19 +176,12 @@ class Gateway:
 
     async def _events(self, p: Prepared, text: TextStream, report: Report) -> Any:
         """The pipeline's token chunks as (text delta, finish reason), with metrics."""
-        start = time.monotonic()
+        timing = Timing(time.monotonic())
         deadline = time.time() + self.config.request_timeout_s
-        first_at = last_at = 0.0
         try:
             chunks = self.pipeline.run(p.request_id, p.prompt, self._sampling(p), deadline, p.slo, report)
             async for chunk in chunks:
-                last_at = time.monotonic()
-                if not first_at:
-                    first_at = last_at
-                    self.metrics.ttft.observe(first_at - start)
-                    self.metrics.cached_tokens.inc(report.cached_tokens)
-                if chunk.kv_loaded_tokens:  # only decode's first chunk carries it
-                    self.metrics.kv_loaded_tokens.inc(chunk.kv_loaded_tokens)
+                self._observe(chunk, report, timing)
                 delta = text.push(chunk.token_ids)
                 finish = "stop" if text.stopped else chunk.finish_reason
                 if finish is not None:
@@ -197,19 +190,25 @@ class Gateway:
                 if finish is not None:
                     await chunks.aclose()  # a stop string ends it early: cancels the rest
                     break
-        except Rejected as e:
-            retry = {"Retry-After": str(max(1, round(e.reply.retry_after_s)))}
-            if e.reply.rejection == "overloaded":
-                raise ApiError(429, f"cluster overloaded: {e.reply.reason}", "rate_limit_error", code="overloaded", headers=retry) from e
-            raise ApiError(503, f"cluster unavailable: {e.reply.reason}", "server_error", code="unavailable", headers=retry) from e
-        except UpstreamError as e:
-            log.warning("request failed", status=e.status, error=str(e))
-            raise ApiError(e.status, str(e), type="server_error" if e.status >= 500 else "invalid_request_error") from e
+        except (Rejected, UpstreamError) as e:
+            raise api_error(e) from e
         finally:
-            self.metrics.e2e.observe(time.monotonic() - start)
-        n = len(text.token_ids)
-        ttft_ms = (first_at - start) * 1e3
-        tbt_ms = (last_at - first_at) * 1e3 / (n - 1) if n > 1 else 0.0
+            self.metrics.e2e.observe(time.monotonic() - timing.start)
+        self._done(p, len(text.token_ids), timing)
+
+    def _observe(self, chunk: TokenChunk, report: Report, timing: Timing) -> None:
+        timing.last_at = time.monotonic()
+        if not timing.first_at:
+            timing.first_at = timing.last_at
+            self.metrics.ttft.observe(timing.first_at - timing.start)
+            self.metrics.cached_tokens.inc(report.cached_tokens)
+        if chunk.kv_loaded_tokens:  # only decode's first chunk carries it
+            self.metrics.kv_loaded_tokens.inc(chunk.kv_loaded_tokens)
+
+    def _done(self, p: Prepared, n: int, timing: Timing) -> None:
+        """A served request's SLO verdict, log line and token counts."""
+        ttft_ms = (timing.first_at - timing.start) * 1e3
+        tbt_ms = (timing.last_at - timing.first_at) * 1e3 / (n - 1) if n > 1 else 0.0
         slo_ttft, slo_tbt = p.slo.ttft_ms or self.config.slo_ttft_ms, p.slo.tbt_ms or self.config.slo_tbt_ms
         verdict = "missed_ttft" if ttft_ms > slo_ttft else "missed_tbt" if tbt_ms > slo_tbt else "met"
         self.metrics.slo.labels(verdict).inc()
@@ -250,22 +249,13 @@ class Gateway:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": p.request_id}
         )
         await response.prepare(request)
-        sent_tokens = 0
         try:
             if p.kind == "chat":
                 await self._send(response, p, {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
-            pending = [first] if first is not None else []
-            async for item in _chain(pending, events):
-                delta, finish = item
-                choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
-                if p.kind == "chat":
-                    choice["delta"] = {"content": delta} if delta else {}
-                else:
-                    choice["text"] = delta
-                    choice["logprobs"] = None
-                if p.options.return_token_ids:
-                    choice["token_ids"] = text.token_ids[sent_tokens:]
-                    sent_tokens = len(text.token_ids)
+            sent_tokens = 0
+            async for delta, finish in _chain([first] if first is not None else [], events):
+                choice = self._stream_choice(p, delta, finish, text.token_ids[sent_tokens:])
+                sent_tokens = len(text.token_ids)
                 if delta or finish or p.options.return_token_ids:
                     await self._send(response, p, choice)
         except ApiError as e:
@@ -285,6 +275,18 @@ class Gateway:
         await response.write_eof()
         return response
 
+    @staticmethod
+    def _stream_choice(p: Prepared, delta: str, finish: str | None, new_tokens: list[int]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if p.kind == "chat":
+            choice["delta"] = {"content": delta} if delta else {}
+        else:
+            choice["text"] = delta
+            choice["logprobs"] = None
+        if p.options.return_token_ids:
+            choice["token_ids"] = new_tokens
+        return choice
+
     async def _send(self, response: web.StreamResponse, p: Prepared, choice: dict[str, Any]) -> None:
         body = {**self._envelope(p, chunk=True), "choices": [choice]}
         await response.write(b"data: " + orjson.dumps(body) + b"\n\n")
@@ -295,6 +297,26 @@ class Gateway:
         else:
             obj, prefix = "text_completion", "cmpl-"
         return {"id": prefix + p.request_id, "object": obj, "created": int(time.time()), "model": self.config.served_model_name}
+
+
+@dataclass
+class Timing:
+    """When a request started and its first and latest tokens came (monotonic)."""
+
+    start: float
+    first_at: float = 0.0
+    last_at: float = 0.0
+
+
+def api_error(e: Rejected | UpstreamError) -> ApiError:
+    """What the client sees when the cluster turns a request away or fails it."""
+    if isinstance(e, UpstreamError):
+        log.warning("request failed", status=e.status, error=str(e))
+        return ApiError(e.status, str(e), type="server_error" if e.status >= 500 else "invalid_request_error")
+    retry = {"Retry-After": str(max(1, round(e.reply.retry_after_s)))}
+    if e.reply.rejection == "overloaded":
+        return ApiError(429, f"cluster overloaded: {e.reply.reason}", "rate_limit_error", code="overloaded", headers=retry)
+    return ApiError(503, f"cluster unavailable: {e.reply.reason}", "server_error", code="unavailable", headers=retry)
 
 
 def yuebing_field(report: Report, prompt_tokens: int, decoded: bool) -> dict[str, Any]:

@@ -20,11 +20,14 @@ import psutil
 import pytest
 
 from shared.config import ClusterConfig
-from shared.engine import engine_environment
+from shared.engine.llm import engine_environment
 from yuebing.launcher import free_port
 from yuebing.model import default_model_dir
 
 MAX_MODEL_LEN = 1024
+# Pinned on both sides of every greedy comparison: the cluster's default is vLLM's
+# own choice ("auto"), which may differ from what the reference engine picks.
+DTYPE = "float32"
 START_TIMEOUT_S = 420
 
 
@@ -96,6 +99,7 @@ def launch(model_dir: Path, tmp: Path, *flags: str) -> Launch:
         "--model", str(model_dir),
         "--port", str(free_port()),
         "--max-model-len", str(MAX_MODEL_LEN),
+        "--dtype", DTYPE,
         "--request-timeout", "60",
         "--run-dir", str(tmp / "run"),
         "--ready-file", str(tmp / "ready.json"),
@@ -143,7 +147,7 @@ class Reference:
             os.environ.setdefault(key, value)
         from vllm import LLM
 
-        self.llm = LLM(model=str(model_dir), max_model_len=MAX_MODEL_LEN, dtype="float32", enforce_eager=True, seed=0)
+        self.llm = LLM(model=str(model_dir), max_model_len=MAX_MODEL_LEN, dtype=DTYPE, enforce_eager=True, seed=0)
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         from vllm import SamplingParams

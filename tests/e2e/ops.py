@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import nats
 
@@ -15,6 +18,8 @@ from shared.messages import (
     encode,
     messenger_subject,
 )
+
+T = TypeVar("T")
 
 
 def messenger(nats_url: str, node: str, corrupt_next: int | None = None, no_room_next: int = 0) -> MessengerStats:
@@ -42,3 +47,13 @@ def conductor_stats(nats_url: str) -> ConductorStats:
             await nc.close()
 
     return asyncio.run(ask())
+
+
+def eventually(probe: Callable[[], T], accept: Callable[[T], bool], what: str, timeout_s: float = 10.0) -> T:
+    """Ask `probe` until `accept` says yes, or fail after `timeout_s`: counters fed by
+    fire-and-forget messages (request updates, KV events) lag the response a client sees."""
+    deadline = time.monotonic() + timeout_s
+    while not accept(seen := probe()):
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s; last seen: {seen}"
+        time.sleep(0.1)
+    return seen

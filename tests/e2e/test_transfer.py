@@ -48,7 +48,7 @@ def test_decode_loads_prefill_kv_and_matches_plain_vllm(cluster, client, referen
     for p, (tokens, report), expected in zip(prompts, results, want):
         assert tokens == expected, f"prompt of {len(p)} tokens"
         full_blocks = len(p) // BLOCK * BLOCK
-        assert report["prefill_kv_blocks_sent"] == len(p) // BLOCK, report  # the connector's word, through vLLM
+        assert report["kv_blocks"] == len(p) // BLOCK, report  # the connector's word, through vLLM
         assert report["decode_kv_loaded_tokens"] == full_blocks, report
         assert report["decode_computed_prompt_tokens"] <= BLOCK - 1, report
     after = messenger(cluster.nats_url, "node-1")
@@ -94,7 +94,7 @@ def test_decode_does_not_wait_for_blocks_prefills_pool_had_no_room_for(cluster, 
     tokens, report = complete(client, p, request_id)
     assert tokens == reference.greedy([p], MAX_TOKENS)[0]
     assert messenger(cluster.nats_url, "node-0").no_room_pending == 0
-    assert report["prefill_kv_blocks_sent"] == 0, report
+    assert report["kv_blocks"] == 0, report
     assert report["decode_kv_loaded_tokens"] == 0 and report["decode_computed_prompt_tokens"] == len(p)
     # What decode was told to wait for, from its own log of the request.
     (start,) = [line for line in cluster.log("decode-0").splitlines() if '"decode start"' in line and request_id in line]
