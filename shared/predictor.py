@@ -1,8 +1,8 @@
 """Time models fitted from measurement: prefill time of n new tokens over p cached
 ones, decode step time of a batch, and KV transfer time.
 
-A profile is a JSON file of measured rows (the format of `yuebing profile` and of
-`../shared/profiles/`): {"phase": "prefill"|"decode", "n", "p", "batch", "ctx", "ms"}.
+A profile is a JSON file of measured rows (the format `yuebing profile` writes, and
+of the GPU profile shipped in yuebing/lab/data/): {"phase": "prefill"|"decode", "n", "p", "batch", "ctx", "ms"}.
 The models are polynomial regressions over the terms each phase's cost is made of:
   prefill(n, p)   ≈ a + b·n + c·n·p + d·n²      (linear layers + attention over prefix and self)
   step(batch, c)  ≈ a + b·batch + c·batch·ctx  (weights once per step + per-sequence attention)

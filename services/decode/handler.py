@@ -14,6 +14,7 @@ from services.conductor.policy import decode_context, joining_tbt_s, tbt_exceede
 from shared import bus
 from shared.config import profile_path
 from shared.engine.llm import generate
+from shared.engine.runtime import Handler
 from shared.instance import Instance
 from shared.messages import DecodeAccept, DecodeRequest, TokenChunk, decode_subject, encode
 from shared.predictor import load_predictor
@@ -21,14 +22,13 @@ from shared.predictor import load_predictor
 log = structlog.get_logger(__name__)
 
 
-class Decoder:
+class Decoder(Handler):
     ROLE = "decode"
     REQUEST = DecodeRequest
     subject = staticmethod(decode_subject)
 
     def __init__(self, instance: Instance, engine: Any) -> None:
-        self.instance = instance
-        self.engine = engine
+        super().__init__(instance, engine)
         self.predictor = load_predictor(profile_path(instance.config))
         self.context: dict[str, int] = {}  # request id → the context the books count it with
 

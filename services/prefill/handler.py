@@ -12,7 +12,7 @@ from nats.aio.msg import Msg
 
 from shared import bus
 from shared.engine.llm import generate
-from shared.instance import Instance
+from shared.engine.runtime import Handler
 from shared.messages import (
     REQUEST_UPDATES,
     MessageError,
@@ -30,14 +30,10 @@ log = structlog.get_logger(__name__)
 PULL_ASK_TIMEOUT_S = 1.0  # a holder that does not answer this fast is not worth waiting for
 
 
-class Prefiller:
+class Prefiller(Handler):
     ROLE = "prefill"
     REQUEST = PrefillRequest
     subject = staticmethod(prefill_subject)
-
-    def __init__(self, instance: Instance, engine: Any) -> None:
-        self.instance = instance
-        self.engine = engine
 
     async def on_request(self, req: PrefillRequest, msg: Msg) -> None:
         try:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any, ClassVar, Protocol
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import structlog
 from nats.aio.msg import Msg
@@ -23,18 +24,20 @@ from shared.service import Main
 log = structlog.get_logger(__name__)
 
 
-class Handler(Protocol):
-    """One role's request handler; built once the engine and the instance exist."""
+class Handler:
+    """One role's request handler, built once the engine and the instance exist; a
+    role names its subject and message and serves `on_request`."""
 
     ROLE: ClassVar[Role]
     REQUEST: ClassVar[type[bus.Message]]
+    subject: ClassVar[Callable[[str], str]]  # the role's subject, by instance id
 
-    @staticmethod
-    def subject(instance_id: str) -> str: ...
+    def __init__(self, instance: Instance, engine: Any) -> None:
+        self.instance = instance
+        self.engine = engine
 
-    def __init__(self, instance: Instance, engine: Any) -> None: ...
-
-    async def on_request(self, request: Any, msg: Msg) -> None: ...
+    async def on_request(self, request: Any, msg: Msg) -> None:
+        raise NotImplementedError
 
 
 def serving(handler: type[Handler]) -> Main:
