@@ -10,88 +10,113 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 REQUEST_TIMEOUT_S = 300.0  # a request's deadline, from the gateway on (the simulator's clients too)
 
 
 class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    nats_url: str = "nats://127.0.0.1:4222"
-    # Model folder (Hugging Face format) and the name the API serves it under.
-    model: str = ""
-    model_name: str = ""
-    max_model_len: int = 4096
-    dtype: str = "float32"
-    # Tokens per pool block; the unit of block hashes (a multiple of vLLM's block size).
-    block_size: int = 128
-    # KV cache each vLLM CPU engine reserves, GiB, and its compute threads (CPU).
-    kv_cache_gib: int = 1
-    engine_threads: int = 1
-    # Tokens one engine step computes at most (vLLM's max_num_batched_tokens): a long
-    # prompt is prefilled in chunks, and the step that ends one prompt starts the next.
-    step_tokens: int = 2048
-    # How long vLLM's processes busy-wait for the next message (vLLM: 1 s); see
-    # shared/engine.py limit_idle_spin.
-    engine_spin_s: float = 0.002
-    heartbeat_interval_s: float = 0.5
-    # An instance silent for this long is treated as gone.
-    liveness_timeout_s: float = 2.0
-    schedule_timeout_s: float = 2.0
-    request_timeout_s: float = REQUEST_TIMEOUT_S
-    # Scheduling (see services/conductor/policy.py for the names).
-    policy: str = "round_robin"
-    admission: str = "none"
-    # Default SLOs; a request may set its own (x-yuebing-slo-ttft-ms / -tbt-ms headers).
-    slo_ttft_ms: float = 10_000.0
-    slo_tbt_ms: float = 1_000.0
-    # Time-model profile (`yuebing profile`); empty: the one shipped for the default model.
-    profile: str = ""
-    # Predictive admission's t_d: how long a request is assumed to decode.
-    decode_time_s: float = 10.0
-    # Learn t_d from the decodes that complete (decode_time_s is where it starts).
-    learn_decode_time: bool = True
-    # Blocks the Conductor assumes each prefill engine's prefix cache holds.
-    index_capacity_blocks: int = 2048
-    # KV transfer. kv_dir: where each node's messenger puts its pool file and local
-    # sockets (shared memory; empty: /dev/shm/yuebing-<uid>); pool_bytes: each node
-    # pool's size; kv_wait_s: how long decode waits for blocks still in transit
-    # before computing them; kv_stream_layers: send each layer as prefill computes
-    # it (False: send a block after its last layer, for comparison).
-    kv_dir: str = ""
-    pool_bytes: int = 512 << 20
-    # Node pools: eviction policy ("lru" or "lfu"), and an optional SSD tier: each
-    # node's messenger keeps up to ssd_bytes of DRAM-evicted blocks in ssd_dir/<node>.
-    eviction: str = "lru"
-    ssd_dir: str = ""
-    ssd_bytes: int = 0
-    kv_wait_s: float = 2.0
-    kv_stream_layers: bool = True
-    # vLLM's own prefix cache in each engine. Off, every reuse goes through the node
-    # pools (what `yuebing bench reuse` measures).
-    engine_prefix_caching: bool = True
-    log_level: str = "info"
+    """Every setting carries its description (`Annotated[T, Meta(description=...)]`):
+    `yuebing up` turns them into its flags and their help (yuebing/flags.py)."""
+
+    nats_url: Annotated[str, Meta(description="NATS server the services talk over")] = "nats://127.0.0.1:4222"
+    model: Annotated[str, Meta(description="model folder (Hugging Face format)")] = ""
+    model_name: Annotated[str, Meta(description="name the API serves the model under (empty: the folder's name)")] = ""
+    max_model_len: Annotated[int, Meta(description="longest prompt plus output, tokens")] = 4096
+    dtype: Annotated[
+        str, Meta(description="vLLM's dtype for weights and KV (auto: its own choice, as plain vLLM)")
+    ] = "auto"
+    block_size: Annotated[
+        int, Meta(description="tokens per pool block, the unit of block hashes (a multiple of vLLM's block size)")
+    ] = 128
+    kv_cache_gib: Annotated[int, Meta(description="KV cache each vLLM CPU engine reserves, GiB")] = 1
+    engine_threads: Annotated[int, Meta(description="compute threads of each vLLM CPU engine")] = 1
+    # A long prompt is prefilled in chunks, and the step that ends one prompt starts the next.
+    step_tokens: Annotated[
+        int, Meta(description="tokens one engine step computes at most (max_num_batched_tokens)")
+    ] = 2048
+    # vLLM's own default is 1 s; see shared/engine.py limit_idle_spin.
+    engine_spin_s: Annotated[
+        float, Meta(description="how long vLLM's processes busy-wait for the next message, s")
+    ] = 0.002
+    heartbeat_interval_s: Annotated[float, Meta(description="seconds between an instance's heartbeats")] = 0.5
+    liveness_timeout_s: Annotated[float, Meta(description="an instance silent this long is treated as gone, s")] = 2.0
+    schedule_timeout_s: Annotated[
+        float, Meta(description="how long the gateway waits for the Conductor's decision, s")
+    ] = 2.0
+    request_timeout_s: Annotated[
+        float, Meta(description="a request's deadline from the gateway on, s")
+    ] = REQUEST_TIMEOUT_S
+    # The names are services/conductor/policy.py's.
+    policy: Annotated[str, Meta(description="prefill scheduling policy")] = "round_robin"
+    admission: Annotated[str, Meta(description="early rejection mode")] = "none"
+    # A request may set its own (x-yuebing-slo-ttft-ms / -tbt-ms headers).
+    slo_ttft_ms: Annotated[float, Meta(description="default TTFT SLO, ms")] = 10_000.0
+    slo_tbt_ms: Annotated[float, Meta(description="default TBT SLO, ms")] = 1_000.0
+    profile: Annotated[
+        str, Meta(description="time-model profile from `yuebing profile` (empty: the shipped one)")
+    ] = ""
+    decode_time_s: Annotated[
+        float, Meta(description="predictive admission's t_d: how long a request is assumed to decode, s")
+    ] = 10.0
+    learn_decode_time: Annotated[
+        bool, Meta(description="learn t_d from the decodes that complete, starting at decode_time_s")
+    ] = True
+    index_capacity_blocks: Annotated[
+        int, Meta(description="blocks the Conductor assumes each prefill engine's prefix cache holds")
+    ] = 2048
+    # KV transfer: shared memory on each node, ZeroMQ between nodes.
+    kv_dir: Annotated[
+        str, Meta(description="where each node's messenger puts its pool file and sockets (empty: under /dev/shm)")
+    ] = ""
+    pool_bytes: Annotated[int, Meta(description="each node's KV block pool, bytes")] = 512 << 20
+    eviction: Annotated[str, Meta(description="node pools' eviction policy: lru or lfu")] = "lru"
+    ssd_dir: Annotated[
+        str, Meta(description="SSD tier: each node keeps DRAM-evicted blocks in DIR/<node> (empty: none)")
+    ] = ""
+    ssd_bytes: Annotated[int, Meta(description="SSD tier size per node, bytes")] = 0
+    kv_wait_s: Annotated[
+        float, Meta(description="how long decode waits for blocks still in transit before computing them, s")
+    ] = 2.0
+    # False is there for comparison (`yuebing bench ttft`).
+    kv_stream_layers: Annotated[
+        bool, Meta(description="send each layer as prefill computes it (off: send a block after its last layer)")
+    ] = True
+    # Off, every reuse goes through the node pools (what `yuebing bench reuse` measures).
+    engine_prefix_caching: Annotated[bool, Meta(description="vLLM's own prefix cache in each engine")] = True
+    log_level: Annotated[str, Meta(description="log level of every service")] = "info"
 
     def __post_init__(self) -> None:
+        self._check_sizes()
+        self._check_times()
+
+    def _check_sizes(self) -> None:
         if self.block_size <= 0 or self.block_size % 16:
             raise ValueError(f"block_size must be a positive multiple of 16, got {self.block_size}")
         if self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.step_tokens < self.block_size:
             raise ValueError(f"step_tokens must hold at least one block ({self.block_size}), got {self.step_tokens}")
+        if self.index_capacity_blocks <= 0:
+            raise ValueError("index_capacity_blocks must be positive")
+        if self.pool_bytes <= 0 or self.ssd_bytes < 0:
+            raise ValueError("pool_bytes must be positive, ssd_bytes not negative")
+        if self.eviction not in ("lru", "lfu"):
+            raise ValueError(f"eviction must be lru or lfu, got {self.eviction!r}")
+
+    def _check_times(self) -> None:
         if self.heartbeat_interval_s <= 0 or self.liveness_timeout_s <= self.heartbeat_interval_s:
             raise ValueError("liveness_timeout_s must exceed heartbeat_interval_s > 0")
         if self.request_timeout_s <= 0 or self.schedule_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
         if self.slo_ttft_ms <= 0 or self.slo_tbt_ms <= 0 or self.decode_time_s <= 0:
             raise ValueError("SLOs and decode_time_s must be positive")
-        if self.index_capacity_blocks <= 0:
-            raise ValueError("index_capacity_blocks must be positive")
-        if self.pool_bytes <= 0 or self.kv_wait_s < 0 or self.ssd_bytes < 0:
-            raise ValueError("pool_bytes must be positive, kv_wait_s and ssd_bytes not negative")
-        if self.eviction not in ("lru", "lfu"):
-            raise ValueError(f"eviction must be lru or lfu, got {self.eviction!r}")
+        if self.kv_wait_s < 0:
+            raise ValueError("kv_wait_s must not be negative")
 
     @property
     def served_model_name(self) -> str:

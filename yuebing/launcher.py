@@ -3,47 +3,55 @@
 Starts nats-server and every service with one shared config file, waits until the
 gateway sees every instance alive, and supervises: a child that dies is reported
 with its exit status and the tail of its log; Ctrl-C (or SIGTERM) stops them all.
-Each child runs in its own process group and gets SIGTERM if the launcher itself
-dies (PR_SET_PDEATHSIG), so nothing is left behind.
+Children start and stop through yuebing/process.py: each in its own process group,
+sent SIGTERM if the launcher itself dies, so nothing is left behind. `up_process`
+runs `yuebing up` itself as a child, for the live benchmarks.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
 
 from shared.config import ClusterConfig, save_config
-from shared.engine import engine_environment
+from shared.engine.llm import engine_environment
+from yuebing import process
+from yuebing.process import free_port
 
-PR_SET_PDEATHSIG = 1
 MAX_RESTARTS = 5  # per child that is restarted at all
 
 
 @dataclass(frozen=True)
 class UpOptions:
+    """How `yuebing up` lays the cluster out; each field is also its flag (yuebing/flags.py)."""
+
     config: ClusterConfig
-    prefill: int = 1
-    decode: int = 1
-    nodes: int = 1
-    host: str = "127.0.0.1"
-    port: int = 8000
-    nats_port: int = 0  # 0: a free port
-    api_key: str | None = None
-    run_dir: Path | None = None
-    ready_file: Path | None = None
-    start_timeout_s: float = 600.0
+    prefill: Annotated[int, Meta(description="prefill instances")] = 1
+    decode: Annotated[int, Meta(description="decode instances")] = 1
+    nodes: Annotated[int, Meta(description="nodes (one messenger each)")] = 1
+    host: Annotated[str, Meta(description="address the API listens on")] = "127.0.0.1"
+    port: Annotated[int, Meta(description="port the API listens on")] = 8000
+    nats_port: Annotated[int, Meta(description="nats-server's port (0: a free one)")] = 0
+    api_key: Annotated[str | None, Meta(description="key clients must send as a bearer token (none: open)")] = None
+    run_dir: Annotated[Path | None, Meta(description="where logs and the config go (none: a new temp dir)")] = None
+    ready_file: Annotated[Path | None, Meta(description="write a JSON with the URL and pids here once ready")] = None
+    start_timeout_s: Annotated[float, Meta(description="give up if not ready after this many seconds")] = 600.0
 
     def __post_init__(self) -> None:
         if self.prefill < 1 or self.decode < 1 or self.nodes < 1:
@@ -60,35 +68,6 @@ class Child:
     process: subprocess.Popen[bytes] | None = None
     reported: bool = False
     restarts: int = 0
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: process groups still cover an orderly stop
-        pass
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def tail(path: Path, lines: int = 8) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 @dataclass
@@ -118,8 +97,8 @@ class Cluster:
         for n in range(o.nodes):
             port = free_port()
             self.metrics[f"messenger-{n}"] = f"http://127.0.0.1:{port}/metrics"
-            argv = [*py, "services.messenger", *cfg, "--instance-id", f"messenger-{n}", "--node", f"node-{n}", "--metrics-port", str(port)]
-            add(f"messenger-{n}", argv, False)
+            ids = ["--instance-id", f"messenger-{n}", "--node", f"node-{n}", "--metrics-port", str(port)]
+            add(f"messenger-{n}", [*py, "services.messenger", *cfg, *ids], False)
         # The Conductor rebuilds its view from heartbeats and the messengers' snapshots,
         # so a dead one is simply started again.
         add("conductor", [*py, "services.conductor", *cfg], False, restart=True)
@@ -134,51 +113,55 @@ class Cluster:
         add("gateway", gw, True)
 
     def start(self) -> float:
+        """Start every child and wait until the gateway sees every instance; the seconds it took."""
         o = self.options
         started = time.monotonic()
         run_dir = o.run_dir or Path(tempfile.mkdtemp(prefix="yuebing-"))
         run_dir.mkdir(parents=True, exist_ok=True)
         nats_port = o.nats_port or free_port()
-        config = o.config
+        config = self.config(run_dir, nats_port)
+        config_path = run_dir / "cluster.json"
+        save_config(config, config_path)
+        self.plan(run_dir, config_path, nats_port)
+        self.env = {**os.environ, **engine_environment(config), "PYTHONUNBUFFERED": "1"}
+        if o.api_key:
+            self.env["YUEBING_API_KEY"] = o.api_key
+        say(f"starting {len(self.children)} processes; logs in {run_dir}")
+        for child in self.children:
+            self.launch(child)
+            if child.name == "nats":
+                process.wait_for_port(nats_port, timeout_s=10)
+        self.wait_ready(started)
+        elapsed = time.monotonic() - started
+        if o.ready_file:  # written whole and renamed: a reader never sees half of it
+            part = o.ready_file.with_name(o.ready_file.name + ".part")
+            part.write_text(json.dumps(self.ready_state(config, run_dir, elapsed), indent=2))
+            part.replace(o.ready_file)
+        return elapsed
+
+    def config(self, run_dir: Path, nats_port: int) -> ClusterConfig:
+        """The options' config with this run's NATS address and KV folder."""
+        config = self.options.config
         # Each cluster gets its own pool files and node sockets, so two clusters on one
         # machine (tests do this) never share a node.
         shm = Path("/dev/shm")
         kv_dir = config.kv_dir or tempfile.mkdtemp(prefix="yuebing-kv-", dir=shm if shm.is_dir() else run_dir)
         self.kv_dir = Path(kv_dir)
-        fields = {f: getattr(config, f) for f in config.__struct_fields__}
-        config = ClusterConfig(**{**fields, "nats_url": f"nats://127.0.0.1:{nats_port}", "kv_dir": kv_dir})
-        config_path = run_dir / "cluster.json"
-        save_config(config, config_path)
-        self.plan(run_dir, config_path, nats_port)
-        env = {**os.environ, **engine_environment(config), "PYTHONUNBUFFERED": "1"}
-        if o.api_key:
-            env["YUEBING_API_KEY"] = o.api_key
-        say(f"starting {len(self.children)} processes; logs in {run_dir}")
-        self.env = env
-        for child in self.children:
-            self.launch(child)
-            if child.name == "nats":
-                wait_for_port(nats_port, timeout=10)
-        self.wait_ready(started)
-        elapsed = time.monotonic() - started
-        if o.ready_file:
-            state = {
-                "url": self.url,
-                "nats_url": config.nats_url,
-                "run_dir": str(run_dir),
-                "pids": {c.name: c.process.pid for c in self.children if c.process},
-                "startup_s": elapsed,
-                "metrics": {"gateway": f"{self.url}/metrics", **self.metrics},
-            }
-            o.ready_file.write_text(json.dumps(state, indent=2))
-        return elapsed
+        return msgspec.structs.replace(config, nats_url=f"nats://127.0.0.1:{nats_port}", kv_dir=kv_dir)
+
+    def ready_state(self, config: ClusterConfig, run_dir: Path, elapsed: float) -> dict:
+        """What the ready file says (tests/e2e and the live benchmarks read it)."""
+        return {
+            "url": self.url,
+            "nats_url": config.nats_url,
+            "run_dir": str(run_dir),
+            "pids": {c.name: c.process.pid for c in self.children if c.process},
+            "startup_s": elapsed,
+            "metrics": {"gateway": f"{self.url}/metrics", **self.metrics},
+        }
 
     def launch(self, child: Child) -> None:
-        log_file = open(child.log_path, "ab")  # noqa: SIM115 - handed to the child
-        child.process = subprocess.Popen(
-            child.argv, stdout=log_file, stderr=subprocess.STDOUT, env=self.env, start_new_session=True, preexec_fn=_die_with_parent
-        )
-        log_file.close()
+        child.process = process.spawn(child.argv, child.log_path, self.env or None)
 
     def expected_instances(self) -> set[str]:
         return {c.name for c in self.children if c.name.split("-")[0] in ("prefill", "decode", "messenger")}
@@ -195,7 +178,8 @@ class Cluster:
             if seen is not None and want <= seen:
                 return
             if time.monotonic() - started > self.options.start_timeout_s:
-                raise RuntimeError(f"not ready after {self.options.start_timeout_s:.0f}s; missing {sorted(want - (seen or set()))}")
+                missing = sorted(want - (seen or set()))
+                raise RuntimeError(f"not ready after {self.options.start_timeout_s:.0f}s; missing {missing}")
             time.sleep(0.5)
 
     def live_instances(self) -> set[str] | None:
@@ -217,19 +201,26 @@ class Cluster:
             if code is None or child.reported or self.stopping:
                 continue
             child.reported = True
-            say(f"{child.name} (pid {child.process.pid}) {describe_exit(code)}; last lines of {child.log_path}:")
-            print(tail(child.log_path), file=sys.stderr, flush=True)
-            if child.restart and not child.critical and child.restarts < MAX_RESTARTS:
-                child.restarts += 1
-                child.reported = False
-                self.launch(child)
-                say(f"{child.name} restarted (pid {child.process.pid}, restart {child.restarts} of {MAX_RESTARTS})")
+            exit_text = process.describe_exit(code)
+            say(f"{child.name} (pid {child.process.pid}) {exit_text}; last lines of {child.log_path}:")
+            print(process.tail(child.log_path), file=sys.stderr, flush=True)
+            if self.restart(child):
                 continue  # back, so not dead: start-up goes on
             dead.append(child.name)
             if child.critical:
                 say(f"{child.name} is required; stopping the cluster")
                 self.stopping = self.failed = True
         return dead
+
+    def restart(self, child: Child) -> bool:
+        """Start a dead child again if it is one that restarts and has restarts left."""
+        if not child.restart or child.critical or child.restarts >= MAX_RESTARTS:
+            return False
+        child.restarts += 1
+        child.reported = False
+        self.launch(child)
+        say(f"{child.name} restarted (pid {child.process.pid}, restart {child.restarts} of {MAX_RESTARTS})")
+        return True
 
     def supervise(self) -> None:
         while not self.stopping:
@@ -239,45 +230,15 @@ class Cluster:
     def stop(self, grace_s: float = 15.0) -> None:
         self.stopping = True
         # Services first (they drain their NATS connections), nats-server last.
-        services = [c for c in self.children if c.name != "nats"]
-        self._stop_group(services, grace_s)
-        self._stop_group([c for c in self.children if c.name == "nats"], grace_s)
+        self._stop([c for c in self.children if c.name != "nats"], grace_s)
+        self._stop([c for c in self.children if c.name == "nats"], grace_s)
         if self.kv_dir is not None and not self.options.config.kv_dir:
             shutil.rmtree(self.kv_dir, ignore_errors=True)
 
-    def _stop_group(self, children: list[Child], grace_s: float) -> None:
-        for child in children:
-            _signal_group(child, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for child in children:
-            if child.process is None:
-                continue
-            try:
-                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                say(f"{child.name} did not stop in {grace_s:.0f}s; killing it")
-            # Kill what is left in the group (e.g. a vLLM engine-core process).
-            _signal_group(child, signal.SIGKILL)
-
-
-def _signal_group(child: Child, sig: signal.Signals) -> None:
-    if child.process is None:
-        return
-    try:
-        os.killpg(child.process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def wait_for_port(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on port {port} after {timeout:.0f}s")
+    def _stop(self, children: list[Child], grace_s: float) -> None:
+        started = {c.process: c for c in children if c.process is not None}
+        for proc in process.stop(list(started), grace_s):
+            say(f"{started[proc].name} did not stop in {grace_s:.0f}s; killed it")
 
 
 def say(text: str) -> None:
@@ -296,10 +257,9 @@ def up(options: UpOptions) -> int:
     try:
         elapsed = cluster.start()
         o = options
-        say(
-            f"ready in {elapsed:.1f}s: OpenAI API at {cluster.url}/v1 "
-            f"({o.prefill} prefill, {o.decode} decode, {o.nodes} node{'s' * (o.nodes > 1)}, model {o.config.served_model_name}); Ctrl-C stops"
-        )
+        layout = f"{o.prefill} prefill, {o.decode} decode, {o.nodes} node{'s' * (o.nodes > 1)}"
+        served = f"{layout}, model {o.config.served_model_name}"
+        say(f"ready in {elapsed:.1f}s: OpenAI API at {cluster.url}/v1 ({served}); Ctrl-C stops")
         cluster.supervise()
         code = 1 if cluster.failed else 0
     except RuntimeError as e:
@@ -310,3 +270,23 @@ def up(options: UpOptions) -> int:
         cluster.stop()
         say("stopped")
     return code
+
+
+@contextmanager
+def up_process(work: Path, name: str, *flags: str, timeout_s: float = 600.0) -> Iterator[str]:
+    """`yuebing up *flags` as a child process, for benchmarks: its log, run folder and
+    ready file under `work`, named after `name`. Yields the API's URL once the cluster
+    is ready, and stops it as Ctrl-C would on leaving."""
+    ready = work / f"{name}.ready.json"
+    argv = [sys.executable, "-m", "yuebing", "up", "--port", str(free_port()), "--run-dir", str(work / name),
+            "--ready-file", str(ready), *flags]
+    log = work / f"{name}.log"
+    proc = process.spawn(argv, log, {**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        yield process.wait_until(lambda: _ready_url(ready), proc, timeout_s, f"yuebing up (see {log})")
+    finally:
+        process.stop([proc], grace_s=60.0, sig=signal.SIGINT)
+
+
+def _ready_url(ready: Path) -> str | None:
+    return json.loads(ready.read_text())["url"] if ready.exists() else None

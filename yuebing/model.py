@@ -15,6 +15,9 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from msgspec import Meta
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -51,14 +54,16 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class ModelSpec:
-    layers: int = 4
-    hidden: int = 256
-    heads: int = 4
-    kv_heads: int = 2
-    intermediate: int = 688
-    max_position: int = 4096
-    seed: int = 0
-    dtype: str = "float32"
+    """The model's shape; each field is also a flag of `yuebing model init`."""
+
+    layers: Annotated[int, Meta(description="decoder layers")] = 4
+    hidden: Annotated[int, Meta(description="hidden size")] = 256
+    heads: Annotated[int, Meta(description="attention heads")] = 4
+    kv_heads: Annotated[int, Meta(description="key/value heads (grouped-query attention)")] = 2
+    intermediate: Annotated[int, Meta(description="MLP intermediate size")] = 688
+    max_position: Annotated[int, Meta(description="longest context, tokens")] = 4096
+    seed: Annotated[int, Meta(description="seed of the random weights")] = 0
+    dtype: Annotated[str, Meta(description="dtype of the weights")] = "float32"
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "intermediate", "max_position"):

@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from shared.config import ClusterConfig
-from shared.engine import engine_environment
+from shared.engine.llm import engine_environment
 from shared.predictor import Predictor, Row, fit, mape
+from yuebing.progress import progress
 
 
 @dataclass(frozen=True)
@@ -88,14 +89,12 @@ class Engine:
 
 
 def measure(engine: Engine, grid: Grid, model_name: str) -> list[dict]:
-    from tqdm import tqdm
-
     rows = []
     prefill, decode = grid.prefill_points(), grid.decode_points()
     # One untimed pass first: the first run of a new shape pays one-off costs (kernel
     # selection, allocations). Then the minimum of the repeats: on a shared machine
     # noise only ever adds time.
-    with tqdm(total=(len(prefill) + len(decode)) * (grid.repeats + 1), desc="profiling", unit="run") as bar:
+    with progress(total=(len(prefill) + len(decode)) * (grid.repeats + 1), desc="profiling", unit="run") as bar:
 
         def best(measure_once: Callable[[], float]) -> float:
             times = []

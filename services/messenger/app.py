@@ -17,14 +17,14 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.messenger import metrics
-from services.messenger.messenger import Messenger, PoolOptions
+from services.messenger.messenger import Messenger
+from services.messenger.node_pool import PoolOptions
 from services.messenger.pool import EVICTION_POLICIES
 from services.messenger.transport import ZmqTransport
 from shared import bus, service
 from shared.config import ClusterConfig
 from shared.instance import Instance
-from shared.kv_wire import (
-    BlockEvent,
+from shared.kv.wire import (
     Pin,
     Reply,
     control_decoder,
@@ -63,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 class LocalSockets:
-    """The three IPC sockets the node's engines talk to (see shared/kv_wire.py)."""
+    """The three IPC sockets the node's engines talk to (see shared/kv/wire.py)."""
 
     def __init__(self, kv_dir: str, node: str) -> None:
         Path(kv_dir).mkdir(parents=True, exist_ok=True)
@@ -85,8 +85,7 @@ class LocalSockets:
 
 
 class MessengerService:
-    def __init__(self, node: str, messenger: Messenger, sockets: LocalSockets) -> None:
-        self.node = node
+    def __init__(self, messenger: Messenger, sockets: LocalSockets) -> None:
         self.messenger = messenger
         self.sockets = sockets
         self.tasks: list[asyncio.Task[None]] = []
@@ -128,17 +127,16 @@ class MessengerService:
         70B block is tens of MiB, and reading it inline would stall transfers and
         heartbeats. The run's blocks stay pinned for `owner` (the request, whose
         Release frees them; a send, which frees them when done)."""
-        todo = self.messenger.ssd_reads(owner, hashes)
-        for block_hash, _ in todo:
-            self._reading[block_hash] = asyncio.Event()
+        reads = self.messenger.ssd_reads(owner, hashes)
+        for read in reads:
+            self._reading[read.block_hash] = asyncio.Event()
         try:
-            for block_hash, slot in todo:
-                found = await asyncio.to_thread(self.messenger.ssd_load, block_hash, slot)
-                self.messenger.ssd_read_done(block_hash, slot, found)
-                self._reading.pop(block_hash).set()
+            for read in reads:
+                read.finish(await asyncio.to_thread(read.load))
+                self._reading.pop(read.block_hash).set()
         finally:  # cancelled: whoever waits on the rest stops waiting
-            for block_hash, _ in todo:
-                if (done := self._reading.pop(block_hash, None)) is not None:
+            for read in reads:
+                if (done := self._reading.pop(read.block_hash, None)) is not None:
                     done.set()
         # Blocks another pin or send is reading back right now: wait for those reads
         # rather than find the blocks still filling and compute them.
@@ -151,27 +149,24 @@ class MessengerService:
         self.messenger.note(note_decoder.decode(body))
 
     async def _transfer_once(self) -> None:
-        header, payload = await self.messenger.transport.receive()
+        header, payload = await self.messenger.node.transport.receive()
         self.messenger.received(header, payload)
 
     async def _tick_once(self) -> None:
         await asyncio.sleep(TICK_S)
-        self.messenger.events.append(BlockEvent(kind="tick", pool_id=self.messenger.pool_id))
+        self.messenger.node.block_event("tick", self.messenger.pool.pool_id, [])
 
     async def _flush_events(self) -> None:
-        for event in self.messenger.take_events():
+        node = self.messenger.node
+        for event in node.take_events():
             await self.sockets.events.send(control_encoder.encode(event))
         if self.nc is not None:
-            for kv in self.messenger.take_kv_events():
+            for kv in node.take_kv_events():
                 await bus.publish(self.nc, KV_EVENTS, kv)
 
     async def on_heartbeat(self, hb: Heartbeat, _msg: object) -> None:
-        if hb.role != "messenger" or not hb.endpoint or hb.node == self.node:
-            return
-        if self.messenger.peers.get(hb.node) != hb.endpoint:
-            log.info("peer messenger", node=hb.node, endpoint=hb.endpoint)
-            self.messenger.peers[hb.node] = hb.endpoint
-            self.messenger.transport.connect(hb.endpoint)
+        if hb.role == "messenger":
+            self.messenger.node.meet(hb.node, hb.endpoint)
 
     async def on_command(self, cmd: MessengerCommand, msg: Msg) -> None:
         try:
@@ -187,8 +182,8 @@ class MessengerService:
             reply = MessengerAck(ok=True, blocks=self.messenger.send_to(cmd.node, hashes, cmd.skip, owner))
         else:
             if cmd.op == "fault":
-                self.messenger.corrupt_next = max(0, cmd.corrupt_next)
-                self.messenger.no_room_next = max(0, cmd.no_room_next)
+                faults = self.messenger.node.faults
+                faults.corrupt_next, faults.no_room_next = max(0, cmd.corrupt_next), max(0, cmd.no_room_next)
                 log.warning("fault injection armed", corrupt_next=cmd.corrupt_next, no_room_next=cmd.no_room_next)
             reply = self.messenger.stats()
         await self._flush_events()
@@ -215,7 +210,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     transport = ZmqTransport(args.host, args.port, args.advertise_host)
     messenger = Messenger(args.node, config.kv_root, pool_options(config, args), transport)
     sockets = LocalSockets(config.kv_root, args.node)
-    svc = MessengerService(args.node, messenger, sockets)
+    svc = MessengerService(messenger, sockets)
     svc.start()
     if args.metrics_port:
         metrics.serve(messenger.stats, args.metrics_port, args.host)

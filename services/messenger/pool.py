@@ -16,9 +16,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
 
-EVICTION_POLICIES = ("lru", "lfu")
+from shared.kv.wire import NO_ROOM, NOT_NEEDED
 
-from shared.kv_wire import NO_ROOM, NOT_NEEDED
+EVICTION_POLICIES = ("lru", "lfu")
 
 
 class State(enum.Enum):
@@ -67,7 +67,7 @@ class BlockPool:
     def counts(self) -> dict[str, int]:
         filling = sum(1 for s in self.by_hash.values() if s.state is State.FILLING)
         pinned = sum(1 for s in self.slots if s.owners)
-        return {"slots": len(self.slots), "ready": len(self.lru), "filling": filling, "pinned": pinned}
+        return {"pool_slots": len(self.slots), "ready": len(self.lru), "filling": filling, "pinned": pinned}
 
     # --- writers -------------------------------------------------------------------
     def reserve(self, block_hash: bytes, owner: str, now: float) -> tuple[int, Slot | None]:
@@ -118,17 +118,8 @@ class BlockPool:
         self.free.append(index)
 
     # --- readers -------------------------------------------------------------------
-    def pin_ready(self, owner: str, hashes: list[bytes]) -> list[int]:
-        """Pin the leading run of `hashes` that is ready here; returns their slots."""
-        out = []
-        for h in hashes:
-            index = self.pin_one(owner, h)
-            if index is None:
-                break
-            out.append(index)
-        return out
-
     def pin_one(self, owner: str, block_hash: bytes) -> int | None:
+        """Pin a ready block for `owner` (a reader); its slot, or None if it is not ready here."""
         slot = self.by_hash.get(block_hash)
         if slot is None or slot.state is not State.READY:
             return None

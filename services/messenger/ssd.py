@@ -22,7 +22,7 @@ from pathlib import Path
 
 import structlog
 
-from shared.kv_pool import HEADER_BYTES, Geometry, Header, checksum
+from shared.kv.pool_file import HEADER_BYTES, Geometry, Header, checksum
 
 log = structlog.get_logger(__name__)
 SUFFIX = ".blk"

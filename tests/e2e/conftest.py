@@ -21,7 +21,7 @@ import pytest
 
 from shared.config import ClusterConfig
 from shared.engine.llm import engine_environment
-from yuebing.launcher import free_port
+from yuebing.process import free_port
 from yuebing.model import default_model_dir
 
 MAX_MODEL_LEN = 1024

@@ -1,23 +1,37 @@
-"""The messenger's Prometheus page, scraped over HTTP."""
+"""The messenger's Prometheus page follows its stats."""
 
 from __future__ import annotations
 
-import urllib.request
+import msgspec
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from services.messenger.metrics import serve
+from services.messenger.metrics import StatsCollector
 from shared.messages import MessengerStats
-from yuebing.launcher import free_port
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def test_metrics_page_shows_hits_by_tier_traffic_and_occupancy():
-    stats = MessengerStats(node="node-7", pool_slots=10, ready=4, pinned=1, ssd_blocks=3, hits_dram=5, hits_ssd=2,
-                           misses=1, bytes_in=1024, evictions=6)
-    port = free_port()
-    serve(lambda: stats, port)
-    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert 'yuebing_messenger_hits_total{node="node-7",tier="dram"} 5.0' in page
-    assert 'yuebing_messenger_hits_total{node="node-7",tier="ssd"} 2.0' in page
-    assert 'yuebing_messenger_bytes_in_total{node="node-7"} 1024.0' in page
-    assert 'yuebing_messenger_evictions_total{node="node-7"} 6.0' in page
-    assert 'yuebing_messenger_ready{node="node-7"} 4.0' in page
-    assert 'yuebing_messenger_ssd_blocks{node="node-7"} 3.0' in page
+def page(stats: MessengerStats) -> Samples:
+    registry = CollectorRegistry()
+    registry.register(StatsCollector(lambda: stats))
+    text = generate_latest(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_a_scrape_shows_what_changed_and_nothing_else():
+    before = MessengerStats(node="node-7", hits_dram=5, ready=4)
+    after = msgspec.structs.replace(before, bytes_in=1024, hits_ssd=2, ready=3)
+    old, new = page(before), page(after)
+    changed = {key: value for key, value in new.items() if old.get(key) != value}
+    node = ("node", "node-7")
+    assert changed == {
+        ("yuebing_messenger_bytes_in_total", (node,)): 1024,
+        ("yuebing_messenger_hits_total", (node, ("tier", "ssd"))): 2,
+        ("yuebing_messenger_ready", (node,)): 3,
+    }
+
+
+def test_every_sample_names_its_node():
+    assert {dict(labels)["node"] for _, labels in page(MessengerStats(node="n")).keys()} == {"n"}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.messenger.pool import BlockPool, State
-from shared.kv_wire import NO_ROOM, NOT_NEEDED
+from shared.kv.wire import NO_ROOM, NOT_NEEDED
 
 
 def h(i: int) -> bytes:
@@ -24,10 +24,10 @@ def test_a_block_is_visible_only_when_every_layer_arrived():
     assert index >= 0 and slot.state is State.FILLING
     assert pool.layer_arrived(slot, 0, 10, good=True) == "partial"
     assert pool.layer_arrived(slot, 2, 12, good=True) == "partial"
-    assert pool.pin_ready("r", [h(1)]) == [] and pool.ready_hashes() == []
+    assert pool.pin_one("r", h(1)) is None and pool.ready_hashes() == []
     assert pool.layer_arrived(slot, 1, 11, good=True) == "ready"
     assert pool.ready_hashes() == [h(1)]
-    assert pool.pin_ready("r", [h(1)]) == [index]
+    assert pool.pin_one("r", h(1)) == index
 
 
 def test_a_bad_checksum_drops_the_block_and_frees_its_slot():
@@ -51,8 +51,8 @@ def test_pinned_blocks_survive_pressure_and_lru_goes_first():
     for i in (1, 2, 3):
         fill(pool, i)
     pool.unpin("w")
-    pool.pin_ready("reader", [h(1)])  # block 1 pinned (and most recent)
-    pool.pin_ready("toucher", [h(3)])
+    pool.pin_one("reader", h(1))  # block 1 pinned (and most recent)
+    pool.pin_one("toucher", h(3))
     pool.unpin("toucher")  # block 3 touched: block 2 is now least recently used
     index, _ = pool.reserve(h(4), "w", now=0.0)
     assert index >= 0

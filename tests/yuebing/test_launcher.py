@@ -1,5 +1,6 @@
 """`yuebing up`'s supervision of its children, on real (tiny) processes."""
 
+import signal
 import sys
 import time
 
@@ -51,3 +52,27 @@ def test_a_required_child_that_dies_stops_the_cluster(tmp_path):
     c.launch(gateway)
     wait_exit(gateway)
     assert c.check_children() == ["gateway"] and c.failed and c.stopping
+
+
+IGNORES_TERM = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print('up', flush=True); time.sleep(60)"]
+
+
+def test_stop_kills_a_child_that_ignores_sigterm_and_says_so(tmp_path, capsys):
+    c = cluster()
+    child = Child("gateway", IGNORES_TERM, tmp_path / "gateway.log", critical=True)
+    c.children = [child]
+    c.launch(child)
+    deadline = time.monotonic() + 10
+    while "up" not in child.log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.stop(grace_s=0.3)
+    assert child.process.returncode == -signal.SIGKILL
+    assert "gateway did not stop in 0s; killed it" in capsys.readouterr().err
+
+
+def test_the_run_config_has_this_runs_nats_port_and_kv_folder(tmp_path):
+    c = Cluster(UpOptions(config=ClusterConfig(kv_dir=str(tmp_path / "kv"), pool_bytes=64 << 20)))
+    config = c.config(tmp_path, nats_port=4333)
+    assert config.nats_url == "nats://127.0.0.1:4333" and config.kv_dir == str(tmp_path / "kv")
+    assert config.pool_bytes == 64 << 20 and c.kv_dir == tmp_path / "kv"

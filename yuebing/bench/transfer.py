@@ -15,11 +15,10 @@ import asyncio
 import os
 import secrets
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,11 +27,11 @@ import numpy as np
 import zmq
 
 from shared.config import ClusterConfig, save_config
-from shared.kv_client import MessengerClient
-from shared.kv_pool import Geometry, PoolFile, checksum
-from shared.kv_wire import BlockEvent, Hello, Reserve, Written, event_decoder, events_endpoint
+from shared.kv.client import MessengerClient
+from shared.kv.pool_file import Geometry, PoolFile, checksum
+from shared.kv.wire import BlockEvent, Hello, Reserve, Written, event_decoder, events_endpoint
 from shared.messages import MessengerCommand, MessengerStats, decode, encode, messenger_subject
-from yuebing.launcher import free_port, wait_for_port
+from yuebing import process
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ def zmq_gbps(block_bytes: int, count: int) -> float:
     import multiprocessing
 
     mp = multiprocessing.get_context("spawn")
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoint = f"tcp://127.0.0.1:{process.free_port()}"
     ready, done = mp.Event(), mp.Queue()
     receiver = mp.Process(target=_pull, args=(endpoint, count, ready, done), daemon=True)
     receiver.start()
@@ -97,33 +96,26 @@ def zmq_gbps(block_bytes: int, count: int) -> float:
 
 
 @contextmanager
-def two_messengers(work: Path, pool_bytes: int):
+def two_messengers(work: Path, pool_bytes: int) -> Iterator[ClusterConfig]:
     """nats-server and messengers for nodes a and b; yields the config."""
-    nats_port = free_port()
+    nats_port = process.free_port()
     config = ClusterConfig(nats_url=f"nats://127.0.0.1:{nats_port}", kv_dir=str(work / "kv"), pool_bytes=pool_bytes,
                            log_level="warning")
     config_path = work / "cluster.json"
     save_config(config, config_path)
     nats_bin = Path(sys.executable).with_name("nats-server")
-    procs = [subprocess.Popen([str(nats_bin), "-a", "127.0.0.1", "-p", str(nats_port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)]
+    nats = process.spawn([str(nats_bin), "-a", "127.0.0.1", "-p", str(nats_port)], work / "nats.log")
+    messengers = []
     try:
-        wait_for_port(nats_port, timeout=10)
+        process.wait_for_port(nats_port, timeout_s=10)
         for node in ("a", "b"):
             argv = [sys.executable, "-m", "services.messenger", "--config", str(config_path),
                     "--instance-id", f"messenger-{node}", "--node", node]
-            log = open(work / f"messenger-{node}.log", "wb")  # noqa: SIM115 - handed to the child
-            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-            log.close()
+            messengers.append(process.spawn(argv, work / f"messenger-{node}.log"))
         yield config
     finally:
-        for p in reversed(procs):
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        process.stop(messengers, grace_s=10.0)
+        process.stop([nats], grace_s=10.0)
 
 
 async def _stats(nats_url: str, node: str) -> MessengerStats:
@@ -176,36 +168,51 @@ def measure(block_bytes: int, total_bytes: int, work: Path, copy_gbps: float) ->
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(events_endpoint(kv, "b"))
         time.sleep(0.3)  # SUB sockets miss what is published before they are connected
-        hashes = [secrets.token_bytes(16) for _ in range(blocks)]
-        slots = a.call(Reserve(owner="bench", hashes=hashes, dest="b"))
-        assert slots is not None and all(s >= 0 for s in slots.slots), "no room in the pool"
-        pool = PoolFile(Path(reply.pool_path), geometry, reply.pool_slots, create=False)
-        payload = np.random.default_rng(1).integers(0, 255, block_bytes, dtype=np.uint8).tobytes()
-        sums = []
-        for slot in slots.slots:
-            pool.layer(slot, 0)[:] = payload
-            sums.append(checksum(pool.layer(slot, 0)))
-        batch = max(1, (4 << 20) // block_bytes)  # notes of about 4 MiB of blocks each
+        notes = _fill(a, reply, geometry, blocks)
         start = time.perf_counter()
-        for i in range(0, blocks, batch):
-            a.note(Written(pool_id=reply.pool_id, layer=0, slots=slots.slots[i : i + batch], checksums=sums[i : i + batch]))
-        ready = 0
-        while ready < blocks:
-            if not sub.poll(30_000):
-                raise RuntimeError(f"only {ready}/{blocks} blocks arrived; see {work}/messenger-*.log")
-            event: BlockEvent = event_decoder.decode(sub.recv())
-            if event.kind == "ready":
-                ready += len(event.hashes)
-            elif event.kind == "failed":
-                raise RuntimeError("a block failed its checksum in the benchmark")
+        for note in notes:
+            a.note(note)
+        _await_ready(sub, blocks, work)
         seconds = time.perf_counter() - start
         sub.close(0)
         a.close()
         b.close()
-        pool.close()
-    moved = blocks * block_bytes
-    gbps = moved / seconds / 1e9
-    return TransferResult(block_bytes, blocks, seconds, gbps, copy_gbps, gbps / copy_gbps, zmq_gbps(block_bytes, blocks))
+    gbps = blocks * block_bytes / seconds / 1e9
+    bare = zmq_gbps(block_bytes, blocks)
+    return TransferResult(block_bytes, blocks, seconds, gbps, copy_gbps, gbps / copy_gbps, bare)
+
+
+def _fill(a: MessengerClient, reply, geometry: Geometry, blocks: int) -> list[Written]:
+    """Reserve `blocks` slots in node a's pool bound for node b and fill them, as a
+    prefill worker does; the "written" notes that hand them over, about 4 MiB each."""
+    hashes = [secrets.token_bytes(16) for _ in range(blocks)]
+    slots = a.call(Reserve(owner="bench", hashes=hashes, dest="b"))
+    if slots is None or any(s < 0 for s in slots.slots):
+        raise RuntimeError("no room in the pool")
+    block_bytes = geometry.layer_bytes  # one layer: the whole block
+    pool = PoolFile(Path(reply.pool_path), geometry, reply.pool_slots, create=False)
+    payload = np.random.default_rng(1).integers(0, 255, block_bytes, dtype=np.uint8).tobytes()
+    sums = []
+    for slot in slots.slots:
+        pool.layer(slot, 0)[:] = payload
+        sums.append(checksum(pool.layer(slot, 0)))
+    pool.close()
+    batch = max(1, (4 << 20) // block_bytes)
+    return [Written(pool_id=reply.pool_id, layer=0, slots=slots.slots[i : i + batch], checksums=sums[i : i + batch])
+            for i in range(0, blocks, batch)]
+
+
+def _await_ready(sub: zmq.Socket, blocks: int, work: Path) -> None:
+    """Until node b's messenger has announced every block ready."""
+    ready = 0
+    while ready < blocks:
+        if not sub.poll(30_000):
+            raise RuntimeError(f"only {ready}/{blocks} blocks arrived; see {work}/messenger-*.log")
+        event: BlockEvent = event_decoder.decode(sub.recv())
+        if event.kind == "ready":
+            ready += len(event.hashes)
+        elif event.kind == "failed":
+            raise RuntimeError("a block failed its checksum in the benchmark")
 
 
 def run(sizes: list[int], total_bytes: int, progress=print) -> list[TransferResult]:

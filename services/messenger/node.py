@@ -1,0 +1,79 @@
+"""What the parts of one node's messenger share, whether or not its pool is carved
+yet: its peers and the transport to them, its counters, the faults armed on it,
+and what it has to tell the node's engines and the Conductor (app.py sends those
+from its loops)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import structlog
+
+from services.messenger.transport import Transport
+from shared.kv.wire import BlockEvent
+from shared.messages import KvEvent, MessengerStats, Tier
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Faults:
+    """Fault injection (MessengerCommand "fault"), for tests and drills."""
+
+    corrupt_next: int = 0  # layers to damage on the way out
+    no_room_next: int = 0  # reservations to refuse as if the pool were full
+
+
+@dataclass
+class Node:
+    name: str
+    transport: Transport
+    counters: MessengerStats  # the counters; Messenger.stats() adds the gauges
+    faults: Faults = field(default_factory=Faults)
+    peers: dict[str, str] = field(default_factory=dict)  # node → transport endpoint
+    events: list[BlockEvent] = field(default_factory=list)  # for the node's engines
+    kv_events: list[KvEvent] = field(default_factory=list)  # for NATS: the Conductor's index
+
+    def meet(self, node: str, endpoint: str) -> bool:
+        """A peer messenger's endpoint, from its heartbeat; True when it is news."""
+        if node == self.name or not endpoint or self.peers.get(node) == endpoint:
+            return False
+        log.info("peer messenger", node=node, endpoint=endpoint)
+        self.peers[node] = endpoint
+        self.transport.connect(endpoint)
+        return True
+
+    def send(self, dest: str, header: bytes, payload: memoryview | bytes) -> None:
+        """One layer to `dest`'s messenger, never waiting: a layer that cannot go is
+        counted dropped, and its block is computed by its reader."""
+        endpoint = self.peers.get(dest)
+        if endpoint is None:
+            self.counters.sends_dropped += 1
+            log.warning("no messenger known for node", node=dest)
+            return
+        if self.faults.corrupt_next > 0:
+            self.faults.corrupt_next -= 1
+            self.counters.corrupted_on_purpose += 1
+            damaged = bytearray(payload)
+            damaged[len(damaged) // 2] ^= 0xFF
+            payload = bytes(damaged)
+        if self.transport.send(endpoint, header, payload):
+            self.counters.layers_out += 1
+            self.counters.bytes_out += len(payload)
+        else:
+            self.counters.sends_dropped += 1
+
+    def block_event(self, kind: str, pool_id: str, hashes: list[bytes]) -> None:
+        self.events.append(BlockEvent(kind=kind, pool_id=pool_id, hashes=hashes))  # type: ignore[arg-type]
+
+    def kv_event(self, kind: str, tier: Tier, hashes: list[bytes]) -> None:
+        if hashes:
+            self.kv_events.append(KvEvent(node=self.name, kind=kind, tier=tier, hashes=[h.hex() for h in hashes]))  # type: ignore[arg-type]
+
+    def take_events(self) -> list[BlockEvent]:
+        out, self.events = self.events, []
+        return out
+
+    def take_kv_events(self) -> list[KvEvent]:
+        out, self.kv_events = self.kv_events, []
+        return out

@@ -1,0 +1,175 @@
+"""What the connector's scheduler half decides, as plain data and functions: which
+prompt blocks a request can load, which of them a pin took, which blocks to save
+after a step, and how long the run of blocks on their way to `kv_dest` is. No vLLM,
+no sockets, no clock of its own (callers pass `now`); shared/kv/scheduler.py asks
+the messenger and vLLM, and calls in here.
+
+The request's `kv_transfer_params` (the contract is in shared/kv/connector.py)
+become a `Tracked`: a `Send` for `kv_dest`, a `Wait` for incoming `kv_blocks`, or both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from shared.block_hash import block_hashes
+from shared.kv.leading import leading_count, leading_run
+from shared.kv.wire import NO_ROOM
+
+# The request's kv_transfer_params keys.
+KV_DEST = "kv_dest"
+KV_BLOCKS = "kv_blocks"
+KV_WAIT_S = "kv_wait_s"
+DEFAULT_WAIT_S = 2.0
+
+
+@dataclass
+class Send:
+    """Prefill: save every full prompt block into the node pool, streamed to `kv_dest`."""
+
+    kv_dest: str  # "" or this node: kept in the node pool only
+    saved: int = 0  # leading blocks handed to the pool so far
+    kv_blocks: int = 0  # leading blocks the pool took: on their way to kv_dest
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The first `kv_blocks` prompt blocks are on their way into this node's pool."""
+
+    kv_blocks: int
+    until: float  # monotonic time; after it, what has not arrived is computed
+
+
+@dataclass(frozen=True)
+class Match:
+    """One scheduling step's answer for a request: load `blocks` prompt blocks from
+    block `first` on, of which the request expected `expected` to arrive."""
+
+    first: int
+    blocks: int
+    expected: int = 0
+
+
+@dataclass
+class Tracked:
+    """The scheduler half's state of one request."""
+
+    hashes: list[bytes]  # the prompt's full blocks
+    send: Send | None = None
+    wait: Wait | None = None
+    seen_at: float = 0.0  # when the scheduler first saw it (how long it waited for blocks)
+    match: Match | None = None  # the last answer given to vLLM, for the step that allocates
+
+
+@dataclass(frozen=True)
+class Save:
+    block_id: int  # vLLM block
+    slot: int  # pool slot
+
+
+@dataclass(frozen=True)
+class Load:
+    request_id: str
+    block_ids: list[int]
+    slots: list[int]
+
+
+class PoolView(Protocol):
+    """What the scheduler half knows of the node pool, from memory (shared/kv/client.py)."""
+
+    @property
+    def ready(self) -> Container[bytes]: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def has_failed(self, block_hash: bytes) -> bool: ...
+
+
+def track(params: Mapping[str, Any] | None, prompt: list[int], block_size: int, salt: bytes, now: float) -> Tracked | None:
+    """The request's part in the KV plan; None when it asks for none."""
+    params = params or {}
+    if KV_DEST not in params and KV_BLOCKS not in params:
+        return None
+    t = Tracked(hashes=block_hashes(prompt, block_size, salt), seen_at=now)
+    if KV_DEST in params:
+        t.send = Send(kv_dest=str(params[KV_DEST]))
+    if KV_BLOCKS in params:
+        wait_s = float(params.get(KV_WAIT_S, DEFAULT_WAIT_S))
+        t.wait = Wait(kv_blocks=min(int(params[KV_BLOCKS]), len(t.hashes)), until=now + wait_s)
+    return t
+
+
+def match(t: Tracked, num_tokens: int, num_computed_tokens: int, block_size: int, pool: PoolView, now: float) -> Match | None:
+    """The leading blocks past what vLLM computed that the pool holds; None while
+    blocks the request waits for are still on their way (vLLM asks again next step).
+    Nothing waits past `Wait.until`, for a block that failed, or on a dead messenger."""
+    # Never claim the block holding the last token: vLLM must compute at least one.
+    last = min(len(t.hashes), (num_tokens - 1) // block_size)
+    first = num_computed_tokens // block_size
+    if first >= last:
+        return Match(first, 0)
+    want = t.hashes[first:last]
+    ready = leading_count(want, pool.ready)
+    expected = max(0, min(t.wait.kv_blocks, last) - first) if t.wait else 0
+    arriving = ready < expected and not any(pool.has_failed(h) for h in want[ready:expected])
+    if arriving and pool.alive and t.wait is not None and now < t.wait.until:
+        return None
+    return Match(first, ready if pool.alive else 0, expected)
+
+
+def claimed(m: Match, num_external_tokens: int, block_size: int) -> int:
+    """How many of the matched blocks vLLM allocated to load (it may take fewer)."""
+    return min(m.blocks, max(0, num_external_tokens) // block_size)
+
+
+def plan_load(request_id: str, block_ids: list[int], pinned: list[int]) -> tuple[Load | None, list[int]]:
+    """Claimed blocks whose leading run the pin took (`pinned`: their slots) load;
+    the rest, evicted since the match or never pinned (no messenger), are reported
+    as failed loads, so that vLLM computes them."""
+    n = min(len(pinned), len(block_ids))
+    load = Load(request_id, block_ids[:n], pinned[:n]) if n else None
+    return load, block_ids[n:]
+
+
+def blocks_complete(t: Tracked, computed_tokens: int, scheduled_tokens: int, block_size: int) -> int:
+    """The prompt's full blocks computed once this step has run."""
+    return min(len(t.hashes), (computed_tokens + scheduled_tokens) // block_size)
+
+
+def saves_due(
+    tracked: Mapping[str, Tracked], computed: Mapping[str, int], scheduled: Mapping[str, int], block_size: int
+) -> list[tuple[str, Tracked, int]]:
+    """The saving requests this step completes blocks of: (request id, its state,
+    full blocks once the step has run)."""
+    due = []
+    for req_id, tokens in scheduled.items():
+        t = tracked.get(req_id)
+        if t is None or t.send is None:
+            continue
+        done = blocks_complete(t, computed.get(req_id, 0), tokens, block_size)
+        if done > t.send.saved:
+            due.append((req_id, t, done))
+    return due
+
+
+def take_reserved(send: Send, done: int, block_ids: list[int], slots: list[int] | None) -> list[Save]:
+    """Blocks `send.saved` to `done` were offered to the pool, which answered with
+    `slots` (None: no answer). Returns what the worker copies into the pool. A block
+    the pool had no room for (or no answer) ends the run on its way to kv_dest:
+    decode computes it and every block after it."""
+    unbroken = send.kv_blocks == send.saved
+    send.saved = done
+    if slots is None:
+        return []
+    if unbroken:
+        send.kv_blocks += leading_run(slots, lambda s: s != NO_ROOM)
+    return [Save(b, s) for b, s in zip(block_ids, slots) if s >= 0]
+
+
+def finished_params(t: Tracked) -> dict[str, int] | None:
+    """The connector's word on a finished request: how many leading prompt blocks
+    are on their way to kv_dest, so decode waits for those and no others."""
+    return {KV_BLOCKS: t.send.kv_blocks} if t.send is not None and t.send.kv_dest else None

@@ -1,0 +1,137 @@
+"""The connector's scheduler half, in vLLM's scheduler process: what each step loads
+from and saves into the node pool. The decisions are shared/kv/plan.py's; this
+class feeds them vLLM's requests and the followed pool, and asks the node's
+messenger for the pins and slots they need (each call bounded by a timeout).
+
+vLLM's hooks, in the order a request meets them (v1/core/sched/scheduler.py):
+`on_new_request`; `get_num_new_matched_tokens` on every step it waits, with no side
+effects (so it may be asked again, or its answer dropped when there is no room);
+`update_state_after_alloc` once the step has allocated its blocks, where the claimed
+blocks are pinned; `build_connector_meta` once a step; `request_finished`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from shared.kv.client import MessengerClient, PoolFollower
+from shared.kv.meta import YuebingMeta
+from shared.kv.options import Options
+from shared.kv.plan import (
+    Match,
+    Save,
+    Tracked,
+    claimed,
+    finished_params,
+    match,
+    plan_load,
+    saves_due,
+    take_reserved,
+    track,
+)
+from shared.kv.wire import Control, Pin, Release, Reserve
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+log = structlog.get_logger(__name__)
+
+
+class ConnectorScheduler:
+    def __init__(self, opts: Options, client: MessengerClient | None = None, follower: PoolFollower | None = None) -> None:
+        self.opts = opts
+        self.client = client or MessengerClient(opts.kv_dir, opts.node, opts.timeout_s)
+        self.follower = follower or PoolFollower(opts.kv_dir, opts.node, self.client)
+        self.tracked: dict[str, Tracked] = {}
+        self.next_meta = YuebingMeta()  # loads pinned since the last step
+        self.pool_id = ""  # the pool the last pin or reservation was made in
+        self.kv_cache_manager: KVCacheManager | None = None
+
+    def on_new_request(self, request: Request) -> None:
+        t = track(request.kv_transfer_params, list(request.prompt_token_ids or []), self.opts.block_size,
+                  self.opts.salt, time.monotonic())
+        if t is not None:
+            self.tracked[request.request_id] = t
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        t = self.tracked.get(request.request_id)
+        if t is None:
+            return 0, False
+        # Remembered for update_state_after_alloc; a later ask replaces it.
+        t.match = match(t, request.num_tokens, num_computed_tokens, self.opts.block_size, self.follower, time.monotonic())
+        return (None, False) if t.match is None else (t.match.blocks * self.opts.block_size, False)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        """Pin what the step claimed. A claimed block the pin no longer finds is loaded
+        as failed: the worker reports it and vLLM computes it (policy "recompute")."""
+        t = self.tracked.get(request.request_id)
+        if t is None or t.match is None:
+            return
+        m, t.match = t.match, None
+        n = claimed(m, num_external_tokens, self.opts.block_size)
+        block_ids = list(blocks.get_block_ids()[0][m.first : m.first + n])
+        pinned = self._slots(Pin(owner=request.request_id, hashes=t.hashes[m.first : m.first + n])) if n else []
+        load, failed = plan_load(request.request_id, block_ids, pinned or [])
+        if load is not None:
+            self.next_meta.loads.append(load)
+        self.next_meta.failed.extend(failed)
+        self._log_claim(request.request_id, t, m, loaded=n - len(failed), failed=len(failed))
+
+    def _log_claim(self, request_id: str, t: Tracked, m: Match, loaded: int, failed: int) -> None:
+        waited_ms = round((time.monotonic() - t.seen_at) * 1e3, 1)
+        if failed:
+            log.warning("kv blocks gone before they were pinned: computing them", request_id=request_id, blocks=failed)
+        if loaded < m.expected:
+            log.info("kv blocks missing, computing them", request_id=request_id, waited_ms=waited_ms, loaded=loaded,
+                     missing=m.expected - loaded, messenger_alive=self.follower.alive)
+        elif m.expected:
+            log.info("kv blocks claimed", request_id=request_id, blocks=loaded, waited_ms=waited_ms)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> YuebingMeta:
+        meta, self.next_meta = self.next_meta, YuebingMeta()
+        computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+        cached = scheduler_output.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        scheduled = scheduler_output.num_scheduled_tokens
+        for req_id, t, done in saves_due(self.tracked, computed, scheduled, self.opts.block_size):
+            meta.saves.extend(self._reserve(req_id, t, done))
+        meta.pool_id = self.pool_id
+        return meta
+
+    def _reserve(self, req_id: str, t: Tracked, done: int) -> list[Save]:
+        """Pool slots for the blocks that are complete after this step."""
+        assert t.send is not None and self.kv_cache_manager is not None
+        start = t.send.saved
+        block_ids = self.kv_cache_manager.get_block_ids(req_id)[0][start:done]
+        # No messenger: nothing to save into, and decode computes these blocks.
+        reserve = Reserve(owner=req_id, hashes=t.hashes[start:done], dest=t.send.kv_dest)
+        slots = self._slots(reserve) if self.follower.alive else None
+        return take_reserved(t.send, done, list(block_ids), slots)
+
+    def _slots(self, call: Control) -> list[int] | None:
+        """The slots a pin or a reservation answered with; None without an answer."""
+        reply = self.client.call(call)
+        if reply is None or not reply.ok:
+            return None
+        self.pool_id = reply.pool_id
+        return reply.slots
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        # Saves are copied into the pool inside the step, so vLLM's blocks are free to go.
+        t = self.tracked.pop(request.request_id, None)
+        if t is None:
+            return False, None
+        self.client.note(Release(owner=request.request_id))
+        # vLLM hands this back in the request's last output: prefill tells decode how
+        # many blocks to wait for, so that it never waits kv_wait_s for blocks the pool
+        # had no room for (or that no messenger took).
+        return False, finished_params(t)
+
+    def shutdown(self) -> None:
+        self.follower.close()
+        self.client.close()

@@ -1,0 +1,102 @@
+"""The connector's scheduler half through vLLM's hooks, with the messenger and the
+followed pool played by stubs (the decisions themselves are test_plan.py's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from shared.block_hash import block_hashes
+from shared.kv.options import Options
+from shared.kv.plan import Load, Save
+from shared.kv.scheduler import ConnectorScheduler
+from shared.kv.wire import NO_ROOM, Pin, Release, Reply, Reserve
+
+OPTS = Options(kv_dir="/nowhere", node="n", block_size=4, salt=b"s", model="m")
+PROMPT = list(range(13))  # three full blocks and a token
+HASHES = block_hashes(PROMPT, 4, b"s")
+
+
+@dataclass
+class Messenger:
+    pinned: int = 3  # how many leading blocks a pin finds
+    reserved: list[int] = field(default_factory=list)  # slots a reservation answers with
+    calls: list[object] = field(default_factory=list)
+    notes: list[object] = field(default_factory=list)
+
+    def call(self, message: object) -> Reply:
+        self.calls.append(message)
+        if isinstance(message, Pin):
+            return Reply(pool_id="p", slots=list(range(20, 20 + min(self.pinned, len(message.hashes)))))
+        return Reply(pool_id="p", slots=self.reserved)
+
+    def note(self, message: object) -> bool:
+        self.notes.append(message)
+        return True
+
+
+@dataclass
+class Pool:
+    ready: set[bytes] = field(default_factory=lambda: set(HASHES))
+    alive: bool = True
+
+    def has_failed(self, block_hash: bytes) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def scheduler(messenger: Messenger) -> ConnectorScheduler:
+    s = ConnectorScheduler(OPTS, client=messenger, follower=Pool())  # type: ignore[arg-type]
+    s.kv_cache_manager = SimpleNamespace(get_block_ids=lambda _rid: ([100, 101, 102, 103],))
+    return s
+
+
+def request(**params: object) -> SimpleNamespace:
+    return SimpleNamespace(request_id="r", kv_transfer_params=params, prompt_token_ids=PROMPT, num_tokens=len(PROMPT))
+
+
+def step(computed: int, scheduled: int) -> SimpleNamespace:
+    return SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id="r", num_computed_tokens=computed)],
+                           scheduled_cached_reqs=SimpleNamespace(req_ids=[], num_computed_tokens=[]),
+                           num_scheduled_tokens={"r": scheduled})
+
+
+def allocated(ids: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(get_block_ids=lambda: (ids,))
+
+
+def test_matching_asks_nobody_and_the_allocated_claim_is_pinned():
+    messenger = Messenger()
+    s = scheduler(messenger)
+    s.on_new_request(request(kv_blocks=3))
+    for _ in range(3):  # vLLM may ask again, or drop the answer when it has no room
+        assert s.get_num_new_matched_tokens(request(), 0) == (12, False)
+    assert messenger.calls == []
+    s.update_state_after_alloc(request(), allocated([7, 8, 9, 10]), num_external_tokens=12)
+    assert messenger.calls == [Pin(owner="r", hashes=HASHES)]
+    meta = s.build_connector_meta(step(12, 1))
+    assert (meta.pool_id, meta.loads, meta.failed) == ("p", [Load("r", [7, 8, 9], [20, 21, 22])], [])
+
+
+def test_a_block_evicted_between_match_and_pin_is_loaded_as_failed():
+    s = scheduler(Messenger(pinned=1))
+    s.on_new_request(request(kv_blocks=3))
+    s.get_num_new_matched_tokens(request(), 0)
+    s.update_state_after_alloc(request(), allocated([7, 8, 9, 10]), num_external_tokens=12)
+    meta = s.build_connector_meta(step(12, 1))
+    assert (meta.loads, meta.failed) == ([Load("r", [7], [20])], [8, 9])
+
+
+def test_prefill_saves_what_each_step_completes_and_reports_the_run_sent():
+    messenger = Messenger(reserved=[5, NO_ROOM])
+    s = scheduler(messenger)
+    s.on_new_request(request(kv_dest="d"))
+    s.get_num_new_matched_tokens(request(), 0)
+    s.update_state_after_alloc(request(), allocated([100, 101, 102, 103]), num_external_tokens=0)
+    assert messenger.calls == []  # nothing claimed, nothing pinned
+    meta = s.build_connector_meta(step(0, 8))
+    assert messenger.calls == [Reserve(owner="r", hashes=HASHES[:2], dest="d")] and meta.saves == [Save(100, 5)]
+    assert s.request_finished(request(), []) == (False, {"kv_blocks": 1})
+    assert messenger.notes == [Release(owner="r")]

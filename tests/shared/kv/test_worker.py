@@ -1,0 +1,93 @@
+"""The connector's worker half against a real pool file, with the messenger played
+by a stub: bytes go into the pool layer by layer and come back out the same."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared.kv.meta import YuebingMeta
+from shared.kv.options import Options
+from shared.kv.plan import Load, Save
+from shared.kv.pool_file import PoolFile
+from shared.kv.wire import Hello, Release, Reply, Written, pool_path
+from shared.kv.worker import ConnectorWorker
+
+BLOCKS = 4  # vLLM blocks per layer
+
+
+class Messenger:
+    """Answers hellos with a pool file of `slots` slots, and keeps the notes."""
+
+    def __init__(self, tmp_path, slots: int = 2) -> None:
+        self.tmp_path, self.slots = tmp_path, slots
+        self.pool_id = "p1"
+        self.hellos = 0
+        self.notes: list[object] = []
+
+    def call(self, message: object) -> Reply:
+        assert isinstance(message, Hello)
+        self.hellos += 1
+        path = pool_path(str(self.tmp_path), "n")
+        PoolFile(path, self.slots * message.geometry.slot_bytes, create=True).close()
+        return Reply(pool_id=self.pool_id, pool_path=str(path), pool_slots=self.slots)
+
+    def note(self, message: object) -> bool:
+        self.notes.append(message)
+        return True
+
+
+def worker(tmp_path) -> tuple[ConnectorWorker, Messenger, dict[str, torch.Tensor]]:
+    messenger = Messenger(tmp_path)
+    opts = Options(kv_dir=str(tmp_path), node="n", block_size=4, salt=b"s", model="m")
+    w = ConnectorWorker(opts, BLOCKS, client=messenger)  # type: ignore[arg-type]
+    # CPU attention's layout: (2, blocks, heads, tokens, head size), blocks not first.
+    caches = {f"layer.{i}": torch.randn(2, BLOCKS, 2, 4, 8) for i in range(3)}
+    w.register_kv_caches(caches)
+    return w, messenger, caches
+
+
+def test_a_saved_block_loads_back_into_another_vllm_block(tmp_path):
+    w, messenger, caches = worker(tmp_path)
+    assert w.pool is not None and w.pool.slots.geometry.layers == 3
+    saving = YuebingMeta(pool_id="p1", saves=[Save(block_id=1, slot=1)])
+    for name in caches:
+        w.save_kv_layer(saving, name)
+    assert [(n.layer, n.slots) for n in messenger.notes if isinstance(n, Written)] == [(0, [1]), (1, [1]), (2, [1])]
+    w.start_load_kv(YuebingMeta(pool_id="p1", loads=[Load("r", block_ids=[3], slots=[1])]))
+    for name in caches:
+        w.wait_for_layer_load(name)
+    w.wait_for_save()
+    for cache in caches.values():
+        assert torch.equal(cache[:, 3], cache[:, 1])
+    assert messenger.notes[-1] == Release(owner="r")  # the load's pins go
+    assert w.take_load_errors() == set()
+
+
+def test_claimed_blocks_that_were_never_pinned_are_reported_failed(tmp_path):
+    w, _, _ = worker(tmp_path)
+    w.start_load_kv(YuebingMeta(pool_id="p1", failed=[2, 3]))
+    w.wait_for_save()
+    assert w.take_load_errors() == {2, 3}
+    assert w.take_load_errors() == set()  # reported once
+
+
+def test_a_restarted_messenger_is_mapped_again_and_a_gone_pool_asked_about_once(tmp_path):
+    w, messenger, caches = worker(tmp_path)
+    messenger.pool_id = "p2"  # the messenger restarted
+    w.save_kv_layer(YuebingMeta(pool_id="p2", saves=[Save(1, 0)]), "layer.0")
+    assert messenger.hellos == 2 and isinstance(messenger.notes[-1], Written)  # its new pool, mapped
+    notes = len(messenger.notes)
+    stale = YuebingMeta(pool_id="p1", saves=[Save(1, 0)], loads=[Load("r", [3], [0])])  # a step from before
+    for name in caches:
+        w.save_kv_layer(stale, name)
+    w.start_load_kv(stale)
+    assert messenger.hellos == 3  # once, not once per layer
+    assert len(messenger.notes) == notes and w.take_load_errors() == {3}
+
+
+@pytest.mark.parametrize("shape", [(BLOCKS, 2, 4, 8), (2, BLOCKS, 4, 8), (BLOCKS * 2, 4, 8)])
+def test_any_layout_puts_vllm_blocks_first(shape):
+    from shared.kv.worker import blocks_first
+
+    assert blocks_first(torch.zeros(shape), BLOCKS).shape[0] == BLOCKS

@@ -1,0 +1,53 @@
+"""The calibration's pure parts: its burst, the slowdowns read from its probes, and
+the levelling of the simulator on the burst. (Against a live cluster:
+tests/e2e/test_bench.py.)"""
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from shared.predictor import Predictor
+from yuebing.lab.calibration import (
+    BURST_GROUP_SIZE,
+    BURST_GROUPS,
+    BesideDecode,
+    PrefillAlone,
+    calibration_burst,
+    level_to_burst,
+    prefill_slowdowns,
+)
+from yuebing.lab.sim import simulate
+from yuebing.lab.sim_config import HostSharing, SimConfig
+
+
+def test_the_calibration_burst_is_groups_arriving_at_once_with_fresh_blocks():
+    burst = calibration_burst(random.Random(0), long_prompt=2048, block_tokens=128)
+    assert len(burst) == BURST_GROUPS * BURST_GROUP_SIZE
+    assert len({r.timestamp_ms for r in burst}) == BURST_GROUPS
+    assert all(256 <= r.input_length <= 2048 and len(r.hash_ids) * 128 >= r.input_length for r in burst)
+    ids = [h for r in burst for h in r.hash_ids]
+    assert len(ids) == len(set(ids))  # random prompts: no block shared, no cache helps
+
+
+def test_prefill_slowdowns_split_a_share_while_decoding_from_a_share_per_stream():
+    # 0.1 s of the serving path's overhead and 1 s of prefill alone (before and after
+    # the rounds); beside one stream 1.3 s of prefill, beside three 1.5 s.
+    alone = PrefillAlone(scale=1.0, overhead_s=0.1, samples=[1.05, 1.1, 1.15])
+    beside = BesideDecode({1: [1.4, 1.4], 3: [1.6, 1.6]}, alone=[1.1, 1.1])
+    while_decoding, per_stream = prefill_slowdowns(alone, beside, streams=3)
+    assert per_stream == pytest.approx(0.1) and while_decoding == pytest.approx(0.2)
+    # No more slowdown with more streams: all of it is the share while decoding.
+    assert prefill_slowdowns(alone, BesideDecode({1: [1.4], 3: [1.3]}, alone=[1.1]), 3) == pytest.approx((0.3, 0.0))
+
+
+def test_levelling_to_the_burst_finds_the_prefill_and_decode_speeds_that_reproduce_it():
+    predictor = Predictor(prefill_coef=(9.0, 0.1, 1e-5, 1e-6), decode_coef=(4.0, 0.2, 4e-4))
+    config = SimConfig(prefill=1, decode=1, policy="round_robin", block_tokens=128, kv_bytes_per_token=0, chunk_tokens=2048)
+    burst = calibration_burst(random.Random(1), long_prompt=2048, block_tokens=128)
+    # "Live": a cluster whose engines run 1.4× and 1.25× the profile's times.
+    truth = HostSharing(prefill_scale=1.4, decode_scale=1.25, decode_slowdown_per_prefill=0.3, first_token_overhead_s=0.02)
+    live = simulate(burst, replace(config, host=truth), predictor).outcomes
+    found = level_to_burst(replace(truth, prefill_scale=1.0, decode_scale=1.0), burst, live, config, predictor)
+    assert found.prefill_scale == pytest.approx(1.4, rel=0.03)
+    assert found.decode_scale == pytest.approx(1.25, rel=0.03)

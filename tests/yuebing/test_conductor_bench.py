@@ -1,0 +1,10 @@
+from yuebing.bench.conductor import ConductorBench, run, table
+
+
+def test_conductor_bench_reports_every_size():
+    result = run(ConductorBench(sizes=(4, 16), indexed_blocks=20_000, decisions=300), show_progress=False)
+    assert [r["instances"] for r in result["results"]] == [4, 16]
+    for r in result["results"]:
+        assert r["indexed_blocks"] > 15_000 and r["accepted"] > 0
+        assert 0 < r["p50_ms"] <= r["p99_ms"] and r["decisions_per_s"] > 0
+    assert len(table(result).splitlines()) == 2 + 2

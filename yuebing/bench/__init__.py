@@ -1,0 +1,11 @@
+"""The benchmarks behind `yuebing bench ...` (commands/bench_*.py parse their flags):
+
+- `conductor`: the Conductor's decision path, in-process;
+- `transfer`: messenger → messenger KV block throughput against memcpy;
+- `ttft`: a long prompt's TTFT colocated vs disaggregated, live;
+- `reuse`: TTFT with part of the prompt in the node pools, live.
+
+Each has a `run(...)` returning results, a `table(...)` to print and a `to_json(...)`.
+The live ones talk to servers through yuebing/client.py and start them through
+yuebing/process.py. Trace replay and the simulator's fidelity are yuebing/lab's.
+"""

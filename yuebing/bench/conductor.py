@@ -1,0 +1,114 @@
+"""`yuebing bench conductor`: decisions per second and decision latency of the
+Conductor's full decision path (loads from the books and the prefix index, policy,
+admission, bookkeeping), without NATS, for several cluster sizes over a large block
+index. Time models are the H100 LLaMA-8B profile's, so loads look realistic.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import Annotated
+
+from msgspec import Meta
+
+from services.conductor.index import PrefixIndex
+from services.conductor.policy import Decision, Params, Request, Scheduler
+from services.conductor.state import ClusterState
+from shared.predictor import Predictor, load_predictor
+from yuebing.progress import progress
+
+BLOCK_TOKENS = 512
+IN_FLIGHT = 200  # requests kept in flight: each decision finishes the one this many before it
+
+
+@dataclass(frozen=True)
+class ConductorBench:
+    """What to measure; each field is also a flag of `yuebing bench conductor`."""
+
+    sizes: Annotated[
+        tuple[int, ...], Meta(description="instance counts (of prefill, and as many decode)")
+    ] = (8, 64, 256)
+    indexed_blocks: Annotated[int, Meta(description="blocks in the prefix index")] = 1_000_000
+    decisions: Annotated[int, Meta(description="decisions timed per size")] = 3000
+    chain_blocks: Annotated[int, Meta(description="blocks per indexed prompt")] = 32
+    policy: Annotated[str, Meta(description="prefill scheduling policy")] = "kvcentric"
+    admission: Annotated[str, Meta(description="early rejection mode")] = "predictive"
+    seed: Annotated[int, Meta(description="seed of the requests")] = 0
+
+
+def h100_llama8b() -> Predictor:
+    """The GPU profile's LLaMA-8B time models, with its KV size and a 25 GB/s network."""
+    from yuebing.lab.data import GPU_PROFILE
+
+    return replace(load_predictor(GPU_PROFILE, "llama3-8b"), kv_bytes_per_token=131072, transfer_bytes_per_s=25e9)
+
+
+def _hashes(rng: random.Random, n: int) -> list[str]:
+    return [f"{rng.getrandbits(128):032x}" for _ in range(n)]
+
+
+def build(
+    instances: int, cfg: ConductorBench, rng: random.Random, predictor: Predictor,
+) -> tuple[ClusterState, Scheduler, list[list[str]]]:
+    params = Params(block_size=BLOCK_TOKENS, decode_time_s=20.0)
+    per_instance = cfg.indexed_blocks // instances
+    state = ClusterState(predictor, params, PrefixIndex(capacity_blocks=per_instance + cfg.chain_blocks * 4))
+    for i in range(instances):
+        state.add_instance("prefill", f"p{i}")
+        state.add_instance("decode", f"d{i}")
+    chains = []
+    for c in range(cfg.indexed_blocks // cfg.chain_blocks):
+        chain = _hashes(rng, cfg.chain_blocks)
+        state.index.insert(f"p{c % instances}", chain)
+        if c % 16 == 0:
+            chains.append(chain)  # prefixes later requests will share
+    return state, Scheduler(cfg.policy, cfg.admission, predictor, params, seed=cfg.seed), chains
+
+
+def measure(instances: int, cfg: ConductorBench, rng: random.Random, predictor: Predictor, show: bool) -> dict:
+    """Time `cfg.decisions` decisions on a cluster of `instances`."""
+    state, scheduler, chains = build(instances, cfg, rng, predictor)
+    latencies = []
+    now = 0.0
+    accepted = 0
+    for k in progress(range(cfg.decisions), desc=f"{instances} instances", leave=False, enabled=show):
+        hashes = rng.choice(chains)[: rng.randrange(cfg.chain_blocks)] + _hashes(rng, rng.randrange(1, 24))
+        req = Request(f"r{k}", len(hashes) * BLOCK_TOKENS, len(hashes), BLOCK_TOKENS, slo_ttft_s=30.0, slo_tbt_s=0.1)
+        now += 0.05
+        start = time.perf_counter()
+        out = scheduler.schedule(req, state.prefill_loads(hashes, now), state.decode_loads(now), now)
+        if isinstance(out, Decision):
+            state.assign(req, hashes, out, now)
+            accepted += 1
+        latencies.append(time.perf_counter() - start)
+        if k >= IN_FLIGHT:
+            state.finished(f"r{k - IN_FLIGHT}", now)
+    latencies.sort()
+    return {
+        "instances": instances,
+        "indexed_blocks": len(state.index),
+        "decisions": cfg.decisions,
+        "accepted": accepted,
+        "decisions_per_s": cfg.decisions / sum(latencies),
+        "p50_ms": statistics.median(latencies) * 1e3,
+        "p99_ms": latencies[int(0.99 * len(latencies)) - 1] * 1e3,
+    }
+
+
+def run(cfg: ConductorBench, show_progress: bool = True) -> dict:
+    rng = random.Random(cfg.seed)
+    predictor = h100_llama8b()
+    results = [measure(n, cfg, rng, predictor, show_progress) for n in cfg.sizes]
+    return {"benchmark": "conductor", "policy": cfg.policy, "admission": cfg.admission, "results": results}
+
+
+def table(result: dict) -> str:
+    lines = [f"Conductor decision path ({result['policy']} + {result['admission']}), one core:",
+             f"{'instances':>10} {'indexed':>10} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8}"]
+    for r in result["results"]:
+        lines.append(f"{r['instances']:>10} {r['indexed_blocks']:>10} {r['decisions_per_s']:>12.0f} "
+                     f"{r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,36 @@
+"""The `yuebing` subcommands, one module each; yuebing/cli.py builds the parser from
+the modules listed in its `COMMANDS` tuple, in the order `yuebing --help` shows them.
+
+The protocol every command module follows:
+- `GROUP`: None for a top-level command (`yuebing up`), else the group the command
+  belongs to: "bench" (`yuebing bench ttft`) or "model" (`yuebing model init`);
+  cli.GROUPS names the groups and their help.
+- `add_parser(subparsers) -> None`: adds the command's subparser to `subparsers`
+  (its group's, or `yuebing`'s own), with its help and flags, and sets
+  `func=run` with `set_defaults`. A module may add several related commands
+  (commands/replay.py: `bench replay` and `bench fidelity`), each with its `func`.
+- `run(args) -> int`: carries the command out; returns the exit status.
+
+Imports that take seconds (vLLM, torch, the simulator, matplotlib) go inside `run`,
+so that `yuebing --help` stays quick. Settings that a dataclass or msgspec Struct
+already declares become flags through yuebing/flags.py rather than by hand.
+
+Helpers for the modules: `add_json_flag(parser)`, `write_json(result, path)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="PATH", help="also write the result here")
+
+
+def write_json(result: Any, path: str | Path | None) -> None:
+    """Write `result` as indented JSON when a path is given (`--json`)."""
+    if path:
+        Path(path).write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -1,0 +1,176 @@
+"""`yuebing sim`: a simulated cluster replays a trace (yuebing/lab/sim.py): policies
+and admission modes side by side, the highest replay speed within the SLOs
+(`--find-capacity`), or the prefill:decode splits of a fixed total (`--pd-total`).
+
+Where requests come from (`--trace` or `--synthetic`) is shared with `yuebing bench
+replay` and `bench fidelity` (commands/replay.py): `add_trace_flags`, `load_trace`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from yuebing.commands import add_json_flag, write_json
+from yuebing.flags import Alias, add_flags, from_args
+from yuebing.lab import data
+from yuebing.lab.sim_config import SimConfig
+from yuebing.lab.trace import SyntheticSpec
+
+if TYPE_CHECKING:
+    from shared.predictor import Predictor
+    from yuebing.lab.trace import TraceRequest
+
+GROUP = None
+
+SHIPPED_TRACES = {"conversation": data.CONVERSATION_TRACE}  # `--trace NAME`
+SYNTHETIC = {"aliases": {"rate_per_s": Alias(flag="rate")}, "skip": ("requests",)}  # requests: --synthetic N
+# SimConfig's fields that are no flag of their own: the SLOs are given in ms, policy
+# and admission may list several, the seed is the synthetic trace's.
+SIM = {
+    "aliases": {"decode_time_s": Alias(flag="decode-time"), "request_timeout_s": Alias(flag="request-timeout")},
+    "skip": ("policy", "admission", "slo_ttft_s", "slo_tbt_s", "block_tokens", "sample_every_s", "seed", "host"),
+}
+
+
+def add_trace_flags(p: argparse.ArgumentParser) -> None:
+    """Where requests come from, for the simulator and the live benchmarks alike."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", metavar="FILE", help="trace in Mooncake's JSONL format (plain or gzipped), or a "
+                     f"shipped one by name: {', '.join(SHIPPED_TRACES)}")
+    src.add_argument("--synthetic", type=int, metavar="N", help="N synthetic requests instead (Poisson arrivals)")
+    add_flags(p, SyntheticSpec, **SYNTHETIC)
+    p.add_argument("--limit", type=int, help="only the first N requests of the trace")
+    add_json_flag(p)
+
+
+def load_trace(args: argparse.Namespace) -> list[TraceRequest]:
+    """The requests `add_trace_flags`' flags name."""
+    from yuebing.lab import trace
+
+    if args.synthetic:
+        return trace.synthetic(from_args(SyntheticSpec, args, **SYNTHETIC, requests=args.synthetic))
+    return trace.load_trace(SHIPPED_TRACES.get(args.trace, args.trace), args.limit)
+
+
+def trace_name(args: argparse.Namespace) -> str:
+    return "synthetic" if args.synthetic else args.trace
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("sim", help="simulate a cluster replaying a trace (policies from the Conductor)")
+    add_trace_flags(p)
+    p.add_argument("--profile", default=str(data.GPU_PROFILE), help="timing profile (rows of measured times; the "
+                   "default: an H100's, shipped in yuebing/lab/data)")
+    p.add_argument("--profile-model", default="llama3-8b", help="rows of this model (empty: all)")
+    p.add_argument("--prefill-time-scale", type=float, default=1.0,
+                   help="what-if: the profile's prefill times × this (e.g. 0.5: instances prefill twice as fast)")
+    p.add_argument("--policy", default=SimConfig.policy, help="one name, or several comma-separated to compare")
+    p.add_argument("--admission", default=SimConfig.admission, help="one name, or several comma-separated to compare")
+    p.add_argument("--slo-ttft-ms", type=float, default=SimConfig.slo_ttft_s * 1e3, help="TTFT SLO")
+    p.add_argument("--slo-tbt-ms", type=float, default=SimConfig.slo_tbt_s * 1e3,
+                   help="TBT SLO (on a request's longest 10 %% of gaps)")
+    add_flags(p, SimConfig, **SIM)
+    p.add_argument("--find-capacity", action="store_true",
+                   help="binary-search the highest replay speed meeting --target")
+    p.add_argument("--target", type=float, default=0.9, help="share of requests within both SLOs")
+    p.add_argument("--pd-total", type=int, default=0, help="sweep prefill:decode splits of this many instances")
+    p.add_argument("--plot-dir", help="write PNG plots here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    trace, predictor, configs = load_trace(args), _predictor(args), sim_configs(args)
+    if args.find_capacity:
+        output = {"trace": trace_name(args), "capacity": _find_capacity(trace, configs, predictor, args.target)}
+    else:
+        output = {"trace": trace_name(args), "config": vars(args) | {"func": None},
+                  "runs": _compare(trace, configs, predictor, args)}
+    write_json(output, args.json)
+    return 0
+
+
+def _predictor(args: argparse.Namespace) -> Predictor:
+    from shared.predictor import load_predictor
+
+    predictor = load_predictor(args.profile, args.profile_model or None)
+    if args.prefill_time_scale != 1.0:  # a what-if on the profile: the Conductor and the instances alike see it
+        predictor = replace(predictor, prefill_coef=tuple(c * args.prefill_time_scale for c in predictor.prefill_coef))
+    return predictor
+
+
+def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
+    """One configuration per policy × admission given, or per P:D split (--pd-total,
+    for the first policy and admission)."""
+    base = from_args(SimConfig, args, **SIM, slo_ttft_s=args.slo_ttft_ms / 1e3, slo_tbt_s=args.slo_tbt_ms / 1e3,
+                     seed=args.seed)
+    configs = [replace(base, policy=p, admission=a) for p in args.policy.split(",") for a in args.admission.split(",")]
+    if args.pd_total:
+        configs = [replace(configs[0], prefill=p, decode=args.pd_total - p) for p in range(1, args.pd_total)]
+    return configs
+
+
+def _find_capacity(trace: Sequence[TraceRequest], configs: Sequence[SimConfig], predictor: Predictor,
+                   target: float) -> list[dict]:
+    from yuebing.lab.sim import find_capacity
+
+    def show(probe: dict) -> None:  # a search takes a while: each probe as it comes
+        print(f"  {probe['policy']}/{probe['admission']}: speed {probe['speed']:.3f} → attainment "
+              f"{probe['slo_attainment']:.3f}", flush=True)
+
+    found = [find_capacity(trace, c, predictor, target=target, on_probe=show) for c in configs]
+    print(f"highest replay speed with ≥ {target:.0%} of requests within both SLOs:")
+    for f in found:
+        print(f"  {f['policy']:>14}/{f['admission']:<13} speed {f['capacity_speed']:.3f}×  "
+              f"({f.get('capacity_rps', 0):.2f} req/s)")
+    return found
+
+
+def _compare(trace: Sequence[TraceRequest], configs: Sequence[SimConfig], predictor: Predictor,
+             args: argparse.Namespace) -> list[dict]:
+    from yuebing.lab.plots import plot_runs
+    from yuebing.lab.sim import simulate
+
+    runs = [simulate(trace, c, predictor, progress=True) for c in configs]
+    print(f"{len(trace)} requests, {args.prefill} prefill + {args.decode} decode, speed {args.speed}×")
+    print(table([r.result for r in runs]))
+    if args.pd_total:
+        best = max(runs, key=lambda r: r.result["goodput_rps"]).result
+        print(f"goodput peaks at {best['prefill']} prefill : {best['decode']} decode ({best['goodput_rps']:.2f} req/s)")
+    if args.plot_dir:
+        for path in plot_runs(runs, args.plot_dir):
+            print(f"wrote {path}")
+    return [r.result for r in runs]
+
+
+COLUMNS: tuple[tuple[str, str | Callable[[dict], Any], str], ...] = (
+    ("policy", "policy", "{}"),
+    ("admission", "admission", "{}"),
+    ("P:D", lambda r: f"{r['prefill']}:{r['decode']}", "{}"),
+    ("TTFT mean s", lambda r: r["ttft_s"]["mean"], "{:.2f}"),
+    ("p90", lambda r: r["ttft_s"]["p90"], "{:.2f}"),
+    ("p99", lambda r: r["ttft_s"]["p99"], "{:.2f}"),
+    ("TBT mean ms", lambda r: r["tbt_s"]["mean"] * 1e3, "{:.1f}"),
+    ("p99", lambda r: r["tbt_s"]["p99"] * 1e3, "{:.1f}"),
+    ("SLO att.", "slo_attainment", "{:.3f}"),
+    ("goodput/s", "goodput_rps", "{:.2f}"),
+    ("done", "completed", "{}"),
+    ("rejected", "rejected", "{}"),
+    ("wasted", "wasted_prefill", "{}"),
+    ("timed out", "failed", "{}"),
+    ("hit rate", "cache_hit_rate", "{:.3f}"),
+    ("prefill s", "prefill_busy_s", "{:.0f}"),
+    ("replicas", lambda r: r["replicas"]["mean"], "{:.2f}"),
+    ("req/s sim", "simulated_requests_per_s", "{:.0f}"),
+)
+
+
+def table(results: Sequence[dict]) -> str:
+    """The simulated runs' results, a row each, columns right-aligned."""
+    cells = [[fmt.format(key(r) if callable(key) else r[key]) for _, key, fmt in COLUMNS] for r in results]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, (h, _, _) in enumerate(COLUMNS)]
+    lines = ["  ".join(h.rjust(w) for (h, _, _), w in zip(COLUMNS, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)

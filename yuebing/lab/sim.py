@@ -1,0 +1,490 @@
+"""A discrete-event simulation of a Yuebing cluster (`yuebing sim`).
+
+Requests from a trace arrive at their timestamps; the Conductor's own code
+(`services.conductor`: Scheduler, ClusterState, PrefixIndex) places them; prefill
+instances work through their queues in engine steps (prefill time, and pull time for
+blocks copied from another node, from the profile's time models): a whole prompt a
+step, or with a step budget the queue's prompts in order as vLLM's chunked prefill
+schedules them, so one step may end a prompt, compute short ones beside it and
+start the next; decode instances run continuous batching, one step for the whole
+batch, re-checking the TBT SLO when a request arrives (a refusal there is a wasted
+prefill).
+
+Decode is simulated in segments rather than token by token: between two changes of
+a batch (a request joins or finishes) every step takes the same time, so a segment
+of k steps is one event. That is what lets 23k requests replay in seconds.
+
+Shared hosts: on the local CPU cluster every instance shares one machine's cores,
+so a prefill runs slower while decode batches run and decode steps slow while a
+prefill runs, and the serving path (gateway, Conductor, NATS) adds a little to every
+first token and step. `HostSharing` (yuebing/lab/sim_config.py) holds those figures,
+measured on the live cluster (yuebing/lab/calibration.py); its defaults are separate
+GPUs: no effect.
+
+Caches: each prefill instance holds the blocks it computed (and those it pulled) in
+its share of the node's DRAM, LRU-evicted at `pool_blocks`. The Conductor's index
+*is* that cache here, as it is in the live system once the store publishes KV
+events. `cache_aware` uses only a request's own instance's cache ("local");
+`kvcentric` may pull from any instance ("global pool").
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from services.conductor.index import PrefixIndex
+from services.conductor.policy import Decision, Params, Request, Scheduler
+from services.conductor.state import ClusterState
+from shared.predictor import Predictor
+from yuebing.lab.outcome import Outcome, segment_stats, summarize
+from yuebing.lab.sim_config import SimConfig
+from yuebing.lab.trace import TraceRequest
+from yuebing.progress import progress as progress_bar
+
+
+@dataclass(slots=True)
+class SimRequest:
+    rid: str
+    trace: TraceRequest
+    arrival: float
+    hashes: list[int]
+    request: Request
+    outcome: Outcome
+    prefill_id: str = ""
+    decode_id: str = ""
+    pull_blocks: int = 0
+    cached_tokens: int = 0  # reused, from its own cache or pulled
+    prefilled: int = 0  # prompt tokens computed so far (chunked prefill)
+    local_cached_tokens: int = 0  # reused from its own cache only
+    first_token_at: float = 0.0
+    # Decode progress: tokens still to make, context attended, and the step times
+    # it saw as (step seconds, steps) segments.
+    remaining: int = 0
+    ctx: int = 0
+    segments: list[tuple[float, int]] = field(default_factory=list)
+
+
+@dataclass
+class PrefillInstance:
+    iid: str
+    queue: deque[SimRequest] = field(default_factory=deque)  # its requests, the one(s) in the step first
+    busy_s: float = 0.0
+    step: list[tuple[SimRequest, int]] = field(default_factory=list)  # the step in progress: (request, tokens)
+    done_at: float = 0.0  # when it ends
+    version: int = 0  # invalidates a scheduled end when a join on the host delays it
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.step)
+
+
+@dataclass
+class DecodeInstance:
+    iid: str
+    batch: list[SimRequest] = field(default_factory=list)
+    waiting: deque[SimRequest] = field(default_factory=deque)
+    seg_start: float = 0.0
+    seg_steps: int = 0
+    step_s: float = 0.0
+    version: int = 0  # invalidates a scheduled segment end when the batch changes
+    join_s: float = 0.0  # prompt tails that joining requests compute in the next step
+
+
+class Simulation:
+    def __init__(self, config: SimConfig, predictor: Predictor) -> None:
+        self.config = config
+        self.predictor = Predictor(
+            predictor.prefill_coef,
+            predictor.decode_coef,
+            kv_bytes_per_token=config.kv_bytes_per_token,
+            transfer_bytes_per_s=config.bandwidth_gbps * 1e9,
+        )
+        params = Params(block_size=config.block_tokens, decode_time_s=config.decode_time_s,
+                        learn_decode_time=config.learn_decode_time)
+        self.scheduler = Scheduler(config.policy, config.admission, self.predictor, params, seed=config.seed)
+        self.index = PrefixIndex(config.pool_blocks)
+        self.state = ClusterState(self.predictor, params, self.index, decode_capacity=config.max_batch)
+        self.prefills = {f"p{i}": PrefillInstance(f"p{i}") for i in range(config.prefill)}
+        self.decodes = {f"d{i}": DecodeInstance(f"d{i}") for i in range(config.decode)}
+        for iid in self.prefills:
+            self.state.add_instance("prefill", iid)
+        for iid in self.decodes:
+            self.state.add_instance("decode", iid)
+        self.events: list[tuple[float, int, str, object, int]] = []
+        self._seq = itertools.count()
+        self.now = 0.0
+        self.samples: list[dict] = []
+        self.requests: list[SimRequest] = []
+        self.unsettled = 0  # requests whose outcome is not final yet (arrived or not)
+
+    # --- event queue --------------------------------------------------------
+    def at(self, t: float, kind: str, obj: object, version: int = 0) -> None:
+        heapq.heappush(self.events, (t, next(self._seq), kind, obj, version))
+
+    def run(self, trace: Sequence[TraceRequest], progress: bool = False) -> list[Outcome]:
+        requests = self.requests = [self._request(i, r) for i, r in enumerate(trace)]
+        self.unsettled = len(requests)
+        for r in requests:
+            self.at(r.arrival, "arrive", r)
+        if requests:
+            self.at(0.0, "sample", None)
+        bar = progress_bar(total=len(requests), desc=f"sim {self.config.policy}/{self.config.admission}", unit="req",
+                           leave=False, enabled=progress)
+        handlers = {
+            "arrive": self._arrive,
+            "prefill_done": self._prefill_done,
+            "join": self._join,
+            "segment_end": self._segment_end,
+            "sample": self._sample,
+            "deadline": self._deadline,
+        }
+        while self.events:
+            t, _, kind, obj, version = heapq.heappop(self.events)
+            self.now = t
+            if kind == "arrive":
+                bar.update()
+            handlers[kind](obj, version)
+        bar.close()
+        return [r.outcome for r in requests]
+
+    # --- requests -----------------------------------------------------------
+    def _request(self, i: int, tr: TraceRequest) -> SimRequest:
+        c = self.config
+        full_blocks = tr.input_length // c.block_tokens
+        hashes = list(tr.hash_ids[:full_blocks])
+        ttft_slo = c.slo_ttft_x * self.predictor.prefill_s(tr.input_length) if c.slo_ttft_x else c.slo_ttft_s
+        tbt_slo = c.slo_tbt_x * self.predictor.decode_step_s(1, tr.input_length) if c.slo_tbt_x else c.slo_tbt_s
+        arrival = tr.timestamp_ms / 1e3 / c.speed
+        req = Request(f"r{i}", tr.input_length, len(hashes), tr.output_length, ttft_slo, tbt_slo)
+        outcome = Outcome(arrival, tr.input_length, tr.output_length, ttft_slo, tbt_slo)
+        return SimRequest(f"r{i}", tr, arrival, hashes, req, outcome, remaining=tr.output_length - 1)
+
+    def _arrive(self, r: SimRequest, _v: int) -> None:
+        loads = self.state.prefill_loads(r.hashes, self.now)
+        decode_loads = self.state.decode_loads(self.now)
+        out = self.scheduler.schedule(r.request, loads, decode_loads, self.now, self.state.decode_time_s)
+        if not isinstance(out, Decision):
+            r.outcome.rejected = True
+            self._settle(r)
+            return
+        prefix = next(x.prefix_blocks for x in loads if x.instance_id == out.prefill.instance_id)
+        if out.prefill.pull_from:  # replication: the pulled blocks now live on the chosen instance too
+            self.index.insert(out.prefill.instance_id, r.hashes[: out.prefill.cached_blocks])
+        r.prefill_id, r.decode_id = out.prefill.instance_id, out.decode_id
+        r.pull_blocks = out.prefill.pull_blocks
+        reused = max(prefix, out.prefill.cached_blocks)
+        r.cached_tokens = min(reused * self.config.block_tokens, r.trace.input_length - 1)
+        r.local_cached_tokens = min(prefix * self.config.block_tokens, r.trace.input_length - 1)
+        self.state.assign(r.request, r.hashes, out, self.now)
+        if self.config.request_timeout_s:
+            self.at(r.arrival + self.config.request_timeout_s, "deadline", r)
+        inst = self.prefills[r.prefill_id]
+        inst.queue.append(r)
+        if not inst.busy:
+            self._start_step(inst)
+            self._host_changed()  # one more prefill running
+
+    # --- prefill ------------------------------------------------------------
+    def _step_chunks(self, inst: PrefillInstance) -> list[tuple[SimRequest, int]]:
+        """What the next engine step computes, as vLLM's scheduler picks it: with a
+        step budget (chunk_tokens, vLLM's chunked prefill) the queue's requests in
+        order, each as much of its prompt as the budget has left, so one step may end
+        one prompt, compute a whole short one and start the next; without one, the
+        head's whole prompt."""
+        if not self.config.chunk_tokens:
+            r = inst.queue[0]
+            return [(r, self._uncomputed(r))]
+        chunks, budget = [], self.config.chunk_tokens
+        for r in inst.queue:
+            if budget <= 0:
+                break
+            n = min(budget, self._uncomputed(r))
+            chunks.append((r, n))
+            budget -= n
+        return chunks
+
+    def _uncomputed(self, r: SimRequest) -> int:
+        return r.trace.input_length - r.cached_tokens - r.prefilled
+
+    def _start_step(self, inst: PrefillInstance) -> None:
+        inst.step = self._step_chunks(inst)
+        # A request's pulled blocks arrive before its first tokens are computed.
+        pulls = sum(r.pull_blocks for r, _ in inst.step if not r.prefilled) * self.config.block_tokens
+        seconds = self.predictor.prefill_step_s([(n, r.cached_tokens + r.prefilled) for r, n in inst.step])
+        host = self.config.host
+        decoding = sum(len(d.batch) for d in self.decodes.values())
+        if decoding:
+            seconds *= 1 + host.prefill_slowdown_while_decoding + host.prefill_slowdown_per_decoding * decoding
+        seconds = seconds * host.prefill_scale + self.predictor.transfer_s(pulls)
+        inst.busy_s += seconds
+        inst.done_at, inst.version = self.now + seconds, inst.version + 1
+        self.at(inst.done_at, "prefill_done", inst, inst.version)
+
+    def _deadline(self, r: SimRequest, _v: int) -> None:
+        """Its client gave up before the first token: the request leaves its prefill
+        instance's queue. A step that computes only it stops (the work done so far
+        is lost); a step it shares with others runs on without it."""
+        if r.first_token_at or r.outcome.wasted_prefill:
+            return
+        inst = self.prefills[r.prefill_id]
+        inst.queue.remove(r)
+        if [x for x, _ in inst.step] == [r]:
+            inst.busy_s -= inst.done_at - self.now
+            inst.step, inst.version = [], inst.version + 1  # its prefill_done no longer counts
+            if inst.queue:
+                self._start_step(inst)
+            else:
+                self._host_changed()
+        r.outcome.failed = True
+        self._settle(r)
+
+    def _delay_prefills(self, seconds: float) -> None:
+        for inst in self.prefills.values():
+            if inst.busy:
+                inst.done_at, inst.busy_s = inst.done_at + seconds, inst.busy_s + seconds
+                inst.version += 1
+                self.at(inst.done_at, "prefill_done", inst, inst.version)
+
+    def _prefill_done(self, inst: PrefillInstance, version: int) -> None:
+        if version != inst.version:
+            return  # delayed by a join on the host, and rescheduled
+        step, inst.step = inst.step, []
+        done = []
+        for r, n in step:
+            if r.outcome.failed:
+                continue  # its client gave up during the step
+            r.prefilled += n
+            if not self._uncomputed(r):
+                inst.queue.remove(r)
+                done.append(r)
+        if inst.queue:
+            self._start_step(inst)
+        else:
+            self._host_changed()  # one prefill fewer
+        for r in done:
+            self._first_token(r)
+
+    def _first_token(self, r: SimRequest) -> None:
+        self.state.prefill_done(r.rid, self.now)
+        r.first_token_at = self.now
+        r.outcome.ttft_s = self.now - r.arrival + self.config.host.first_token_overhead_s
+        r.outcome.cached_tokens = r.cached_tokens
+        # With layer-wise streaming only the last layer's KV is left to send now.
+        delay = self.predictor.transfer_s(r.trace.input_length) / (32 if self.config.layerwise else 1)
+        self.at(self.now + delay + self.config.host.handoff_s, "join", r)
+
+    # --- decode -------------------------------------------------------------
+    def _join(self, r: SimRequest, _v: int) -> None:
+        inst = self.decodes[r.decode_id]
+        batch, tokens = len(inst.batch) + 1, sum(x.ctx for x in inst.batch) + r.trace.input_length
+        full = len(inst.batch) + len(inst.waiting) >= self.config.max_batch
+        if full or self.predictor.decode_step_s(batch, tokens) > r.request.slo_tbt_s:  # the decode double-check
+            r.outcome.wasted_prefill = True
+            r.outcome.ttft_s = None
+            self._settle(r)
+            return
+        if r.remaining <= 0:
+            self._finish(r)
+            return
+        if self.config.host.join_overhead_s:
+            self._delay_prefills(self.config.host.join_overhead_s)
+        r.ctx = r.trace.input_length + 1
+        # Decode computes what no full pool block holds, the prompt's tail, beside the
+        # first token in its next step: that step is longer for the whole batch (by the
+        # tail's marginal cost, a step's fixed cost being in the step time already, and
+        # by loading the request's KV from the pool).
+        inst.join_s += tail_compute_s(self.predictor, r.trace.input_length, self.config.block_tokens)
+        inst.join_s += self.config.host.join_step_s
+        inst.waiting.append(r)
+        if not inst.batch:
+            self._start_segment(inst)
+        else:
+            self._cut_segment(inst)
+
+    def _start_segment(self, inst: DecodeInstance) -> None:
+        while inst.waiting and len(inst.batch) < self.config.max_batch:
+            inst.batch.append(inst.waiting.popleft())
+        if not inst.batch:
+            return
+        steps = min(r.remaining for r in inst.batch)
+        tokens = sum(r.ctx for r in inst.batch) + len(inst.batch) * steps // 2  # context at mid-segment
+        host = self.config.host
+        inst.step_s = host.decode_scale * self.predictor.decode_step_s(len(inst.batch), tokens) + host.step_overhead_s
+        inst.step_s *= 1 + host.decode_slowdown_per_prefill * self._prefilling()
+        if inst.join_s:  # one longer step that carries the joiners' tails
+            steps, inst.step_s, inst.join_s = 1, inst.step_s + inst.join_s, 0.0
+        inst.seg_start, inst.seg_steps = self.now, steps
+        inst.version += 1
+        self.at(self.now + steps * inst.step_s, "segment_end", inst, inst.version)
+
+    def _prefilling(self) -> int:
+        return sum(p.busy for p in self.prefills.values())
+
+    def _host_changed(self) -> None:
+        """A prefill started or stopped on a shared host: decode steps change speed."""
+        if self.config.host.decode_slowdown_per_prefill:
+            for inst in self.decodes.values():
+                if inst.batch:
+                    self._cut_segment(inst)
+
+    def _cut_segment(self, inst: DecodeInstance) -> None:
+        """A request is waiting to join: end the running segment after the step in progress."""
+        done = math.ceil((self.now - inst.seg_start) / inst.step_s - 1e-9)
+        if 0 < done < inst.seg_steps:
+            inst.seg_steps = done
+            inst.version += 1
+            self.at(inst.seg_start + done * inst.step_s, "segment_end", inst, inst.version)
+
+    def _segment_end(self, inst: DecodeInstance, version: int) -> None:
+        if version != inst.version:
+            return  # this segment was cut short and rescheduled
+        k, still = inst.seg_steps, []
+        for r in inst.batch:
+            if not r.segments:  # the first decode token's gap: the wait since the first token
+                r.segments.append((self.now - (k - 1) * inst.step_s - r.first_token_at, 1))
+                if k > 1:
+                    r.segments.append((inst.step_s, k - 1))
+            else:
+                r.segments.append((inst.step_s, k))
+            r.remaining -= k
+            r.ctx += k
+            if r.remaining > 0:
+                still.append(r)
+            else:
+                self._finish(r)
+        inst.batch = still
+        self._start_segment(inst)
+
+    def _finish(self, r: SimRequest) -> None:
+        o = r.outcome
+        o.end_s = self.now
+        o.tbt_mean_s, o.tbt_p90_s, o.tbt_tail_s = segment_stats(r.segments)
+        self._settle(r, completed=True)
+
+    def _settle(self, r: SimRequest, completed: bool = False) -> None:
+        """Its outcome is final (served, refused or timed out): it leaves the books."""
+        self.unsettled -= 1
+        self.state.finished(r.rid, self.now, completed)
+
+    # --- load over time -----------------------------------------------------
+    def _sample(self, _obj: object, _v: int) -> None:
+        queue_s = [max(0.0, load.queue_s) for load in self.state.prefill_loads([], self.now)]
+        tbts = [self.predictor.decode_step_s(len(d.batch), sum(r.ctx for r in d.batch)) for d in self.decodes.values()]
+        self.samples.append(
+            {
+                "t": self.now,
+                "prefill_queue_s": sum(queue_s) / len(queue_s),
+                "decode_batch": sum(len(d.batch) for d in self.decodes.values()) / len(self.decodes),
+                "decode_tbt_s": sum(tbts) / len(tbts),
+            }
+        )
+        # Sample while any request is unsettled; not while only the deadlines of
+        # served requests are left (no-ops that would draw a flat tail).
+        if self.unsettled:
+            self.at(self.now + self.config.sample_every_s, "sample", None)
+
+    def replicas(self) -> dict[str, float]:
+        """How many instances hold each indexed block: hot blocks spread (kvcentric)."""
+        counts = self.index.holder_counts()
+        if not counts:
+            return {"blocks": 0, "mean": 0.0, "max": 0}
+        return {"blocks": len(counts), "mean": sum(counts) / len(counts), "max": max(counts)}
+
+
+def tail_compute_s(predictor: Predictor, prompt_len: int, block_tokens: int) -> float:
+    """What computing a joining request's prompt tail (what no full block holds) adds
+    to a decode step: its marginal prefill cost, the step's fixed cost being paid
+    already."""
+    tail = prompt_len % block_tokens
+    if not tail:
+        return 0.0
+    held = prompt_len - tail
+    return max(0.0, predictor.prefill_s(tail + 1, held) - predictor.prefill_s(1, held))
+
+
+@dataclass
+class SimRun:
+    result: dict  # the documented result object (what --json writes)
+    outcomes: list[Outcome]  # one per request, for plots
+
+
+def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predictor, progress: bool = False) -> SimRun:
+    """Run one configuration."""
+    sim = Simulation(config, predictor)
+    started = time.perf_counter()
+    outcomes = sim.run(trace, progress)
+    wall = time.perf_counter() - started
+    duration = max((o.end_s for o in outcomes), default=0.0) or max(o.arrival_s for o in outcomes)
+    result = summarize(outcomes, duration)
+    result.update(
+        {
+            "policy": config.policy,
+            "admission": config.admission,
+            "prefill": config.prefill,
+            "decode": config.decode,
+            "speed": config.speed,
+            "prefill_busy_s": sum(p.busy_s for p in sim.prefills.values()),
+            **_hit_rates([r for r in sim.requests if r.prefill_id]),
+            "replicas": sim.replicas(),
+            "simulated_requests_per_s": len(trace) / wall if wall else 0.0,
+            "wall_s": wall,
+            "load_over_time": sim.samples,
+            "decode_time_s": sim.state.decode_time_s,  # t_d at the end (learned with --learn-decode-time)
+            "load_spread": load_spread(sim.samples, max((o.arrival_s for o in outcomes), default=0.0)),
+        }
+    )
+    return SimRun(result, outcomes)
+
+
+def _hit_rates(admitted: Sequence[SimRequest]) -> dict[str, float]:
+    """Of prompt tokens of admitted requests: reused from the instance's own cache
+    ("local"), and reused at all, pulls from other instances included ("global")."""
+    prompt = max(1, sum(r.trace.input_length for r in admitted))
+    return {
+        "hit_rate_local": sum(r.local_cached_tokens for r in admitted) / prompt,
+        "hit_rate_global": sum(r.cached_tokens for r in admitted) / prompt,
+    }
+
+
+def load_spread(samples: Sequence[dict], last_arrival_s: float) -> dict[str, float]:
+    """Mean and standard deviation of the prefill queue and the decode batch over the
+    middle 80 % of the arrival span (warm-up and drain left out): how much admission
+    lets the load swing (Mooncake §7's oscillation under early rejection)."""
+    window = [s for s in samples if 0.1 * last_arrival_s <= s["t"] <= 0.9 * last_arrival_s]
+    out = {}
+    for key in ("prefill_queue_s", "decode_batch"):
+        values = [s[key] for s in window] or [0.0]
+        out[f"{key}_mean"], out[f"{key}_std"] = statistics.fmean(values), statistics.pstdev(values)
+    return out
+
+
+def find_capacity(
+    trace: Sequence[TraceRequest], config: SimConfig, predictor: Predictor, target: float = 0.9,
+    lo: float = 0.05, hi: float = 64.0, steps: int = 12, on_probe: Callable[[dict], None] | None = None,
+) -> dict:
+    """The highest replay speed at which `target` of requests meet both SLOs (binary
+    search on a log scale), as DistServe and Mooncake compare systems. `on_probe` sees
+    each probe as it is made (a search takes a while)."""
+
+    def attainment(speed: float) -> float:
+        return simulate(trace, replace(config, speed=speed), predictor).result["slo_attainment"]
+
+    found = {"policy": config.policy, "admission": config.admission, "target": target}
+    if attainment(lo) < target:
+        return found | {"capacity_speed": 0.0}
+    probes = []
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi)
+        probes.append({"speed": mid, "slo_attainment": attainment(mid)})
+        if on_probe:
+            on_probe(found | probes[-1])
+        lo, hi = (mid, hi) if probes[-1]["slo_attainment"] >= target else (lo, mid)
+    rate = len(trace) / (max(r.timestamp_ms for r in trace) / 1e3) if len(trace) > 1 else 0.0
+    return found | {"capacity_speed": lo, "capacity_rps": rate * lo, "probes": probes}

@@ -1,0 +1,129 @@
+"""The one way yuebing starts and stops child processes (the launcher's services,
+the benchmarks' servers, nats-server and messengers).
+
+- `spawn(argv, log, env=None)`: a child in its own process group (so a signal to
+  the group reaches whatever it starts in turn, e.g. vLLM's engine-core process),
+  writing stdout and stderr to `log` (appended; None: discarded), and sent SIGTERM
+  if this process dies first (Linux), so nothing outlives its parent.
+- `stop(procs, grace_s, sig=SIGTERM)`: signal every group, wait up to the grace for
+  all of them together, then SIGKILL each group (whatever is left in it); returns
+  those that had not exited in time.
+- `describe_exit(code)`, `tail(log, lines)`: for reporting a child that died.
+- `wait_until(check, proc, timeout_s, what)`: poll `check()` until it returns
+  something, failing as soon as `proc` exits.
+- `free_port()`, `wait_for_port(port, timeout_s)`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+PR_SET_PDEATHSIG = 1
+T = TypeVar("T")
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux: process groups still cover an orderly stop
+        pass
+
+
+def spawn(argv: Sequence[str], log: Path | None, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `argv` in a new session (its own process group), output into `log`."""
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - the child's from here
+    try:
+        return subprocess.Popen(
+            list(argv), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    finally:
+        if log is not None:
+            out.close()  # the child holds its own descriptor
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):  # gone already (and its pid maybe reused)
+        pass
+
+
+def stop(
+    procs: Sequence[subprocess.Popen[bytes]], grace_s: float = 15.0, sig: signal.Signals = signal.SIGTERM,
+) -> list[subprocess.Popen[bytes]]:
+    """Stop every process and its group: `sig`, then SIGKILL after `grace_s`. Returns
+    the processes that were still running when the grace ran out."""
+    for proc in procs:
+        signal_group(proc, sig)
+    deadline = time.monotonic() + grace_s
+    late = []
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            late.append(proc)
+        # Whatever it started and left behind in its group goes too.
+        signal_group(proc, signal.SIGKILL)
+    for proc in late:
+        proc.wait()
+    return late
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def tail(path: Path, lines: int = 8) -> str:
+    """The last lines of a log ("" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def wait_until(
+    check: Callable[[], T | None], proc: subprocess.Popen[bytes] | None, timeout_s: float, what: str,
+    interval_s: float = 0.5,
+) -> T:
+    """Poll `check` until it returns other than None; a RuntimeError naming `what`
+    when `proc` exits first or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} {describe_exit(proc.returncode)}")
+        found = check()
+        if found is not None:
+            return found
+        time.sleep(interval_s)
+    raise RuntimeError(f"{what} not ready after {timeout_s:.0f}s")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout_s: float, host: str = "127.0.0.1") -> None:
+    def listening() -> bool | None:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            return None
+
+    wait_until(listening, None, timeout_s, f"port {port}", interval_s=0.05)
