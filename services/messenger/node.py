@@ -6,6 +6,7 @@ from its loops)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import structlog
 
@@ -14,6 +15,8 @@ from shared.kv.wire import BlockEvent
 from shared.messages import KvEvent, MessengerStats, Tier
 
 log = structlog.get_logger(__name__)
+BlockKind = Literal["ready", "failed", "evicted", "tick"]  # BlockEvent.kind
+KvKind = Literal["stored", "evicted", "removed"]  # KvEvent.kind
 
 
 @dataclass
@@ -63,12 +66,12 @@ class Node:
         else:
             self.counters.sends_dropped += 1
 
-    def block_event(self, kind: str, pool_id: str, hashes: list[bytes]) -> None:
-        self.events.append(BlockEvent(kind=kind, pool_id=pool_id, hashes=hashes))  # type: ignore[arg-type]
+    def block_event(self, kind: BlockKind, pool_id: str, hashes: list[bytes]) -> None:
+        self.events.append(BlockEvent(kind=kind, pool_id=pool_id, hashes=hashes))
 
-    def kv_event(self, kind: str, tier: Tier, hashes: list[bytes]) -> None:
+    def kv_event(self, kind: KvKind, tier: Tier, hashes: list[bytes]) -> None:
         if hashes:
-            self.kv_events.append(KvEvent(node=self.name, kind=kind, tier=tier, hashes=[h.hex() for h in hashes]))  # type: ignore[arg-type]
+            self.kv_events.append(KvEvent(node=self.name, kind=kind, tier=tier, hashes=[h.hex() for h in hashes]))
 
     def take_events(self) -> list[BlockEvent]:
         out, self.events = self.events, []

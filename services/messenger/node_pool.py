@@ -179,7 +179,7 @@ class NodePool:
                 self._want(slot, dest)
         self._spill_evicted()
         if NO_ROOM in slots:
-            log.warning("pool full of pinned blocks", owner=r.owner, refused=slots.count(NO_ROOM))
+            log.warning("pool full of pinned blocks", request_id=r.owner, refused=slots.count(NO_ROOM))
         return slots
 
     def _pin(self, owner: str, hashes: list[bytes]) -> list[int]:

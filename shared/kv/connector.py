@@ -54,7 +54,9 @@ if TYPE_CHECKING:
 
 
 class YuebingConnector(KVConnectorBase_V1):
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None) -> None:
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
+    ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         opts = Options.parse(self._kv_transfer_config.kv_connector_extra_config)
         vllm_block = vllm_config.cache_config.block_size

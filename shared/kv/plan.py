@@ -88,7 +88,9 @@ class PoolView(Protocol):
     def has_failed(self, block_hash: bytes) -> bool: ...
 
 
-def track(params: Mapping[str, Any] | None, prompt: list[int], block_size: int, salt: bytes, now: float) -> Tracked | None:
+def track(
+    params: Mapping[str, Any] | None, prompt: list[int], block_size: int, salt: bytes, now: float
+) -> Tracked | None:
     """The request's part in the KV plan; None when it asks for none."""
     params = params or {}
     if KV_DEST not in params and KV_BLOCKS not in params:
@@ -102,7 +104,9 @@ def track(params: Mapping[str, Any] | None, prompt: list[int], block_size: int, 
     return t
 
 
-def match(t: Tracked, num_tokens: int, num_computed_tokens: int, block_size: int, pool: PoolView, now: float) -> Match | None:
+def match(
+    t: Tracked, num_tokens: int, num_computed_tokens: int, block_size: int, pool: PoolView, now: float
+) -> Match | None:
     """The leading blocks past what vLLM computed that the pool holds; None while
     blocks the request waits for are still on their way (vLLM asks again next step).
     Nothing waits past `Wait.until`, for a block that failed, or on a dead messenger."""

@@ -94,7 +94,8 @@ class Header:
 
     @staticmethod
     def unpack(data: bytes | memoryview, itemsize: int, layout: str) -> Header:
-        magic, version, layers, block_hash, model, dtype, h, n, c, layer_bytes, total = _HEAD.unpack_from(data)
+        head = _HEAD.unpack_from(data)
+        magic, version, layers, block_hash, model, dtype, h, n, c, layer_bytes, total = head
         if magic != MAGIC or version != HEADER_VERSION:
             raise ValueError("not a Yuebing pool block")
         if not 0 < layers <= MAX_LAYERS:
@@ -102,7 +103,8 @@ class Header:
         sums = list(struct.unpack_from(f"<{layers}Q", data, _HEAD.size))
         if payload_checksum(sums) != total:
             raise ValueError("header checksum mismatch")
-        geometry = Geometry(layers=layers, shape=(h, n, c), dtype=dtype.rstrip(b"\0").decode(), itemsize=itemsize, layout=layout)
+        dtype_name = dtype.rstrip(b"\0").decode()
+        geometry = Geometry(layers=layers, shape=(h, n, c), dtype=dtype_name, itemsize=itemsize, layout=layout)
         if geometry.layer_bytes != layer_bytes:
             raise ValueError("header sizes disagree")
         return Header(block_hash, model, geometry, sums)

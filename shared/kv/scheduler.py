@@ -43,7 +43,9 @@ log = structlog.get_logger(__name__)
 
 
 class ConnectorScheduler:
-    def __init__(self, opts: Options, client: MessengerClient | None = None, follower: PoolFollower | None = None) -> None:
+    def __init__(
+        self, opts: Options, client: MessengerClient | None = None, follower: PoolFollower | None = None
+    ) -> None:
         self.opts = opts
         self.client = client or MessengerClient(opts.kv_dir, opts.node, opts.timeout_s)
         self.follower = follower or PoolFollower(opts.kv_dir, opts.node, self.client)
@@ -63,7 +65,8 @@ class ConnectorScheduler:
         if t is None:
             return 0, False
         # Remembered for update_state_after_alloc; a later ask replaces it.
-        t.match = match(t, request.num_tokens, num_computed_tokens, self.opts.block_size, self.follower, time.monotonic())
+        now = time.monotonic()
+        t.match = match(t, request.num_tokens, num_computed_tokens, self.opts.block_size, self.follower, now)
         return (None, False) if t.match is None else (t.match.blocks * self.opts.block_size, False)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:

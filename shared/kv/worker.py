@@ -122,7 +122,8 @@ class ConnectorWorker:
             self.load_errors.update(b for load in meta.loads for b in load.block_ids)
             return
         self._layer_loaded = [threading.Event() for _ in self.caches]
-        self._load_thread = threading.Thread(target=self._load, args=(pool, meta.loads), name="yuebing-load", daemon=True)
+        self._load_thread = threading.Thread(target=self._load, args=(pool, meta.loads), name="yuebing-load",
+                                             daemon=True)
         self._load_thread.start()
 
     def _load(self, pool: MappedPool, loads: list[Load]) -> None:
@@ -135,7 +136,8 @@ class ConnectorWorker:
                         block.copy_(pool.layer(slot, layer, cache.dtype).view(block.shape))
                 self._layer_loaded[layer].set()
         except Exception:
-            log.exception("kv load failed", request_ids=[load.request_id for load in loads])
+            for load in loads:
+                log.exception("kv load failed: vLLM computes its blocks", request_id=load.request_id)
             self.load_errors.update(b for load in loads for b in load.block_ids)
         finally:
             for event in self._layer_loaded:

@@ -36,7 +36,7 @@ def test_commands_parse_with_the_services_own_flags(name, monkeypatch):
     assert (ROOT / "services" / name / "__main__.py").exists()
     monkeypatch.setenv("YUEBING_CONFIG", "/config/cluster.json")
     for argv in commands:
-        args = importlib.import_module(f"services.{name}.app").parser().parse_args(argv)
+        args = importlib.import_module(f"services.{name}.__main__").parser().parse_args(argv)
         assert args.config == "/config/cluster.json"
 
 

@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from yuebing.metrics import summarize
-from yuebing.replay import ReplayOptions, replay
-from yuebing.trace import SyntheticSpec, rescale, synthetic
+from yuebing.lab.outcome import summarize
+from yuebing.lab.replay import ReplayOptions, replay
+from yuebing.lab.trace import SyntheticSpec, rescale, synthetic
 
 pytestmark = pytest.mark.e2e
 
@@ -28,7 +28,7 @@ def test_replay_measures_every_request_and_shared_prefixes_hit(cluster):
 def test_requests_of_one_timestamp_are_served_in_trace_order(cluster):
     # The simulator serves a group that arrives at once in trace order; so must the
     # replay send it (tasks sleeping to one instant used to wake shuffled).
-    from yuebing.trace import TraceRequest
+    from yuebing.lab.trace import TraceRequest
 
     trace = [TraceRequest(300.0, 200 + 60 * i, 2, (1000 + 2 * i, 1001 + 2 * i)) for i in range(6)]
     outcomes, _ = asyncio.run(replay(cluster.url, trace, ReplayOptions(block_tokens=128, progress=False, salt=12)))
@@ -39,8 +39,8 @@ def test_requests_of_one_timestamp_are_served_in_trace_order(cluster):
 def test_calibration_measures_the_serving_path_against_the_profile(cluster):
     from shared.config import ClusterConfig, profile_path
     from shared.predictor import load_predictor
-    from yuebing.replay import calibrate
-    from yuebing.sim import SimConfig
+    from yuebing.lab.calibration import calibrate
+    from yuebing.lab.sim_config import SimConfig
 
     predictor = load_predictor(profile_path(ClusterConfig()))
     config = SimConfig(prefill=1, decode=1, policy="round_robin", block_tokens=128, kv_bytes_per_token=0,

@@ -1,11 +1,9 @@
 import json
-from pathlib import Path
 
 import pytest
 
 from shared.predictor import Predictor, Row, fit, load_predictor, mape, read_rows
-
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "profiles" / "h100-dense-llama.json"
+from yuebing.lab.data import GPU_PROFILE
 
 
 def test_fit_recovers_the_terms_of_a_known_curve():
@@ -21,10 +19,9 @@ def test_too_few_rows_is_an_error():
         fit([Row("decode", 1, 1, 1, 1, 1.0)], "decode")
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="../shared/profiles not beside the repo")
 def test_gpu_profile_fits_within_15_percent():
-    p = load_predictor(SHARED, "llama3-8b")
-    rows = read_rows(SHARED, "llama3-8b")
+    p = load_predictor(GPU_PROFILE, "llama3-8b")
+    rows = read_rows(GPU_PROFILE, "llama3-8b")
     assert mape(p, [r for r in rows if r.phase == "prefill"]) < 15
     assert p.prefill_s(8192) > p.prefill_s(1024, 7168)  # a cached prefix saves time
 

@@ -28,7 +28,7 @@ import zmq
 
 from shared.config import ClusterConfig, save_config
 from shared.kv.client import MessengerClient
-from shared.kv.pool_file import Geometry, PoolFile, checksum
+from shared.kv.pool_file import Geometry, PoolSlots, checksum
 from shared.kv.wire import BlockEvent, Hello, Reserve, Written, event_decoder, events_endpoint
 from shared.messages import MessengerCommand, MessengerStats, decode, encode, messenger_subject
 from yuebing import process
@@ -190,7 +190,7 @@ def _fill(a: MessengerClient, reply, geometry: Geometry, blocks: int) -> list[Wr
     if slots is None or any(s < 0 for s in slots.slots):
         raise RuntimeError("no room in the pool")
     block_bytes = geometry.layer_bytes  # one layer: the whole block
-    pool = PoolFile(Path(reply.pool_path), geometry, reply.pool_slots, create=False)
+    pool = PoolSlots.open(reply.pool_path, geometry, reply.pool_slots)
     payload = np.random.default_rng(1).integers(0, 255, block_bytes, dtype=np.uint8).tobytes()
     sums = []
     for slot in slots.slots:

@@ -1,6 +1,6 @@
-"""The calibration's pure parts: its burst, the slowdowns read from its probes, and
-the levelling of the simulator on the burst. (Against a live cluster:
-tests/e2e/test_bench.py.)"""
+"""The calibration: its burst, the slowdowns read from its probes, the levelling of
+the simulator on the burst, and the whole against the stand-in gateway of
+conftest.py. (Against a live cluster: tests/e2e/test_bench.py.)"""
 
 import random
 from dataclasses import replace
@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from shared.predictor import Predictor
+from yuebing.lab import calibration
 from yuebing.lab.calibration import (
     BURST_GROUP_SIZE,
     BURST_GROUPS,
@@ -17,6 +18,7 @@ from yuebing.lab.calibration import (
     level_to_burst,
     prefill_slowdowns,
 )
+from yuebing.lab.replay import ReplayOptions
 from yuebing.lab.sim import simulate
 from yuebing.lab.sim_config import HostSharing, SimConfig
 
@@ -51,3 +53,22 @@ def test_levelling_to_the_burst_finds_the_prefill_and_decode_speeds_that_reprodu
     found = level_to_burst(replace(truth, prefill_scale=1.0, decode_scale=1.0), burst, live, config, predictor)
     assert found.prefill_scale == pytest.approx(1.4, rel=0.03)
     assert found.decode_scale == pytest.approx(1.25, rel=0.03)
+
+
+async def test_calibrate_runs_its_experiments_against_a_gateway_and_levels_the_simulator(gateway, monkeypatch):
+    # The stand-in (conftest.py) prefills 0.1 ms a token, steps 2 ms, and nothing on
+    # it slows anything else; the profile says 0.05 ms a token and 1 ms a step.
+    gateway.prefill_s_per_token, gateway.step_s = 1e-4, 0.002
+    monkeypatch.setattr(calibration, "BURST_GROUP_GAP_S", 0.1)  # the burst's groups closer: a quick test
+    predictor = Predictor(prefill_coef=(0.0, 0.05, 0.0, 0.0), decode_coef=(1.0, 0.0, 0.0))
+    config = SimConfig(prefill=1, decode=1, policy="round_robin", block_tokens=64, kv_bytes_per_token=0)
+    host = await calibration.calibrate(gateway.url, ReplayOptions(block_tokens=64, progress=False), predictor, config,
+                                       long_prompt=512, streams=2, stream_tokens=40)
+    # Milliseconds of overhead, and slowdowns a fraction, not multiples (this event
+    # loop serves the stand-in and the client alike: some jitter).
+    assert host.first_token_overhead_s < 0.1 and host.step_overhead_s < 0.02
+    assert host.prefill_slowdown_while_decoding < 1.0 and host.decode_slowdown_per_prefill < 1.0
+    # Levelled: the simulator replays the burst about as the stand-in served it.
+    burst = calibration_burst(random.Random(0), 512, 64)
+    simulated = simulate(burst, replace(config, host=host), predictor).result
+    assert 1.5e-3 < simulated["tbt_mean_s"]["mean"] < 1e-2  # the stand-in steps 2 ms
