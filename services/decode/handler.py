@@ -71,7 +71,8 @@ class Decoder(Handler):
         # rest: the prompt's last partial block, the first token, and any block that
         # did not arrive within kv_wait_s (see shared/kv/connector.py).
         prompt = [*req.prompt_token_ids, req.first_token_id]
-        kv = {"kv_blocks": req.kv_blocks, "kv_wait_s": min(self.instance.config.kv_wait_s, bus.remaining(req.deadline))}
+        kv = {"kv_blocks": req.kv_blocks, "kv_wait_s": min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)),
+              "kv_hashes": req.block_hashes}
         seq = 0
         log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens, kv_blocks=req.kv_blocks)
         try:

@@ -80,7 +80,8 @@ class Prefiller(Handler):
         """What the KV connector is told (shared/kv/connector.py): stream each saved
         layer to decode's node, and wait for the blocks a pull brings first."""
         placement = req.placement
-        params: dict[str, Any] = {"kv_dest": placement.decode_node if placement.kv_blocks else ""}
+        params: dict[str, Any] = {"kv_dest": placement.decode_node if placement.kv_blocks else "",
+                                  "kv_hashes": req.block_hashes}
         if placement.pull_from and placement.pull_blocks:
             coming = await self._pull(req)
             if coming:  # wait for them (never past the deadline), then compute the rest

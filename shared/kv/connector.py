@@ -13,7 +13,9 @@ The contract, in the request's `SamplingParams.extra_args["kv_transfer_params"]`
   messenger of node `kv_dest` ("" or this node: keep the blocks here);
 - `kv_blocks: int` with `kv_wait_s: float` (decode; prefill after a pull) — the first
   `kv_blocks` prompt blocks are on their way into this node's pool: wait up to
-  `kv_wait_s` seconds (default 2) for them before computing what has not arrived.
+  `kv_wait_s` seconds (default 2) for them before computing what has not arrived;
+- `kv_hashes: list[str]` (both) — the prompt's full-block hashes (hex) as the gateway
+  computed them, so the prompt is hashed once in the cluster (computed here if absent).
 Either way, the leading prompt blocks that are in the node pool (whoever computed
 them, from DRAM or SSD) are loaded layer by layer while the rest is computed.
 

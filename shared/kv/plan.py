@@ -22,6 +22,7 @@ from shared.kv.wire import NO_ROOM
 KV_DEST = "kv_dest"
 KV_BLOCKS = "kv_blocks"
 KV_WAIT_S = "kv_wait_s"
+KV_HASHES = "kv_hashes"  # the prompt's block hashes (hex) as the gateway computed them
 DEFAULT_WAIT_S = 2.0
 
 
@@ -95,13 +96,22 @@ def track(
     params = params or {}
     if KV_DEST not in params and KV_BLOCKS not in params:
         return None
-    t = Tracked(hashes=block_hashes(prompt, block_size, salt), seen_at=now)
+    t = Tracked(hashes=prompt_hashes(params, prompt, block_size, salt), seen_at=now)
     if KV_DEST in params:
         t.send = Send(kv_dest=str(params[KV_DEST]))
     if KV_BLOCKS in params:
         wait_s = float(params.get(KV_WAIT_S, DEFAULT_WAIT_S))
         t.wait = Wait(kv_blocks=min(int(params[KV_BLOCKS]), len(t.hashes)), until=now + wait_s)
     return t
+
+
+def prompt_hashes(params: Mapping[str, Any], prompt: list[int], block_size: int, salt: bytes) -> list[bytes]:
+    """The prompt's full-block hashes: those the request carries (the gateway hashes a
+    prompt once for the whole cluster), or computed here when it carries none."""
+    given = params.get(KV_HASHES)
+    if isinstance(given, list) and len(given) == len(prompt) // block_size:
+        return [bytes.fromhex(h) for h in given]
+    return block_hashes(prompt, block_size, salt)
 
 
 def match(

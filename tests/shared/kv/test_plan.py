@@ -138,3 +138,15 @@ def test_a_reservation_without_an_answer_ends_the_run():
 def test_only_a_request_sending_somewhere_reports_kv_blocks():
     assert finished_params(Tracked(hashes=[], send=Send(kv_dest=""))) is None  # kept here
     assert finished_params(waiting(2, 2)) is None
+
+
+def test_the_hashes_a_request_carries_are_used_and_equal_those_computed_here():
+    from shared.block_hash import block_hashes, hex_hashes
+    from shared.kv.plan import prompt_hashes
+
+    prompt = list(range(300))
+    carried = hex_hashes(prompt, 128, b"m")
+    assert prompt_hashes({"kv_hashes": carried}, prompt, 128, b"m") == block_hashes(prompt, 128, b"m")
+    # What a request carries names its blocks: a wrong-length list is not trusted.
+    assert prompt_hashes({"kv_hashes": carried[:1]}, prompt, 128, b"m") == block_hashes(prompt, 128, b"m")
+    assert prompt_hashes({"kv_hashes": ["00" * 16] * 2}, prompt, 128, b"m") == [bytes(16)] * 2
