@@ -81,7 +81,8 @@ class ScheduleRequest(Message):
 class Placement(Message):
     """Where one request runs, as the Conductor decided it; the gateway executes it.
 
-    kv_blocks: the prompt's leading full blocks whose KV prefill sends to decode's
+    decode_node: the decode instance's node, where prefill streams the prompt's KV
+    ("" when no decode runs: a one-token request ends at prefill). kv_blocks: the prompt's leading full blocks whose KV prefill sends to decode's
     node (0 when no decode runs). Remote reuse: prefill first pulls the first
     `pull_blocks` prompt blocks from node `pull_from`'s pool, but for the first
     `pull_skip`, which the prefill node's pool holds already."""

@@ -13,7 +13,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from services.conductor.index import PoolIndex, PrefixIndex
-from services.conductor.policy import Decision, DecodeLoad, Params, PrefillLoad, Request, Scheduler, kv_blocks, pool_pull
+from services.conductor.policy import Decision, DecodeLoad, Params, PrefillLoad, Request, Scheduler, decodes, kv_blocks, pool_pull
 from services.conductor.state import ClusterState
 from shared import bus, service
 from shared.config import ClusterConfig, profile_path
@@ -188,7 +188,7 @@ class Conductor:
         return Placement(
             prefill_id=out.prefill.instance_id,
             decode_id=out.decode_id,
-            decode_node=view.decode_nodes[out.decode_id],
+            decode_node=view.decode_nodes[out.decode_id] if decodes(req) else "",
             kv_blocks=kv_blocks(req, self.config.block_size),
             pull_from=pull_node,
             pull_blocks=pull_blocks,

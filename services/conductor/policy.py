@@ -327,10 +327,15 @@ class Scheduler:
         return max(0.0, min(ends) - now) if ends else 1.0
 
 
+def decodes(req: Request) -> bool:
+    """Whether decode runs at all: a one-token request ends at prefill."""
+    return req.max_tokens > 1
+
+
 def kv_blocks(req: Request, block_size: int) -> int:
     """The prompt's leading full blocks whose KV prefill sends to decode: every one,
-    unless no decode runs (a one-token request ends at prefill)."""
-    return req.prompt_len // block_size if req.max_tokens > 1 else 0
+    when decode runs."""
+    return req.prompt_len // block_size if decodes(req) else 0
 
 
 def pool_pull(chosen_node: str, chosen_prefix: int, node_prefix: Mapping[str, int]) -> tuple[str, int]:

@@ -80,12 +80,11 @@ class Prefiller(Handler):
         """What the KV connector is told (shared/kv/connector.py): stream each saved
         layer to decode's node, and wait for the blocks a pull brings first."""
         placement = req.placement
-        params: dict[str, Any] = {"kv_dest": placement.decode_node if placement.kv_blocks else "",
-                                  "kv_hashes": req.block_hashes}
+        params: dict[str, Any] = {"kv_dest": placement.decode_node, "kv_hashes": req.block_hashes}
         if placement.pull_from and placement.pull_blocks:
-            coming = await self._pull(req)
-            if coming:  # wait for them (never past the deadline), then compute the rest
-                params.update(kv_blocks=coming, kv_wait_s=min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)))
+            pulled = await self._pull(req)
+            if pulled:  # wait for them (never past the deadline), then compute the rest
+                params.update(kv_blocks=pulled, kv_wait_s=min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)))
         return params
 
     async def _first_token(self, req: PrefillRequest) -> PrefillResult:

@@ -62,6 +62,9 @@ class Tracked:
     wait: Wait | None = None
     seen_at: float = 0.0  # when the scheduler first saw it (how long it waited for blocks)
     match: Match | None = None  # the last answer given to vLLM, for the step that allocates
+    # A block this step claimed did not load: the step computes the rest over KV that
+    # is not there, vLLM reruns it from that block, and only the rerun's blocks save.
+    load_failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,9 @@ def saves_due(
     for req_id, tokens in scheduled.items():
         t = tracked.get(req_id)
         if t is None or t.send is None:
+            continue
+        if t.load_failed:
+            t.load_failed = False
             continue
         done = blocks_complete(t, computed.get(req_id, 0), tokens, block_size)
         if done > t.send.saved:

@@ -83,6 +83,7 @@ class ConnectorScheduler:
         if load is not None:
             self.next_meta.loads.append(load)
         self.next_meta.failed.extend(failed)
+        t.load_failed = bool(failed)
         self._log_claim(request.request_id, t, m, loaded=n - len(failed), failed=len(failed))
 
     def _log_claim(self, request_id: str, t: Tracked, m: Match, loaded: int, failed: int) -> None:

@@ -47,7 +47,8 @@ def test_the_reply_carries_the_whole_placement_the_gateway_executes():
     assert placement.kv_blocks == 2
     one_token = ScheduleRequest(request_id="r2", prompt_len=300, block_hashes=["a", "b"], max_tokens=1,
                                 deadline=time.time() + 60)
-    assert c.schedule(one_token, now=0.0).placement.kv_blocks == 0  # no decode runs: nothing to send
+    alone = c.schedule(one_token, now=0.0).placement
+    assert (alone.decode_node, alone.kv_blocks) == ("", 0)  # no decode runs: nothing to send
 
 
 def test_admission_rejects_with_retry_after_and_dead_instances_are_unavailable():

@@ -117,6 +117,15 @@ def test_saves_are_due_for_blocks_a_step_completes():
     assert saves_due(tracked, computed={"s": 4}, scheduled={"s": 2}, block_size=BS) == []  # nothing new completes
 
 
+def test_a_step_whose_claimed_blocks_failed_to_load_saves_nothing_and_its_rerun_does():
+    # The step computes past a block that never loaded (its KV is whatever vLLM's block
+    # held): saving would put wrong KV into the pool under the prompt's hashes.
+    t = Tracked(hashes=hashes(3), send=Send(kv_dest="d"), load_failed=True)
+    assert saves_due({"s": t}, computed={"s": 2 * BS}, scheduled={"s": BS + 2}, block_size=BS) == []
+    # vLLM reruns the request from the failed block: that step's blocks save.
+    assert saves_due({"s": t}, computed={"s": 0}, scheduled={"s": 3 * BS + 2}, block_size=BS) == [("s", t, 3)]
+
+
 def test_prefill_tells_decode_how_many_leading_blocks_the_pool_took():
     # Three steps complete blocks 0-2, 3-5 and 6; the pool has no room for block 4, so
     # the run decode can load ends at block 3 (blocks 5 and 6 go, but past a gap).
