@@ -13,7 +13,17 @@ import structlog
 from nats.aio.msg import Msg
 
 from services.conductor.index import PoolIndex, PrefixIndex
-from services.conductor.policy import Decision, DecodeLoad, Params, PrefillLoad, Request, Scheduler, decodes, kv_blocks, pool_pull
+from services.conductor.policy import (
+    Decision,
+    DecodeLoad,
+    Params,
+    PrefillLoad,
+    Request,
+    Scheduler,
+    decodes,
+    kv_blocks,
+    pool_pull,
+)
 from services.conductor.state import ClusterState
 from shared import bus, service
 from shared.config import ClusterConfig, profile_path
@@ -31,8 +41,8 @@ from shared.messages import (
     KvSnapshot,
     MessageError,
     MessengerCommand,
-    RequestUpdate,
     Placement,
+    RequestUpdate,
     ScheduleReply,
     ScheduleRequest,
     encode,

@@ -21,8 +21,8 @@ import pytest
 
 from shared.config import ClusterConfig
 from shared.engine.llm import engine_environment
-from yuebing.process import free_port
 from yuebing.model import default_model_dir
+from yuebing.process import free_port
 
 MAX_MODEL_LEN = 1024
 # Pinned on both sides of every greedy comparison: the cluster's default is vLLM's

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from services.conductor.policy import ADMISSIONS, PREFILL_POLICIES
-from yuebing.bench.conductor import ConductorBench, run as run_bench, table
+from yuebing.bench.conductor import ConductorBench, table
+from yuebing.bench.conductor import run as run_bench
 from yuebing.commands import add_json_flag, write_json
 from yuebing.flags import Alias, add_flags, from_args
 

@@ -7,7 +7,15 @@ import json
 import pytest
 
 from yuebing.lab.data import CONVERSATION_TRACE
-from yuebing.lab.trace import TRACE_BLOCK_TOKENS, SyntheticSpec, TraceError, TraceRequest, load_trace, rescale, synthetic
+from yuebing.lab.trace import (
+    TRACE_BLOCK_TOKENS,
+    SyntheticSpec,
+    TraceError,
+    TraceRequest,
+    load_trace,
+    rescale,
+    synthetic,
+)
 
 LINES = [{"timestamp": 20, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]},
          {"timestamp": 10, "input_length": 100, "output_length": 7, "hash_ids": [1]}]
