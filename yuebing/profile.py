@@ -51,12 +51,12 @@ class Engine:
     """A plain in-process vLLM engine, with unique random prompts so nothing is
     cached unless a measurement caches it on purpose."""
 
-    def __init__(self, model: str, max_model_len: int) -> None:
+    def __init__(self, model: str, max_model_len: int, dtype: str = "float32") -> None:
         for key, value in engine_environment(ClusterConfig(kv_cache_gib=4)).items():
             os.environ.setdefault(key, value)
         from vllm import LLM
 
-        self.llm = LLM(model=model, max_model_len=max_model_len, dtype="float32", enforce_eager=True, seed=0)
+        self.llm = LLM(model=model, max_model_len=max_model_len, dtype=dtype, enforce_eager=True, seed=0)
         self.vocab = 256  # byte tokens exist in every byte-level tokenizer; any ids work for timing
         self.rng = random.Random(0)
 
@@ -163,10 +163,10 @@ def held_out_error(rows: list[Row]) -> dict[str, float]:
     return {phase: mape(predictor, [r for r in test if r.phase == phase]) for phase in ("prefill", "decode")}
 
 
-def profile(model_dir: Path, out: Path, grid: Grid, max_model_len: int = 4096) -> dict:
+def profile(model_dir: Path, out: Path, grid: Grid, max_model_len: int = 4096, dtype: str = "float32") -> dict:
     model_dir = model_dir.resolve()
     started = time.perf_counter()
-    engine = Engine(str(model_dir), max_model_len)
+    engine = Engine(str(model_dir), max_model_len, dtype)
     try:
         rows = measure(engine, grid, model_dir.name)
     finally:
@@ -175,6 +175,7 @@ def profile(model_dir: Path, out: Path, grid: Grid, max_model_len: int = 4096) -
     errors = held_out_error(typed)
     meta = {
         "model": model_dir.name,
+        "dtype": dtype,
         "method": "in-process vLLM (greedy, ignore_eos); prefill: TTFT of one request after caching its prefix; "
         f"decode: (T({grid.steps[1]} steps) - T({grid.steps[0]} steps)) / {grid.steps[1] - grid.steps[0]} on cached prompts; "
         "minimum of repeats after one untimed run",

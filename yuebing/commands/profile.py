@@ -18,13 +18,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=str(DEFAULT_PROFILE), help="the profile to write")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per point (their minimum counts)")
     p.add_argument("--max-model-len", type=int, default=4096, help="the engine's context limit, tokens")
+    p.add_argument("--dtype", default="float32",
+                   help="the engine's dtype: the cluster's own (`yuebing up --dtype`) for a profile it loads")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from yuebing.profile import Grid, profile
 
-    meta = profile(Path(args.model), Path(args.out), Grid(repeats=args.repeats), args.max_model_len)
+    meta = profile(Path(args.model), Path(args.out), Grid(repeats=args.repeats), args.max_model_len, args.dtype)
     errors = meta["held_out_mape_percent"]
     print(f"wrote {args.out} in {meta['seconds']:.0f}s")
     print(f"held-out error (MAPE): prefill {errors['prefill']:.1f} %, decode step {errors['decode']:.1f} %")
