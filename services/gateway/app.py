@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import hmac
 import os
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -35,12 +36,16 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class Prepared:
     """A validated request, tokenized and ready for the pipeline."""
 
-    request_id: str
+    request_id: str  # the gateway's own, unique per attempt: the only id the cluster sees
     kind: str  # "chat" | "completion"
     options: Options
     prompt: list[int]
     max_tokens: int
     slo: Slo
+    label: str | None = None  # the client's x-request-id: for its logs and the response header only
+
+    def headers(self) -> dict[str, str]:
+        return {REQUEST_ID_HEADER: self.label or self.request_id, OWN_ID_HEADER: self.request_id}
 
 
 class Gateway:
@@ -113,10 +118,14 @@ class Gateway:
 
     # --- serving ------------------------------------------------------------
     async def _serve(self, request: web.Request, kind: str, parsed: ChatRequest | CompletionRequest) -> web.StreamResponse:
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        # Never the client's: its id would become a NATS subject token and a cancel key.
+        request_id = uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
+            label = client_request_id(request)
+            structlog.contextvars.bind_contextvars(client_request_id=label)
             prepared = self._prepare(request_id, kind, parsed, slo_from_headers(request))
+            prepared.label = label
         except ApiError as e:
             self.metrics.requests.labels(kind, str(e.status)).inc()
             log.info("request refused", status=e.status, error=e.message)
@@ -235,7 +244,7 @@ class Gateway:
         if p.options.return_token_ids:
             choice["token_ids"] = text.token_ids
             body["prompt_token_ids"] = p.prompt
-        return web.Response(body=orjson.dumps(body), content_type="application/json", headers={"x-request-id": p.request_id})
+        return web.Response(body=orjson.dumps(body), content_type="application/json", headers=p.headers())
 
     async def _stream(self, request: web.Request, p: Prepared) -> web.StreamResponse:
         text, report = TextStream(self.tokenizer, p.options.stop), Report()
@@ -246,7 +255,7 @@ class Gateway:
         except StopAsyncIteration:
             first = None
         response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-request-id": p.request_id}
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **p.headers()}
         )
         await response.prepare(request)
         try:
@@ -338,6 +347,23 @@ async def _chain(first: list[Any], rest: Any) -> Any:
         yield item
     async for item in rest:
         yield item
+
+
+REQUEST_ID_HEADER = "x-request-id"
+OWN_ID_HEADER = "x-yuebing-request-id"
+CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def client_request_id(request: web.Request) -> str | None:
+    """A client's own id for its request, checked: it goes into log lines and comes
+    back in the response's x-request-id, and is never used as a key or a subject."""
+    raw = request.headers.get(REQUEST_ID_HEADER)
+    if raw is None:
+        return None
+    if not CLIENT_REQUEST_ID.fullmatch(raw):
+        raise protocol.invalid(f"header {REQUEST_ID_HEADER} must be 1 to 128 characters of A-Z a-z 0-9 . _ : -",
+                               REQUEST_ID_HEADER)
+    return raw
 
 
 SLO_HEADERS = {"ttft_ms": "x-yuebing-slo-ttft-ms", "tbt_ms": "x-yuebing-slo-tbt-ms"}

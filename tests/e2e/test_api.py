@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 
 import httpx
 import pytest
@@ -140,3 +141,29 @@ def test_stop_strings_end_the_output_before_them(client):
     cut = client.completions.create(model="yuebing-tiny", prompt="Stop here:", max_tokens=32, temperature=0,
                                     stop=[stop], extra_body={"ignore_eos": True}).choices[0]
     assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
+
+
+def _streamed_text(cluster, prompt: str, label: str) -> tuple[str, str]:
+    body = {"model": "yuebing-tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{cluster.api}/completions", json=body, headers={"x-request-id": label}, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["x-request-id"] == label
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: {")]
+    return "".join(json.loads(e)["choices"][0]["text"] for e in events), r.headers["x-yuebing-request-id"]
+
+
+def test_clients_ids_are_labels_duplicates_never_cross_and_a_hostile_one_is_refused(cluster, client):
+    # Two streams under one client id, and a hostile id beside them: each stream gets
+    # its own tokens (the cluster keys requests by the gateway's own ids), the hostile
+    # request a 400, and the API stays up.
+    prompts = [PROMPTS[1], PROMPTS[2]]
+    hostile = {"model": "yuebing-tiny", "prompt": "x", "max_tokens": 2}
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        streams = [pool.submit(_streamed_text, cluster, p, "same-id") for p in prompts]
+        refused = pool.submit(httpx.post, f"{cluster.api}/completions", json=hostile,
+                              headers={"x-request-id": "*" + "x" * 7999}, timeout=60)
+        (text_a, id_a), (text_b, id_b) = (s.result() for s in streams)
+    assert refused.result().status_code == 400 and refused.result().json()["error"]["param"] == "x-request-id"
+    assert id_a != id_b
+    for prompt, text in zip(prompts, (text_a, text_b)):
+        alone = client.completions.create(model="yuebing-tiny", prompt=prompt, max_tokens=16, temperature=0)
+        assert text == alone.choices[0].text

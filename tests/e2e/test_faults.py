@@ -49,9 +49,13 @@ def latest_heartbeat(nats_url: str, instance_id: str, seconds: float = 1.5) -> H
 
 def test_client_disconnect_cancels_the_request_on_the_instance(cluster):
     before = latest_heartbeat(cluster.nats_url, "decode-0")
-    request_id = f"disconnect-{uuid.uuid4().hex[:8]}"
-    with httpx.stream("POST", f"{cluster.api}/chat/completions", json=LONG, headers={"x-request-id": request_id}, timeout=60) as r:
+    label = f"disconnect-{uuid.uuid4().hex[:8]}"
+    with httpx.stream("POST", f"{cluster.api}/chat/completions", json=LONG, headers={"x-request-id": label}, timeout=60) as r:
         assert r.status_code == 200
+        # The client's id is a label; the cluster knows the request by the gateway's own.
+        assert r.headers["x-request-id"] == label
+        request_id = r.headers["x-yuebing-request-id"]
+        assert request_id != label
         lines = r.iter_lines()
         got = [next(lines) for _ in range(10)]
         assert any(line.startswith("data: ") for line in got)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
-import uuid
 
 import pytest
 
@@ -27,13 +26,21 @@ def prompt(length: int, seed: int) -> list[int]:
     return [rnd.randrange(32, 127) for _ in range(length)]
 
 
-def complete(client, ids: list[int], request_id: str | None = None):
+def complete(client, ids: list[int]):
     r = client.completions.create(
         model="yuebing-tiny", prompt=ids, max_tokens=MAX_TOKENS, temperature=0, extra_body={"return_token_ids": True},
-        extra_headers={"x-request-id": request_id} if request_id else None,
     )
     assert r.model_extra["prompt_token_ids"] == ids
     return r.choices[0].model_extra["token_ids"], r.model_extra["yuebing"]
+
+
+def complete_with_id(client, ids: list[int]) -> tuple[list[int], dict, str]:
+    """Also the gateway's id for the request, which every instance logs it under."""
+    raw = client.completions.with_raw_response.create(
+        model="yuebing-tiny", prompt=ids, max_tokens=MAX_TOKENS, temperature=0, extra_body={"return_token_ids": True},
+    )
+    r = raw.parse()
+    return r.choices[0].model_extra["token_ids"], r.model_extra["yuebing"], raw.headers["x-yuebing-request-id"]
 
 
 # Shorter than a block, not a multiple of it, exactly two blocks, near the 1024-token limit.
@@ -90,8 +97,7 @@ def test_decode_does_not_wait_for_blocks_prefills_pool_had_no_room_for(cluster, 
     armed = messenger(cluster.nats_url, "node-0", no_room_next=2)
     assert armed.no_room_pending == 2
     p = prompt(900, seed=9)  # 7 full blocks
-    request_id = f"no-room-{uuid.uuid4().hex[:8]}"
-    tokens, report = complete(client, p, request_id)
+    tokens, report, request_id = complete_with_id(client, p)
     assert tokens == reference.greedy([p], MAX_TOKENS)[0]
     assert messenger(cluster.nats_url, "node-0").no_room_pending == 0
     assert report["kv_blocks"] == 0, report

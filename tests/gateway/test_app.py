@@ -39,3 +39,14 @@ async def test_unknown_routes_and_bad_bodies_get_openai_error_bodies(client):
     assert r.status == 400 and (await r.json())["error"]["type"] == "invalid_request_error"
     r = await client.post("/v1/chat/completions", json={"model": "other", "messages": [{"role": "user", "content": "x"}]}, headers=auth)
     assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("hostile", ["a b", "*", ">", "x" * 8000, "id\twith-tab", "ünïcode"])
+async def test_a_hostile_request_id_header_is_a_400_never_a_subject(client, hostile):
+    # The gateway names every attempt itself; a client's id is only a label, checked.
+    auth = {"Authorization": "Bearer sesame", "x-request-id": hostile.encode("utf-8").decode("latin-1")}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+    r = await client.post("/v1/chat/completions", json=body, headers=auth)
+    assert r.status == 400
+    error = (await r.json())["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "x-request-id"
