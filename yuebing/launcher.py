@@ -103,12 +103,16 @@ class Cluster:
         # so a dead one is simply started again.
         add("conductor", [*py, "services.conductor", *cfg], False, restart=True)
         # Instances are spread over the nodes: prefills from the first node, decodes from the last.
+        # They restart too: one whose engine died exits (shared/engine/runtime.py) and
+        # comes back with a new engine, announcing a new pid the Conductor starts afresh from.
         for i in range(o.prefill):
             node = f"node-{i % o.nodes}"
-            add(f"prefill-{i}", [*py, "services.prefill", *cfg, "--instance-id", f"prefill-{i}", "--node", node], False)
+            add(f"prefill-{i}", [*py, "services.prefill", *cfg, "--instance-id", f"prefill-{i}", "--node", node], False,
+                restart=True)
         for i in range(o.decode):
             node = f"node-{(o.nodes - 1 - i) % o.nodes}"
-            add(f"decode-{i}", [*py, "services.decode", *cfg, "--instance-id", f"decode-{i}", "--node", node], False)
+            add(f"decode-{i}", [*py, "services.decode", *cfg, "--instance-id", f"decode-{i}", "--node", node], False,
+                restart=True)
         gw = [*py, "services.gateway", *cfg, "--host", o.host, "--port", str(o.port)]
         add("gateway", gw, True)
 

@@ -49,8 +49,13 @@ def serving(handler: type[Handler]) -> Main:
     return main
 
 
+ENGINE_DEAD_EXIT = 3  # the service's exit status when its engine died under it
+
+
 async def serve(handler: type[Handler], config: ClusterConfig, instance_id: str, node: str, stop: asyncio.Event) -> None:
-    """Run an engine instance until `stop`: engine, NATS, handler, heartbeats."""
+    """Run an engine instance until `stop`, or until its engine dies: then the
+    instance stops beating at once (the Conductor sends it nothing more) and the
+    service exits with ENGINE_DEAD_EXIT, for its supervisor to start it again."""
     from shared.engine.llm import build_engine  # vLLM is heavy; only engine services pay for it
 
     engine, load = build_engine(config, node)
@@ -59,8 +64,25 @@ async def serve(handler: type[Handler], config: ClusterConfig, instance_id: str,
     await bus.subscribe(nc, handler.subject(instance_id), handler.REQUEST, handler(instance, engine).on_request)
     await instance.start()
     log.info(f"{handler.ROLE} ready", model=config.model, node=node)
-    await stop.wait()
-    log.info(f"{handler.ROLE} stopping", in_flight=len(instance.requests))
+    died = await engine_died_before(stop, engine, config.heartbeat_interval_s)
+    log.info(f"{handler.ROLE} stopping", in_flight=len(instance.requests), engine_died=died)
     await instance.close()
     await bus.close(nc)
     engine.shutdown()
+    if died:
+        raise SystemExit(ENGINE_DEAD_EXIT)
+
+
+async def engine_died_before(stop: asyncio.Event, engine: Any, interval_s: float) -> bool:
+    """Wait for `stop`; True as soon as the engine is found dead instead. A service's
+    loop outlives its engine-core process, so heartbeats alone would keep announcing
+    an instance that can only fail what it is sent."""
+    while not stop.is_set():
+        if engine.errored:
+            log.error("engine died: this instance stops taking requests", error=repr(engine.dead_error))
+            return True
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+        except TimeoutError:
+            pass
+    return False

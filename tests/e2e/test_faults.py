@@ -14,10 +14,11 @@ import uuid
 import httpx
 import nats
 import openai
+import psutil
 import pytest
 
 from shared.messages import HEARTBEAT, Heartbeat, decode
-from tests.e2e.ops import messenger
+from tests.e2e.ops import eventually, messenger
 
 pytestmark = pytest.mark.e2e
 
@@ -138,3 +139,44 @@ def test_killing_decode_mid_stream_ends_the_stream_with_an_error(cluster, client
         client.chat.completions.create(model="yuebing-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert e.value.status_code == 503
     assert time.monotonic() - start < 10
+
+
+def _service_process(cluster, module: str) -> psutil.Process:
+    """The launcher's current child running `module` (pids change as children restart)."""
+    children = psutil.Process(cluster.launcher.pid).children()
+    (proc,) = [p for p in children if module in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE]
+    return proc
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _served(client) -> bool:
+    try:
+        client.chat.completions.create(model="yuebing-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        return True
+    except openai.APIError:
+        return False
+
+
+@pytest.mark.destructive
+def test_a_decode_whose_engine_died_stops_taking_work_and_comes_back(cluster, client):
+    # A killed decode service (the test above, when run) is started again by the launcher.
+    eventually(lambda: _served(client), bool, "a decode instance serving again after a restart", timeout_s=180)
+    service = _service_process(cluster, "services.decode")
+    (engine,) = [p for p in service.children(recursive=True) if "EngineCore" in p.name() + " ".join(p.cmdline())]
+    engine.kill()
+    killed = time.monotonic()
+    # The service's loop outlives its engine: it must notice, stop beating, and exit,
+    # rather than keep announcing an instance that fails everything it is sent.
+    eventually(lambda: _alive(service), lambda alive: not alive, "the decode service exiting after its engine died",
+               timeout_s=15)
+    assert "exited with code 3" in eventually(cluster.launcher_log.read_text, lambda text: "exited with code 3" in text,
+                                              "the launcher reporting the engine's death", timeout_s=10)
+    assert time.monotonic() - killed < 15
+    # Started again with a new engine: requests are served again.
+    eventually(lambda: _served(client), bool, "requests served after the decode instance restarted", timeout_s=180)
