@@ -51,6 +51,11 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     request_timeout_s: Annotated[
         float, Meta(description="a request's deadline from the gateway on, s")
     ] = REQUEST_TIMEOUT_S
+    # A live decode instance whose stream goes quiet (a lost chunk) must not hold a
+    # request to its deadline; long enough for decode to compute a whole prompt first.
+    token_idle_timeout_s: Annotated[
+        float, Meta(description="longest wait for a request's next token from a live decode instance, s")
+    ] = 30.0
     # The names are services/conductor/policy.py's.
     policy: Annotated[str, Meta(description="prefill scheduling policy")] = "round_robin"
     admission: Annotated[str, Meta(description="early rejection mode")] = "none"
@@ -111,7 +116,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def _check_times(self) -> None:
         if self.heartbeat_interval_s <= 0 or self.liveness_timeout_s <= self.heartbeat_interval_s:
             raise ValueError("liveness_timeout_s must exceed heartbeat_interval_s > 0")
-        if self.request_timeout_s <= 0 or self.schedule_timeout_s <= 0:
+        if self.request_timeout_s <= 0 or self.schedule_timeout_s <= 0 or self.token_idle_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
         if self.slo_ttft_ms <= 0 or self.slo_tbt_ms <= 0 or self.decode_time_s <= 0:
             raise ValueError("SLOs and decode_time_s must be positive")

@@ -245,10 +245,13 @@ class Pipeline:
                 return
 
     async def _next_chunk(self, sub: Subscription, instance_id: str, deadline: float) -> TokenChunk:
+        quiet_until = time.monotonic() + self.config.token_idle_timeout_s
         while True:
             left = bus.remaining(deadline)
             if left <= 0:
                 raise UpstreamError(504, "deadline exceeded while decoding")
+            if time.monotonic() > quiet_until:
+                raise UpstreamError(504, f"no token from {instance_id} for {self.config.token_idle_timeout_s:.0f} s")
             try:
                 msg = await sub.next_msg(timeout=min(left, self.config.heartbeat_interval_s))
             except nats.errors.TimeoutError:

@@ -201,3 +201,21 @@ def test_decode_waits_for_no_more_blocks_than_prefill_sent():
     assert kv_expected(planned=7, sent=4) == 4  # the pool had no room for the rest
     assert kv_expected(planned=7, sent=7) == 7
     assert kv_expected(planned=7, sent=-1) == 7  # prefill did not say
+
+
+async def test_a_live_decode_that_goes_quiet_fails_the_request_long_before_its_deadline(connected):
+    # Decode accepts and keeps beating, but its tokens never come (a lost chunk).
+    nc, pipeline = connected
+    pipeline.config = ClusterConfig(model="/m/tiny", block_size=128, heartbeat_interval_s=0.2, liveness_timeout_s=60.0,
+                                    token_idle_timeout_s=0.5)
+    pipeline.registry = Registry(timeout_s=60.0)  # d0 stays alive throughout: only its stream is quiet
+    for iid, role in [("p0", "prefill"), ("d0", "decode")]:
+        beat = Heartbeat(instance_id=iid, role=role, node="node-1", pid=1, seq=1, sent_at=0.0)
+        pipeline.registry.observe(beat, time.monotonic())
+    cluster = Cluster(nc, tokens=0)
+    await cluster.start()
+    started = time.monotonic()
+    with pytest.raises(UpstreamError) as quiet:
+        await run(pipeline, "r6")  # a 10 s deadline
+    assert quiet.value.status == 504 and "no token from d0" in str(quiet.value)
+    assert time.monotonic() - started < 2.0
