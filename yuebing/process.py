@@ -16,7 +16,6 @@ the benchmarks' servers, nats-server and messengers).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -26,15 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-PR_SET_PDEATHSIG = 1
+from shared.lifetime import die_with_parent
+
 T = TypeVar("T")
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: process groups still cover an orderly stop
-        pass
 
 
 def spawn(argv: Sequence[str], log: Path | None, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -43,7 +36,7 @@ def spawn(argv: Sequence[str], log: Path | None, env: Mapping[str, str] | None =
     try:
         return subprocess.Popen(
             list(argv), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
     finally:
         if log is not None:

@@ -121,7 +121,10 @@ def test_killing_decode_mid_stream_ends_the_stream_with_an_error(cluster, client
     chunks = iter(stream)
     for _ in range(5):
         next(chunks)
-    os.kill(cluster.pids["decode-0"], signal.SIGKILL)
+    service = psutil.Process(cluster.pids["decode-0"])
+    engine = service.children(recursive=True)
+    assert engine, "the decode service runs its vLLM engine in processes of its own"
+    os.kill(service.pid, signal.SIGKILL)
     killed = time.monotonic()
     with pytest.raises(openai.APIError):
         for _ in chunks:
@@ -133,6 +136,10 @@ def test_killing_decode_mid_stream_ends_the_stream_with_an_error(cluster, client
         assert time.monotonic() < deadline, "launcher did not report the dead decode instance"
         time.sleep(0.2)
     assert "killed by SIGKILL" in cluster.launcher_log.read_text()
+    # Its engine goes with it: left running, it would hold its KV cache (a GPU's
+    # memory) beside the instance the launcher starts in its place.
+    eventually(lambda: [p.pid for p in engine if _alive(p)], lambda alive: not alive,
+               "the killed decode service's engine processes gone", timeout_s=10)
     # With no decode instance left, the next request fails fast and cleanly.
     start = time.monotonic()
     with pytest.raises(openai.APIStatusError) as e:
