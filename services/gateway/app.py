@@ -32,7 +32,7 @@ log = structlog.get_logger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prepared:
     """A validated request, tokenized and ready for the pipeline."""
 
@@ -124,8 +124,7 @@ class Gateway:
         try:
             label = client_request_id(request)
             structlog.contextvars.bind_contextvars(client_request_id=label)
-            prepared = self._prepare(request_id, kind, parsed, slo_from_headers(request))
-            prepared.label = label
+            prepared = self._prepare(request_id, label, kind, parsed, slo_from_headers(request))
         except ApiError as e:
             self.metrics.requests.labels(kind, str(e.status)).inc()
             log.info("request refused", status=e.status, error=e.message)
@@ -148,7 +147,9 @@ class Gateway:
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(kind, status).inc()
 
-    def _prepare(self, request_id: str, kind: str, parsed: ChatRequest | CompletionRequest, slo: Slo) -> Prepared:
+    def _prepare(
+        self, request_id: str, label: str | None, kind: str, parsed: ChatRequest | CompletionRequest, slo: Slo
+    ) -> Prepared:
         options = parsed.options
         if options.model != self.config.served_model_name:
             raise ApiError(404, f"The model '{options.model}' does not exist", type="not_found_error", param="model", code="model_not_found")
@@ -175,7 +176,7 @@ class Gateway:
                 f"tokens and the prompt has {len(prompt)}, so at most {room} tokens can be generated.",
                 "max_tokens",
             )
-        return Prepared(request_id, kind, options, prompt, options.max_tokens or room, slo)
+        return Prepared(request_id, kind, options, prompt, options.max_tokens or room, slo, label)
 
     def _sampling(self, p: Prepared) -> Sampling:
         o = p.options

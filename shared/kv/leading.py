@@ -25,11 +25,5 @@ def leading_run(items: Iterable[T], held: Callable[[T], object]) -> int:
 
 
 def leading_count(items: Iterable[T], container: Container[T]) -> int:
-    """How many leading `items` are in `container` (the Conductor asks this for
-    every instance on every decision: a plain loop, no call per item)."""
-    n = 0
-    for item in items:
-        if item not in container:
-            break
-        n += 1
-    return n
+    """How many leading `items` are in `container`."""
+    return leading_run(items, container.__contains__)
