@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import nats
 import structlog
@@ -17,15 +18,23 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from shared.identity import NatsCredentials, inbox_prefix
 from shared.messages import M, Message, MessageError, decode, encode
 
 log = structlog.get_logger(__name__)
 
 
-async def connect(url: str, name: str) -> Client:
+async def connect(url: str, name: str, credentials: NatsCredentials | None = None) -> Client:
+    """Connect as `credentials`' identity (none: a server without authentication),
+    with replies on that identity's own inbox, the only one it may read."""
+
     async def on_error(e: Exception) -> None:
         log.warning("nats error", error=str(e))
 
+    auth: dict[str, Any] = {}
+    if credentials is not None:
+        auth = {"user": credentials.user, "password": credentials.password,
+                "inbox_prefix": inbox_prefix(credentials.user), "tls": credentials.tls()}
     return await nats.connect(
         url,
         name=name,
@@ -33,6 +42,7 @@ async def connect(url: str, name: str) -> Client:
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
         connect_timeout=5,
+        **auth,
     )
 
 

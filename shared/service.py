@@ -13,6 +13,7 @@ from typing import Any
 import uvloop
 
 from shared.config import ClusterConfig, check_id, load_config
+from shared.identity import load_credentials
 from shared.log import setup_logging
 
 Main = Callable[[ClusterConfig, argparse.Namespace, asyncio.Event], Coroutine[Any, Any, None]]
@@ -26,6 +27,12 @@ def parser(service: str, instance: bool) -> argparse.ArgumentParser:
         help="cluster config JSON (default: $YUEBING_CONFIG)",
     )
     p.add_argument("--nats-url", help="override the config's nats_url")
+    p.add_argument(
+        "--nats-credentials",
+        default=os.environ.get("YUEBING_NATS_CREDENTIALS"),
+        help="this process's NATS credentials file, owner-only (default: $YUEBING_NATS_CREDENTIALS; "
+        "none: a server without authentication)",
+    )
     if instance:
         p.add_argument("--instance-id", required=True, help="unique id, [A-Za-z0-9_-]")
         p.add_argument("--node", default="node-0", help="the node (messenger) this instance belongs to")
@@ -42,6 +49,8 @@ def run(service: str, main: Main, args: argparse.Namespace) -> None:
         instance_id = check_id(args.instance_id, "instance id") if hasattr(args, "instance_id") else ""
         if hasattr(args, "node"):
             check_id(args.node, "node")
+        # Read once, here: a missing or world-readable file stops the service before it starts.
+        args.nats_credentials = load_credentials(args.nats_credentials) if args.nats_credentials else None
     except ValueError as e:
         raise SystemExit(f"{service}: {e}") from e
     setup_logging(service, instance_id, config.log_level)

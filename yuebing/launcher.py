@@ -10,6 +10,7 @@ runs `yuebing up` itself as a child, for the live benchmarks.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -31,8 +32,10 @@ from msgspec import Meta
 
 from shared.config import ClusterConfig, save_config
 from shared.engine.llm import engine_environment
+from shared.private_file import read_private, write_private
 from yuebing import process
 from yuebing.process import free_port
+from yuebing.secrets import Layout, Listen, Secrets, generate
 
 MAX_RESTARTS = 5  # per child that is restarted at all
 
@@ -48,7 +51,14 @@ class UpOptions:
     host: Annotated[str, Meta(description="address the API listens on")] = "127.0.0.1"
     port: Annotated[int, Meta(description="port the API listens on")] = 8000
     nats_port: Annotated[int, Meta(description="nats-server's port (0: a free one)")] = 0
-    api_key: Annotated[str | None, Meta(description="key clients must send as a bearer token (none: open)")] = None
+    api_key_file: Annotated[
+        Path | None, Meta(description="file holding the key clients must send as a bearer token (none: $YUEBING_API_KEY, "
+                                      "else open)")
+    ] = None
+    nats_tls: Annotated[bool, Meta(description="NATS over TLS, with a certificate authority made for this run")] = False
+    fault_injection: Annotated[
+        bool, Meta(description="let the admin identity arm the messengers' fault switches (tests, drills)")
+    ] = False
     run_dir: Annotated[Path | None, Meta(description="where logs and the config go (none: a new temp dir)")] = None
     ready_file: Annotated[Path | None, Meta(description="write a JSON with the URL and pids here once ready")] = None
     start_timeout_s: Annotated[float, Meta(description="give up if not ready after this many seconds")] = 600.0
@@ -79,41 +89,47 @@ class Cluster:
     kv_dir: Path | None = None  # pool files and node sockets, removed at stop
     env: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, str] = field(default_factory=dict)  # messenger → its Prometheus page
+    secrets: Secrets | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.options.host}:{self.options.port}"
 
-    def plan(self, run_dir: Path, config_path: Path, nats_port: int) -> None:
+    def plan(self, run_dir: Path, config_path: Path, secrets: Secrets) -> None:
         o = self.options
         py = [sys.executable, "-m"]
         nats_bin = Path(sys.executable).with_name("nats-server")
-        cfg = ["--config", str(config_path)]
 
         def add(name: str, argv: list[str], critical: bool, restart: bool = False) -> None:
+            # Each child logs in to NATS as itself: its own credentials file, by path.
+            if name != "nats":
+                argv = [*argv, "--config", str(config_path), "--nats-credentials", str(secrets.credentials(name))]
             self.children.append(Child(name, argv, run_dir / f"{name}.log", critical, restart))
 
-        add("nats", [str(nats_bin), "-a", "127.0.0.1", "-p", str(nats_port)], True)
+        add("nats", [str(nats_bin), "-c", str(secrets.nats_config)], True)
+        faults = ["--fault-injection"] if o.fault_injection else []
         for n in range(o.nodes):
             port = free_port()
             self.metrics[f"messenger-{n}"] = f"http://127.0.0.1:{port}/metrics"
             ids = ["--instance-id", f"messenger-{n}", "--node", f"node-{n}", "--metrics-port", str(port)]
-            add(f"messenger-{n}", [*py, "services.messenger", *cfg, *ids], False)
+            add(f"messenger-{n}", [*py, "services.messenger", *ids, *faults], False)
         # The Conductor rebuilds its view from heartbeats and the messengers' snapshots,
         # so a dead one is simply started again.
-        add("conductor", [*py, "services.conductor", *cfg], False, restart=True)
+        add("conductor", [*py, "services.conductor"], False, restart=True)
         # Instances are spread over the nodes: prefills from the first node, decodes from the last.
         # They restart too: one whose engine died exits (shared/engine/runtime.py) and
         # comes back with a new engine, announcing a new pid the Conductor starts afresh from.
         for i in range(o.prefill):
             node = f"node-{i % o.nodes}"
-            add(f"prefill-{i}", [*py, "services.prefill", *cfg, "--instance-id", f"prefill-{i}", "--node", node], False,
+            add(f"prefill-{i}", [*py, "services.prefill", "--instance-id", f"prefill-{i}", "--node", node], False,
                 restart=True)
         for i in range(o.decode):
             node = f"node-{(o.nodes - 1 - i) % o.nodes}"
-            add(f"decode-{i}", [*py, "services.decode", *cfg, "--instance-id", f"decode-{i}", "--node", node], False,
+            add(f"decode-{i}", [*py, "services.decode", "--instance-id", f"decode-{i}", "--node", node], False,
                 restart=True)
-        gw = [*py, "services.gateway", *cfg, "--host", o.host, "--port", str(o.port)]
+        gw = [*py, "services.gateway", "--host", o.host, "--port", str(o.port)]
+        if secrets.api_key is not None:
+            gw += ["--api-key-file", str(secrets.api_key)]
         add("gateway", gw, True)
 
     def start(self) -> float:
@@ -123,13 +139,12 @@ class Cluster:
         run_dir = o.run_dir or Path(tempfile.mkdtemp(prefix="yuebing-"))
         run_dir.mkdir(parents=True, exist_ok=True)
         nats_port = o.nats_port or free_port()
-        config = self.config(run_dir, nats_port)
+        self.secrets = make_secrets(run_dir / "secrets", o, nats_port)
+        config = self.config(run_dir, self.secrets.nats_url)
         config_path = run_dir / "cluster.json"
         save_config(config, config_path)
-        self.plan(run_dir, config_path, nats_port)
-        self.env = {**os.environ, **engine_environment(config), "PYTHONUNBUFFERED": "1"}
-        if o.api_key:
-            self.env["YUEBING_API_KEY"] = o.api_key
+        self.plan(run_dir, config_path, self.secrets)
+        self.env = {**child_environment(), **engine_environment(config), "PYTHONUNBUFFERED": "1"}
         say(f"starting {len(self.children)} processes; logs in {run_dir}")
         for child in self.children:
             self.launch(child)
@@ -143,7 +158,7 @@ class Cluster:
             part.replace(o.ready_file)
         return elapsed
 
-    def config(self, run_dir: Path, nats_port: int) -> ClusterConfig:
+    def config(self, run_dir: Path, nats_url: str) -> ClusterConfig:
         """The options' config with this run's NATS address and KV folder."""
         config = self.options.config
         # Each cluster gets its own pool files and node sockets, so two clusters on one
@@ -151,13 +166,15 @@ class Cluster:
         shm = Path("/dev/shm")
         kv_dir = config.kv_dir or tempfile.mkdtemp(prefix="yuebing-kv-", dir=shm if shm.is_dir() else run_dir)
         self.kv_dir = Path(kv_dir)
-        return msgspec.structs.replace(config, nats_url=f"nats://127.0.0.1:{nats_port}", kv_dir=kv_dir)
+        return msgspec.structs.replace(config, nats_url=nats_url, kv_dir=kv_dir)
 
     def ready_state(self, config: ClusterConfig, run_dir: Path, elapsed: float) -> dict:
         """What the ready file says (tests/e2e and the live benchmarks read it)."""
         return {
             "url": self.url,
             "nats_url": config.nats_url,
+            # What tests and operators use to ask the cluster over NATS.
+            "admin_credentials": str(self.secrets.credentials("admin")) if self.secrets else "",
             "run_dir": str(run_dir),
             "pids": {c.name: c.process.pid for c in self.children if c.process},
             "startup_s": elapsed,
@@ -243,6 +260,32 @@ class Cluster:
         started = {c.process: c for c in children if c.process is not None}
         for proc in process.stop(list(started), grace_s):
             say(f"{started[proc].name} did not stop in {grace_s:.0f}s; killed it")
+
+
+def make_secrets(folder: Path, o: UpOptions, nats_port: int) -> Secrets:
+    """This run's secrets: NATS identities on loopback, and the API key if there is one."""
+    made = generate(folder, Layout(o.prefill, o.decode, o.nodes), Listen("127.0.0.1", nats_port, tls=o.nats_tls))
+    key = api_key(o.api_key_file)
+    return dataclasses.replace(made, api_key=write_private(folder / "api-key", key.encode())) if key else made
+
+
+def api_key(path: Path | None) -> str:
+    """The key from --api-key-file, else $YUEBING_API_KEY; never from a command line."""
+    if path is not None:
+        key = read_private(path).decode().strip()
+        if not key:
+            raise ValueError(f"{path} is empty")
+        return key
+    return os.environ.get("YUEBING_API_KEY", "")
+
+
+# Secrets a user may have in the launcher's environment: each child gets its own by
+# path instead, and the API key only reaches the gateway.
+PRIVATE_ENV = ("YUEBING_API_KEY", "YUEBING_API_KEY_FILE", "YUEBING_NATS_CREDENTIALS", "YUEBING_KV_KEY_FILE")
+
+
+def child_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
 
 
 def say(text: str) -> None:

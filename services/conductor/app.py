@@ -300,7 +300,7 @@ class Wiring:
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
     conductor = Conductor(config)
-    nc = await bus.connect(config.nats_url, name="conductor")
+    nc = await bus.connect(config.nats_url, "conductor", args.nats_credentials)
     wiring = Wiring(conductor, nc)
     await wiring.start()
     log.info("conductor ready", policy=config.policy, admission=config.admission, profile=str(profile_path(config)))

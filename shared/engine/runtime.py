@@ -44,7 +44,7 @@ def serving(handler: type[Handler]) -> Main:
     """The service main of an engine instance whose requests `handler` serves."""
 
     async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
-        await serve(handler, config, args.instance_id, args.node, stop)
+        await serve(handler, config, args, stop)
 
     return main
 
@@ -52,14 +52,15 @@ def serving(handler: type[Handler]) -> Main:
 ENGINE_DEAD_EXIT = 3  # the service's exit status when its engine died under it
 
 
-async def serve(handler: type[Handler], config: ClusterConfig, instance_id: str, node: str, stop: asyncio.Event) -> None:
+async def serve(handler: type[Handler], config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
     """Run an engine instance until `stop`, or until its engine dies: then the
     instance stops beating at once (the Conductor sends it nothing more) and the
     service exits with ENGINE_DEAD_EXIT, for its supervisor to start it again."""
     from shared.engine.llm import build_engine  # vLLM is heavy; only engine services pay for it
 
+    instance_id, node = args.instance_id, args.node
     engine, load = build_engine(config, node)
-    nc = await bus.connect(config.nats_url, name=instance_id)
+    nc = await bus.connect(config.nats_url, instance_id, args.nats_credentials)
     instance = Instance(handler.ROLE, instance_id, node, config, nc, load)
     await bus.subscribe(nc, handler.subject(instance_id), handler.REQUEST, handler(instance, engine).on_request)
     await instance.start()

@@ -14,7 +14,7 @@ from yuebing import cli
 from yuebing.commands import up as up_command
 
 # `yuebing up`'s flags that README documents, with a value each.
-README_UP = ["--prefill", "2", "--decode", "1", "--nodes", "3", "--port", "8123", "--api-key", "k",
+README_UP = ["--prefill", "2", "--decode", "1", "--nodes", "3", "--port", "8123", "--api-key-file", "key",
              "--policy", "kvcentric", "--admission", "predictive", "--slo-ttft-ms", "500", "--slo-tbt-ms", "50",
              "--profile", "p.json", "--pool-mib", "64", "--eviction", "lfu", "--ssd-dir", "ssd", "--ssd-mib", "128",
              "--kv-wait", "0.5", "--no-kv-streaming", "--no-engine-prefix-cache", "--run-dir", "run",
@@ -59,7 +59,7 @@ def test_readme_flags_reach_the_config_and_the_layout(model_dir, started, monkey
     monkeypatch.chdir(tmp_path)
     assert cli.main(["up", "--model", str(model_dir), *README_UP]) == 0
     (options,) = started
-    assert (options.prefill, options.decode, options.nodes, options.port, options.api_key) == (2, 1, 3, 8123, "k")
+    assert (options.prefill, options.decode, options.nodes, options.port, options.api_key_file) == (2, 1, 3, 8123, tmp_path / "key")
     assert options.run_dir == Path("run") and options.ready_file == Path("ready.json")
     c = options.config
     assert (c.policy, c.admission, c.slo_ttft_ms, c.slo_tbt_ms) == ("kvcentric", "predictive", 500.0, 50.0)
@@ -70,11 +70,11 @@ def test_readme_flags_reach_the_config_and_the_layout(model_dir, started, monkey
 
 
 def test_up_defaults_are_the_configs(model_dir, started, monkeypatch):
-    monkeypatch.delenv("YUEBING_API_KEY", raising=False)
+    monkeypatch.delenv("YUEBING_API_KEY_FILE", raising=False)
     assert cli.main(["up", "--model", str(model_dir)]) == 0
     (options,) = started
     assert options.config == msgspec.structs.replace(ClusterConfig(), model=str(model_dir))
-    assert (options.prefill, options.decode, options.nodes, options.api_key, options.run_dir) == (1, 1, 1, None, None)
+    assert (options.prefill, options.decode, options.nodes, options.api_key_file, options.run_dir) == (1, 1, 1, None, None)
 
 
 def test_up_refuses_a_missing_model_and_a_bad_setting(model_dir, started, tmp_path, capsys):

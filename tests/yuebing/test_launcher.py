@@ -4,8 +4,10 @@ import signal
 import sys
 import time
 
+import pytest
+
 from shared.config import ClusterConfig
-from yuebing.launcher import MAX_RESTARTS, Child, Cluster, UpOptions
+from yuebing.launcher import MAX_RESTARTS, Child, Cluster, UpOptions, api_key, child_environment, make_secrets
 
 EXIT_3 = [sys.executable, "-c", "import sys; sys.exit(3)"]
 
@@ -71,8 +73,36 @@ def test_stop_kills_a_child_that_ignores_sigterm_and_says_so(tmp_path, capsys):
     assert "gateway did not stop in 0s; killed it" in capsys.readouterr().err
 
 
-def test_the_run_config_has_this_runs_nats_port_and_kv_folder(tmp_path):
+def test_the_run_config_has_this_runs_nats_url_and_kv_folder(tmp_path):
     c = Cluster(UpOptions(config=ClusterConfig(kv_dir=str(tmp_path / "kv"), pool_bytes=64 << 20)))
-    config = c.config(tmp_path, nats_port=4333)
+    config = c.config(tmp_path, "nats://127.0.0.1:4333")
     assert config.nats_url == "nats://127.0.0.1:4333" and config.kv_dir == str(tmp_path / "kv")
     assert config.pool_bytes == 64 << 20 and c.kv_dir == tmp_path / "kv"
+
+
+def test_each_child_logs_in_as_itself_and_only_the_gateway_gets_the_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("YUEBING_API_KEY", "sesame")
+    options = UpOptions(config=ClusterConfig(), prefill=2, nodes=2, fault_injection=True)
+    c = Cluster(options)
+    secrets = make_secrets(tmp_path / "secrets", options, nats_port=4333)
+    c.plan(tmp_path, tmp_path / "cluster.json", secrets)
+    argv = {child.name: child.argv for child in c.children}
+    assert argv["nats"][-2:] == ["-c", str(secrets.nats_config)]
+    for name in ("gateway", "conductor", "prefill-0", "prefill-1", "decode-0", "messenger-0", "messenger-1"):
+        flag = argv[name].index("--nats-credentials")
+        assert argv[name][flag + 1] == str(secrets.credentials(name)) and secrets.credentials(name).exists()
+    assert argv["gateway"][argv["gateway"].index("--api-key-file") + 1] == str(secrets.api_key)
+    assert secrets.api_key.read_text() == "sesame"
+    assert not any("sesame" in arg for args in argv.values() for arg in args)
+    assert "--fault-injection" in argv["messenger-1"] and "--fault-injection" not in argv["prefill-0"]
+    assert "YUEBING_API_KEY" not in child_environment()
+
+
+def test_the_api_key_file_must_be_private(tmp_path):
+    key = tmp_path / "key"
+    key.write_text("sesame\n")
+    key.chmod(0o644)
+    with pytest.raises(PermissionError, match="open to others"):
+        api_key(key)
+    key.chmod(0o600)
+    assert api_key(key) == "sesame"

@@ -22,9 +22,8 @@ GROUP = None
 MIB = 1 << 20
 
 LAYOUT_ALIASES = {
-    # Read at start-up, so the key need not appear in the command line (and `ps`).
-    "api_key": Alias(default=os.environ.get("YUEBING_API_KEY"),
-                     help="key clients must send (default: $YUEBING_API_KEY)"),
+    # A file, not the key itself: a command line shows in `ps`.
+    "api_key_file": Alias(path=True, default=os.environ.get("YUEBING_API_KEY_FILE")),
     "start_timeout_s": Alias("start-timeout"),
 }
 CONFIG_ALIASES = {

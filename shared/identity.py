@@ -1,0 +1,124 @@
+"""Who each process is on NATS, and what it may do there.
+
+Every process connects as one identity (a user of the cluster's nats-server) and
+may publish and subscribe only the subjects its job needs: a decode instance can
+answer its own subject and stream tokens, but cannot read prompts sent to another
+instance, answer the Conductor's subject or arm a messenger's fault switch.
+`permissions` is the single table of that; yuebing/secrets.py turns it into the
+server's configuration, and each process reads its own credentials file.
+
+Replies travel on per-identity inboxes (`_INBOX.<name>.`), so that no identity can
+subscribe to the answers meant for another.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+
+from shared.config import check_id
+from shared.messages import (
+    CANCEL,
+    CONDUCTOR_STATS,
+    HEARTBEAT,
+    KV_EVENTS,
+    PREFIX,
+    REQUEST_UPDATES,
+    SCHEDULE,
+    decode_subject,
+    messenger_subject,
+    prefill_subject,
+    stream_subject,
+)
+from shared.private_file import read_private
+
+IdentityRole = Literal["gateway", "conductor", "prefill", "decode", "messenger", "admin"]
+ROLES: tuple[IdentityRole, ...] = ("gateway", "conductor", "prefill", "decode", "messenger", "admin")
+
+ANY_PREFILL = prefill_subject("*")
+ANY_DECODE = decode_subject("*")
+ANY_MESSENGER = messenger_subject("*")  # one token: a messenger's `.faults` subject is not included
+ANY_STREAM = stream_subject("*")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One NATS user: a singleton service (gateway, conductor, admin) or an instance."""
+
+    name: str
+    role: IdentityRole
+    node: str = ""  # a messenger's node: the subject it answers
+
+    def __post_init__(self) -> None:
+        check_id(self.name, "identity")
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}; one of {', '.join(ROLES)}")
+        if self.role == "messenger":
+            check_id(self.node, "node")
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    allow_responses: bool  # may answer the requests it receives (on the asker's inbox)
+
+
+def inbox_prefix(name: str) -> str:
+    return f"_INBOX.{name}"
+
+
+def permissions(identity: Identity) -> Permissions:
+    """What `identity` may publish and subscribe: the subjects its code uses, no more."""
+    inbox = f"{inbox_prefix(identity.name)}.>"
+    own = {
+        "gateway": Permissions(
+            publish=(SCHEDULE, ANY_PREFILL, ANY_DECODE, CANCEL, REQUEST_UPDATES),
+            subscribe=(HEARTBEAT, ANY_STREAM),
+            allow_responses=False,
+        ),
+        "conductor": Permissions(
+            publish=(ANY_MESSENGER,),  # pool snapshots
+            subscribe=(SCHEDULE, CONDUCTOR_STATS, HEARTBEAT, REQUEST_UPDATES, KV_EVENTS),
+            allow_responses=True,
+        ),
+        "prefill": Permissions(
+            publish=(HEARTBEAT, REQUEST_UPDATES, ANY_MESSENGER),  # pulls of remote blocks
+            subscribe=(prefill_subject(identity.name), CANCEL),
+            allow_responses=True,
+        ),
+        "decode": Permissions(
+            publish=(HEARTBEAT, ANY_STREAM),
+            subscribe=(decode_subject(identity.name), CANCEL),
+            allow_responses=True,
+        ),
+        "messenger": Permissions(
+            publish=(HEARTBEAT, KV_EVENTS),
+            subscribe=(HEARTBEAT, CANCEL, messenger_subject(identity.node), f"{messenger_subject(identity.node)}.faults"),
+            allow_responses=True,
+        ),
+        "admin": Permissions(publish=(f"{PREFIX}.>",), subscribe=(f"{PREFIX}.>",), allow_responses=True),
+    }[identity.role]
+    return Permissions(own.publish, (*own.subscribe, inbox), own.allow_responses)
+
+
+class NatsCredentials(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One identity's credentials file (written 0600 by `yuebing secrets`)."""
+
+    user: str
+    password: str
+    ca_file: str = ""  # set when the server speaks TLS: its CA, to verify it
+
+    def tls(self) -> ssl.SSLContext | None:
+        return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
+
+
+def load_credentials(path: str) -> NatsCredentials:
+    """An owner-only credentials file, or a ValueError that says what is wrong."""
+    try:
+        return msgspec.json.decode(read_private(path), type=NatsCredentials)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ValueError(f"NATS credentials {path}: {e}") from e

@@ -1,0 +1,44 @@
+"""The permission table: each identity gets the subjects its code uses, no more."""
+
+import pytest
+
+from shared.identity import ANY_STREAM, Identity, inbox_prefix, permissions
+from shared.messages import CANCEL, HEARTBEAT, SCHEDULE, decode_subject, messenger_subject, prefill_subject
+
+DECODE = Identity("decode-0", "decode")
+MESSENGER = Identity("messenger-1", "messenger", node="node-1")
+
+
+def test_an_instance_reads_only_its_own_subject_and_its_own_inbox():
+    p = permissions(DECODE)
+    assert decode_subject("decode-0") in p.subscribe and CANCEL in p.subscribe
+    assert f"{inbox_prefix('decode-0')}.>" in p.subscribe
+    assert not any(s.startswith(("yb.v1.prefill", "yb.v1.conductor", "_INBOX.gateway")) for s in p.subscribe)
+    assert decode_subject("decode-1") not in p.subscribe and SCHEDULE not in p.subscribe
+
+
+def test_decode_streams_tokens_but_cannot_schedule_or_send_prompts():
+    p = permissions(DECODE)
+    assert ANY_STREAM in p.publish and HEARTBEAT in p.publish
+    assert SCHEDULE not in p.publish and not any("prefill" in s or "messenger" in s for s in p.publish)
+
+
+def test_only_the_admin_can_reach_a_messengers_fault_switch():
+    faults = f"{messenger_subject('node-1')}.faults"
+    assert faults in permissions(MESSENGER).subscribe
+    for identity in (Identity("gateway", "gateway"), Identity("conductor", "conductor"), Identity("prefill-0", "prefill"),
+                     DECODE, MESSENGER):
+        # "yb.v1.messenger.*" matches one token: the node's control subject, not its `.faults`
+        assert not any(s == faults or s.endswith(">") for s in permissions(identity).publish)
+    assert "yb.v1.>" in permissions(Identity("admin", "admin")).publish
+
+
+def test_the_gateway_reaches_instances_but_answers_nothing():
+    p = permissions(Identity("gateway", "gateway"))
+    assert prefill_subject("*") in p.publish and SCHEDULE in p.publish and not p.allow_responses
+
+
+@pytest.mark.parametrize("name, role, node", [("a b", "decode", ""), ("x", "root", ""), ("m", "messenger", "")])
+def test_a_bad_identity_is_refused(name, role, node):
+    with pytest.raises(ValueError):
+        Identity(name, role, node)

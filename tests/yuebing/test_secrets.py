@@ -1,0 +1,95 @@
+"""A generated cluster's NATS identities, against a real nats-server started with the
+generated configuration: no login, no entry; each identity only where its job is."""
+
+import asyncio
+import sys
+from pathlib import Path
+
+import nats
+import pytest
+
+from shared import bus
+from shared.identity import load_credentials
+from shared.messages import SCHEDULE, messenger_subject, prefill_subject
+from yuebing.process import free_port, spawn, stop, wait_for_port
+from yuebing.secrets import Layout, Listen, generate
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "tls"])
+def secrets(request, tmp_path_factory):
+    port, tmp = free_port(), tmp_path_factory.mktemp("s")
+    made = generate(tmp / "secrets", Layout(prefill=1, decode=1, nodes=2), Listen(port=port, tls=request.param))
+    server = Path(sys.executable).with_name("nats-server")
+    proc = spawn([str(server), "-c", str(made.nats_config)], tmp / "nats.log")
+    wait_for_port(port, timeout_s=10)
+    yield made
+    stop([proc], grace_s=5)
+
+
+async def login(secrets, name: str, errors: list[str] | None = None):
+    nc = await bus.connect(secrets.nats_url, name, load_credentials(str(secrets.credentials(name))))
+    if errors is not None:
+        async def on_error(e: Exception) -> None:
+            errors.append(str(e))
+
+        nc._error_cb = on_error  # nats-py has no setter; the violations arrive here
+    return nc
+
+
+async def cannot_connect(secrets, **login) -> None:
+    tls = load_credentials(str(secrets.credentials("admin"))).tls()  # trusts the server, logs in as nobody
+    with pytest.raises(nats.errors.Error, match="[Aa]uthorization"):
+        async with asyncio.timeout(10):
+            await nats.connect(secrets.nats_url, tls=tls, allow_reconnect=False, connect_timeout=2, **login)
+
+
+async def test_a_client_without_credentials_cannot_connect(secrets):
+    await cannot_connect(secrets)
+
+
+async def test_wrong_password_cannot_connect(secrets):
+    await cannot_connect(secrets, user="admin", password="guess")
+
+
+async def test_decode_cannot_answer_the_conductor_nor_read_prompts_nor_arm_faults(secrets):
+    admin, conductor = await login(secrets, "admin"), await login(secrets, "conductor")
+    errors: list[str] = []
+    decode = await login(secrets, "decode-0", errors)
+    seen: list[bytes] = []
+
+    async def impostor(msg):
+        seen.append(msg.data)
+        await msg.respond(b"impostor")
+
+    async def honest(msg):
+        await msg.respond(b"conductor")
+
+    await conductor.subscribe(SCHEDULE, cb=honest)
+    for subject in (SCHEDULE, prefill_subject("prefill-0"), f"{messenger_subject('node-0')}.faults"):
+        await decode.subscribe(subject, cb=impostor)
+    await decode.publish(f"{messenger_subject('node-0')}.faults", b"{}")
+    await decode.flush()
+    await conductor.flush()
+    await wait_for(lambda: len(errors) >= 4, "the server refusing all four")
+    answers = [(await admin.request(SCHEDULE, b"x", timeout=2)).data for _ in range(5)]
+    await admin.publish(prefill_subject("prefill-0"), b"a prompt")
+    await admin.flush()
+    assert answers == [b"conductor"] * 5 and seen == []
+    assert sum("permissions violation" in e for e in errors) == 4, errors
+    for nc in (admin, conductor, decode):
+        await nc.close()
+
+
+async def test_replies_go_to_the_askers_own_inbox(secrets):
+    errors: list[str] = []
+    gateway = await login(secrets, "gateway", errors)
+    await gateway.subscribe("_INBOX.conductor.>")
+    await gateway.flush()
+    await wait_for(lambda: errors, "the server refusing another identity's inbox")
+    await gateway.close()
+
+
+async def wait_for(condition, what: str, timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.02)

@@ -1,0 +1,120 @@
+"""A cluster's secrets, generated: one NATS identity per process, nats-server's
+configuration granting each only what shared/identity.py allows it, and (with TLS)
+a certificate authority and the server's certificate.
+
+Everything goes into one owner-only folder, one owner-only file per secret, so a
+process is handed exactly its own file (a path on its command line, never the
+secret itself). `yuebing up` makes a fresh set for every run; `yuebing secrets`
+makes one for compose and for deployments. Rotating is making a new set and
+restarting the cluster with it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from shared.identity import Identity, NatsCredentials, permissions
+from shared.private_file import private_dir, write_private
+
+NATS_CONFIG = "nats-server.conf"
+MAX_CONTROL_LINE = 4096  # nats-server's default; subjects we build stay far below it
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which processes a cluster runs: the same names `yuebing up` gives them."""
+
+    prefill: int = 1
+    decode: int = 1
+    nodes: int = 1
+
+    def identities(self) -> list[Identity]:
+        fixed = [Identity("gateway", "gateway"), Identity("conductor", "conductor"), Identity("admin", "admin")]
+        return [
+            *fixed,
+            *(Identity(f"prefill-{i}", "prefill") for i in range(self.prefill)),
+            *(Identity(f"decode-{i}", "decode") for i in range(self.decode)),
+            *(Identity(f"messenger-{n}", "messenger", node=f"node-{n}") for n in range(self.nodes)),
+        ]
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str = "127.0.0.1"  # loopback unless a deployment says otherwise
+    port: int = 4222
+    tls: bool = False
+    tls_names: tuple[str, ...] = ("localhost", "127.0.0.1")  # what the server's certificate names
+
+    @property
+    def url(self) -> str:
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """Where a generated set lies."""
+
+    folder: Path
+    nats_url: str
+    api_key: Path | None = None  # the gateway's key file, when clients must send one
+
+    @property
+    def nats_config(self) -> Path:
+        return self.folder / NATS_CONFIG
+
+    def credentials(self, name: str) -> Path:
+        return self.folder / f"{name}.nats.json"
+
+
+def generate(folder: Path, layout: Layout, listen: Listen) -> Secrets:
+    """A new set in `folder` (created owner-only; files already there are never overwritten)."""
+    private_dir(folder)
+    out = Secrets(folder, listen.url)
+    ca_file = str(_write_tls(folder, listen.tls_names)) if listen.tls else ""
+    users = []
+    for identity in layout.identities():
+        creds = NatsCredentials(user=identity.name, password=secrets.token_urlsafe(32), ca_file=ca_file)
+        write_private(out.credentials(identity.name), msgspec.json.encode(creds))
+        users.append(_user(identity, creds.password))
+    write_private(out.nats_config, server_config(users, listen, folder).encode())
+    return out
+
+
+def _user(identity: Identity, password: str) -> dict:
+    p = permissions(identity)
+    return {
+        "user": identity.name,
+        "password": password,
+        "permissions": {
+            "publish": {"allow": list(p.publish)},
+            "subscribe": {"allow": list(p.subscribe)},
+            **({"allow_responses": True} if p.allow_responses else {}),
+        },
+    }
+
+
+def server_config(users: list[dict], listen: Listen, folder: Path) -> str:
+    """nats-server's configuration (its format accepts JSON): every client must log in."""
+    config: dict = {
+        "listen": f"{listen.host}:{listen.port}",
+        "max_control_line": MAX_CONTROL_LINE,
+        "authorization": {"users": users},
+    }
+    if listen.tls:
+        config["tls"] = {"cert_file": str(folder / "nats-server.crt"), "key_file": str(folder / "nats-server.key"),
+                         "timeout": 5}
+    return json.dumps(config, indent=2)
+
+
+def _write_tls(folder: Path, names: tuple[str, ...]) -> Path:
+    from yuebing.certificates import server_certificate
+
+    ca_pem, cert_pem, key_pem = server_certificate(names)
+    write_private(folder / "nats-server.crt", cert_pem)
+    write_private(folder / "nats-server.key", key_pem)
+    return write_private(folder / "ca.crt", ca_pem)
