@@ -15,13 +15,14 @@ from yuebing.commands import (
     model,
     profile,
     replay,
+    secrets,
     sim,
     up,
 )
 
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    model, up, profile, sim, bench_conductor, bench_transfer, bench_ttft, bench_reuse, replay,
+    model, up, secrets, profile, sim, bench_conductor, bench_transfer, bench_ttft, bench_reuse, replay,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help
 

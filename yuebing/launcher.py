@@ -112,7 +112,8 @@ class Cluster:
             port = free_port()
             self.metrics[f"messenger-{n}"] = f"http://127.0.0.1:{port}/metrics"
             ids = ["--instance-id", f"messenger-{n}", "--node", f"node-{n}", "--metrics-port", str(port)]
-            add(f"messenger-{n}", [*py, "services.messenger", *ids, *faults], False)
+            kv_key = ["--kv-key-file", str(secrets.kv_key)]
+            add(f"messenger-{n}", [*py, "services.messenger", *ids, *kv_key, *faults], False)
         # The Conductor rebuilds its view from heartbeats and the messengers' snapshots,
         # so a dead one is simply started again.
         add("conductor", [*py, "services.conductor"], False, restart=True)

@@ -1,6 +1,6 @@
 """A cluster's secrets, generated: one NATS identity per process, nats-server's
-configuration granting each only what shared/identity.py allows it, and (with TLS)
-a certificate authority and the server's certificate.
+configuration granting each only what shared/identity.py allows it, the messengers'
+KV-plane key, and (with TLS) a certificate authority and the server's certificate.
 
 Everything goes into one owner-only folder, one owner-only file per secret, so a
 process is handed exactly its own file (a path on its command line, never the
@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 
 from shared.identity import Identity, NatsCredentials, permissions
+from shared.kv.keys import write_keys
 from shared.private_file import private_dir, write_private
 
 NATS_CONFIG = "nats-server.conf"
@@ -70,18 +71,27 @@ class Secrets:
     def credentials(self, name: str) -> Path:
         return self.folder / f"{name}.nats.json"
 
+    @property
+    def kv_key(self) -> Path:
+        """The messengers' shared KV-plane key (shared/kv/keys.py): only they get it."""
+        return self.folder / "kv.key"
 
-def generate(folder: Path, layout: Layout, listen: Listen) -> Secrets:
-    """A new set in `folder` (created owner-only; files already there are never overwritten)."""
+
+def generate(folder: Path, layout: Layout, listen: Listen, mounted_at: Path | None = None) -> Secrets:
+    """A new set in `folder` (created owner-only; files already there are never
+    overwritten). Files name each other as they will be seen: under `mounted_at`
+    where the set is mounted elsewhere (/run/secrets in a container)."""
     private_dir(folder)
     out = Secrets(folder, listen.url)
-    ca_file = str(_write_tls(folder, listen.tls_names)) if listen.tls else ""
+    seen = mounted_at or folder
+    ca_file = str(seen / _write_tls(folder, listen.tls_names).name) if listen.tls else ""
     users = []
     for identity in layout.identities():
         creds = NatsCredentials(user=identity.name, password=secrets.token_urlsafe(32), ca_file=ca_file)
         write_private(out.credentials(identity.name), msgspec.json.encode(creds))
         users.append(_user(identity, creds.password))
-    write_private(out.nats_config, server_config(users, listen, folder).encode())
+    write_private(out.nats_config, server_config(users, listen, seen).encode())
+    write_keys(out.kv_key)
     return out
 
 

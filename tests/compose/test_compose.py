@@ -71,3 +71,49 @@ def test_engines_share_their_nodes_pool_volume_with_its_messenger():
     for engine in engines:
         node, volume = node_and_kv(engine)
         assert messengers[node] == volume
+
+
+def _flag(command: list[str], flag: str) -> str | None:
+    return command[command.index(flag) + 1] if flag in command else None
+
+
+def test_each_container_gets_only_its_own_secrets():
+    spec = _compose()["services"]
+    for name, service in spec.items():
+        if service["command"][:2] != ["python", "-m"]:
+            continue
+        creds = _flag(service["command"], "--nats-credentials")
+        assert creds == f"/run/secrets/{name}.nats.json", name
+        mounted = set(service.get("secrets", []))
+        assert {s for s in mounted if s.endswith(".nats.json")} == {f"{name}.nats.json"}
+        assert ("kv.key" in mounted) == name.startswith("messenger-")
+        assert ("api-key" in mounted) == (name == "gateway")
+    assert spec["nats"]["secrets"] == ["nats-server.conf"]
+
+
+def test_the_secrets_compose_names_are_the_ones_yuebing_secrets_writes(tmp_path):
+    from yuebing import cli
+
+    assert cli.main(["secrets", "--out", str(tmp_path / "s"), "--nodes", "2", "--nats-host", "0.0.0.0",
+                     "--mounted-at", "/run/secrets"]) == 0
+    declared = _compose()["secrets"]
+    assert {Path(s["file"]).name for s in declared.values()} == set(declared)
+    # The admin's stays with the operator.
+    assert set(declared) == {p.name for p in (tmp_path / "s").iterdir()} - {"admin.nats.json"}
+
+
+def test_the_api_is_on_loopback_with_a_key_and_the_kv_plane_is_internal():
+    compose = _compose()
+    spec = compose["services"]
+    assert spec["gateway"]["ports"] == ["127.0.0.1:8000:8000"]
+    assert _flag(spec["gateway"]["command"], "--api-key-file") == "/run/secrets/api-key"
+    assert compose["networks"]["kv"]["internal"] and compose["networks"]["control"]["internal"]
+    on_kv = {name for name, s in spec.items() if "kv" in s.get("networks", [])}
+    assert on_kv == {"messenger-0", "messenger-1"}
+
+
+def test_engines_wait_for_the_model_and_their_messenger():
+    spec = _compose()["services"]
+    for name in ("prefill-0", "decode-0"):
+        assert {"nats", "model-init"} <= set(spec[name]["depends_on"])
+        assert any(dep.startswith("messenger-") for dep in spec[name]["depends_on"])

@@ -95,6 +95,8 @@ def test_each_child_logs_in_as_itself_and_only_the_gateway_gets_the_key(tmp_path
     assert secrets.api_key.read_text() == "sesame"
     assert not any("sesame" in arg for args in argv.values() for arg in args)
     assert "--fault-injection" in argv["messenger-1"] and "--fault-injection" not in argv["prefill-0"]
+    assert argv["messenger-0"][argv["messenger-0"].index("--kv-key-file") + 1] == str(secrets.kv_key)
+    assert not any("kv.key" in arg for name in ("gateway", "prefill-0", "decode-0") for arg in argv[name])
     assert "YUEBING_API_KEY" not in child_environment()
 
 
