@@ -40,10 +40,15 @@ class Cluster:
     launcher: subprocess.Popen
     launcher_log: Path
     metrics: dict[str, str]  # service → its Prometheus page
+    admin_credentials: Path  # the admin NATS identity: what tests ask the services with
 
     @property
     def api(self) -> str:
         return f"{self.url}/v1"
+
+    def credentials(self, identity: str) -> Path:
+        """Another identity's NATS credentials (the security tests log in as them)."""
+        return self.run_dir / "secrets" / f"{identity}.nats.json"
 
     def log(self, name: str) -> str:
         return (self.run_dir / f"{name}.log").read_text(errors="replace")
@@ -75,7 +80,8 @@ class Launch:
             time.sleep(0.5)
         state = json.loads(self.ready.read_text())
         return Cluster(
-            state["url"], state["nats_url"], state["pids"], Path(state["run_dir"]), self.proc, self.log, state["metrics"]
+            state["url"], state["nats_url"], state["pids"], Path(state["run_dir"]), self.proc, self.log, state["metrics"],
+            Path(state["admin_credentials"]),
         )
 
     def stop(self) -> None:
@@ -121,7 +127,8 @@ def launcher(model_dir):
 def cluster_process(model_dir, tmp_path_factory):
     """Starts `yuebing up` without waiting, so the reference engine loads meanwhile."""
     started = launch(
-        model_dir, tmp_path_factory.mktemp("cluster"), "--policy", "kvcentric", "--admission", "predictive", "--nodes", "2"
+        model_dir, tmp_path_factory.mktemp("cluster"), "--policy", "kvcentric", "--admission", "predictive", "--nodes", "2",
+        "--fault-injection",  # tests/e2e/test_transfer.py arms the messengers' fault switches
     )
     yield started
     started.stop()

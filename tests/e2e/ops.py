@@ -1,14 +1,18 @@
-"""Asking a running cluster's services for their counters over NATS, as an operator would."""
+"""Asking a running cluster's services for their counters over NATS, as an operator
+would: logged in as the cluster's admin identity."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Protocol, TypeVar
 
-import nats
+from nats.aio.client import Client
 
+from shared import bus
+from shared.identity import load_credentials
 from shared.messages import (
     CONDUCTOR_STATS,
     ConductorStats,
@@ -22,11 +26,20 @@ from shared.messages import (
 T = TypeVar("T")
 
 
-def messenger(nats_url: str, node: str, corrupt_next: int | None = None, no_room_next: int = 0) -> MessengerStats:
+class Cluster(Protocol):
+    nats_url: str
+    admin_credentials: Path
+
+
+async def admin(cluster: Cluster) -> Client:
+    return await bus.connect(cluster.nats_url, "tests", load_credentials(str(cluster.admin_credentials)))
+
+
+def messenger(cluster: Cluster, node: str, corrupt_next: int | None = None, no_room_next: int = 0) -> MessengerStats:
     """A node messenger's counters (and, with `corrupt_next` or `no_room_next`, its
     fault switch), over NATS."""
     async def ask() -> MessengerStats:
-        nc = await nats.connect(nats_url)
+        nc = await admin(cluster)
         try:
             cmd = (MessengerCommand(op="stats") if corrupt_next is None and not no_room_next
                    else MessengerCommand(op="fault", corrupt_next=corrupt_next or 0, no_room_next=no_room_next))
@@ -38,9 +51,9 @@ def messenger(nats_url: str, node: str, corrupt_next: int | None = None, no_room
     return asyncio.run(ask())
 
 
-def conductor_stats(nats_url: str) -> ConductorStats:
+def conductor_stats(cluster: Cluster) -> ConductorStats:
     async def ask() -> ConductorStats:
-        nc = await nats.connect(nats_url)
+        nc = await admin(cluster)
         try:
             return decode((await nc.request(CONDUCTOR_STATS, b"{}", timeout=2)).data, ConductorStats)
         finally:

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from shared.messages import HEARTBEAT, Heartbeat, decode
-from tests.e2e.ops import eventually, messenger
+from tests.e2e.ops import admin, eventually, messenger
 
 pytestmark = pytest.mark.e2e
 
@@ -27,9 +27,9 @@ LONG = {"model": "yuebing-tiny", "messages": [{"role": "user", "content": "go on
         "max_tokens": 900, "ignore_eos": True, "temperature": 0, "stream": True}
 
 
-def latest_heartbeat(nats_url: str, instance_id: str, seconds: float = 1.5) -> Heartbeat:
+def latest_heartbeat(cluster, instance_id: str, seconds: float = 1.5) -> Heartbeat:
     async def listen() -> Heartbeat:
-        nc = await nats.connect(nats_url)
+        nc = await admin(cluster)
         sub = await nc.subscribe(HEARTBEAT)
         found = None
         end = time.monotonic() + seconds
@@ -49,7 +49,7 @@ def latest_heartbeat(nats_url: str, instance_id: str, seconds: float = 1.5) -> H
 
 
 def test_client_disconnect_cancels_the_request_on_the_instance(cluster):
-    before = latest_heartbeat(cluster.nats_url, "decode-0")
+    before = latest_heartbeat(cluster, "decode-0")
     label = f"disconnect-{uuid.uuid4().hex[:8]}"
     with httpx.stream("POST", f"{cluster.api}/chat/completions", json=LONG, headers={"x-request-id": label}, timeout=60) as r:
         assert r.status_code == 200
@@ -63,7 +63,7 @@ def test_client_disconnect_cancels_the_request_on_the_instance(cluster):
     # The connection is closed mid-stream; the decode instance must abort the request.
     deadline = time.monotonic() + 15
     while True:
-        hb = latest_heartbeat(cluster.nats_url, "decode-0")
+        hb = latest_heartbeat(cluster, "decode-0")
         if hb.aborted_total > before.aborted_total and hb.num_running == 0:
             break
         assert time.monotonic() < deadline, f"decode-0 still running the abandoned request: {hb}"
@@ -86,12 +86,12 @@ def test_killing_the_decode_nodes_messenger_mid_transfer(cluster, client, refere
         except openai.APIStatusError as e:
             return e  # a clean error is allowed; a hang is not
 
-    before = messenger(cluster.nats_url, "node-1")
+    before = messenger(cluster, "node-1")
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         start = time.monotonic()
         futures = [pool.submit(complete, p) for p in prompts]
         # Kill it the moment KV of these prompts starts arriving there, not after a guess.
-        while (seen := messenger(cluster.nats_url, "node-1")).layers_in == before.layers_in:
+        while (seen := messenger(cluster, "node-1")).layers_in == before.layers_in:
             assert time.monotonic() - start < 20, "no KV reached node-1"
         os.kill(cluster.pids["messenger-1"], signal.SIGKILL)
         results = [f.result(timeout=60) for f in futures]

@@ -40,11 +40,11 @@ def test_cache_aware_sends_shared_prefixes_back_to_their_instance(two_prefills):
 def test_the_conductor_learns_how_long_decodes_take(two_prefills):
     # Configured t_d is 10 s; these decodes take well under one: each completed one
     # moves the books' t_d towards what the cluster does.
-    before = conductor_stats(two_prefills.nats_url).decode_time_ms
+    before = conductor_stats(two_prefills).decode_time_ms
     rng = random.Random(4)
     for _ in range(3):
         complete(two_prefills, [rng.randrange(32, 127) for _ in range(100)])
     # Each completion reaches the Conductor as a request update after its response:
     # wait for the third one's, rather than reading the books before it arrives.
-    eventually(lambda: conductor_stats(two_prefills.nats_url).decode_time_ms, lambda after: after < before * 0.95**2,
+    eventually(lambda: conductor_stats(two_prefills).decode_time_ms, lambda after: after < before * 0.95**2,
                "t_d learned from three completed decodes")

@@ -66,7 +66,7 @@ def test_a_prefix_computed_on_one_node_is_reused_by_a_prefill_on_another(store_c
     assert [out1, out2] == reference.greedy([first, second], MAX_TOKENS)
     # The prefill node's messenger received the blocks it did not compute.
     node = "node-0" if where2["prefill_instance"] == "prefill-0" else "node-1"
-    assert messenger(store_cluster.nats_url, node).blocks_received >= len(PREFIX) // BLOCK
+    assert messenger(store_cluster, node).blocks_received >= len(PREFIX) // BLOCK
 
 
 def test_a_pull_sends_only_the_blocks_the_puller_lacks(store_cluster, store_client, reference):
@@ -79,12 +79,12 @@ def test_a_pull_sends_only_the_blocks_the_puller_lacks(store_cluster, store_clie
     third, fourth = longer + tokens(50, rnd), longer + tokens(70, rnd)
     _, _, where3 = complete(store_client, third)
     holder, puller = ("node-1", "node-0") if where3["prefill_instance"] == "prefill-1" else ("node-0", "node-1")
-    sent0, got0 = messenger(store_cluster.nats_url, holder), messenger(store_cluster.nats_url, puller)
+    sent0, got0 = messenger(store_cluster, holder), messenger(store_cluster, puller)
     out, cached, where4 = complete(store_client, fourth)
     assert where4["prefill_instance"] != where3["prefill_instance"]
     assert cached >= len(longer)
     assert out == reference.greedy([fourth], MAX_TOKENS)[0]
-    sent, got = messenger(store_cluster.nats_url, holder), messenger(store_cluster.nats_url, puller)
+    sent, got = messenger(store_cluster, holder), messenger(store_cluster, puller)
     assert got.blocks_received - got0.blocks_received == 2
     # Every layer the holder sent was new to the puller: none of PREFIX's went again.
     assert sent.layers_out - sent0.layers_out == got.layers_in - got0.layers_in > 0
@@ -92,7 +92,7 @@ def test_a_pull_sends_only_the_blocks_the_puller_lacks(store_cluster, store_clie
 
 def ssd_totals(cluster) -> tuple[int, int, int]:
     """(hits from SSD, spills, damaged files dropped) over every node."""
-    stats = [messenger(cluster.nats_url, f"node-{n}") for n in range(3)]
+    stats = [messenger(cluster, f"node-{n}") for n in range(3)]
     return sum(s.hits_ssd for s in stats), sum(s.spills for s in stats), sum(s.ssd_dropped for s in stats)
 
 
@@ -130,7 +130,7 @@ def test_blocks_spill_to_ssd_come_back_and_a_damaged_file_is_never_served(store_
 
 
 def test_the_conductor_rebuilds_its_pool_index_after_a_restart(store_cluster, store_client, reference):
-    before = conductor_stats(store_cluster.nats_url)
+    before = conductor_stats(store_cluster)
     assert before.pool_blocks >= len(PREFIX) // BLOCK and len(before.pool_nodes) == 3
     os.kill(store_cluster.pids["conductor"], signal.SIGKILL)
     deadline = time.monotonic() + 60
@@ -139,7 +139,7 @@ def test_the_conductor_rebuilds_its_pool_index_after_a_restart(store_cluster, st
         time.sleep(0.2)
     while True:  # the new Conductor knows nothing until the messengers' snapshots arrive
         try:
-            after = conductor_stats(store_cluster.nats_url)
+            after = conductor_stats(store_cluster)
             if after.pool_blocks >= before.pool_blocks and after.accepted == 0:
                 break
         except Exception:  # not up yet

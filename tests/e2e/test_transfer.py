@@ -8,12 +8,14 @@ num_cached_tokens, reported in the response's `yuebing` field), not from logs.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import random
 
 import pytest
 
-from tests.e2e.ops import messenger
+from shared.messages import MessengerCommand, MessengerStats, decode, encode, messenger_faults_subject
+from tests.e2e.ops import admin, messenger
 
 pytestmark = pytest.mark.e2e
 
@@ -43,12 +45,27 @@ def complete_with_id(client, ids: list[int]) -> tuple[list[int], dict, str]:
     return r.choices[0].model_extra["token_ids"], r.model_extra["yuebing"], raw.headers["x-yuebing-request-id"]
 
 
+def arm_faults(cluster, node: str, corrupt_next: int = 0, no_room_next: int = 0) -> MessengerStats:
+    """A messenger's fault switch: on its own subject (the admin's only), obeyed because
+    the test cluster's messengers run with --fault-injection."""
+    async def ask() -> MessengerStats:
+        nc = await admin(cluster)
+        try:
+            cmd = MessengerCommand(op="fault", corrupt_next=corrupt_next, no_room_next=no_room_next)
+            reply = await nc.request(messenger_faults_subject(node), encode(cmd), timeout=5)
+            return decode(reply.data, MessengerStats)
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
+
+
 # Shorter than a block, not a multiple of it, exactly two blocks, near the 1024-token limit.
 LENGTHS = [60, 300, 2 * BLOCK, 1000]
 
 
 def test_decode_loads_prefill_kv_and_matches_plain_vllm(cluster, client, reference):
-    before = messenger(cluster.nats_url, "node-1")
+    before = messenger(cluster, "node-1")
     prompts = [prompt(n, seed=n) for n in LENGTHS]
     results = [complete(client, p) for p in prompts]
     want = reference.greedy(prompts, MAX_TOKENS)
@@ -58,7 +75,7 @@ def test_decode_loads_prefill_kv_and_matches_plain_vllm(cluster, client, referen
         assert report["kv_blocks"] == len(p) // BLOCK, report  # the connector's word, through vLLM
         assert report["decode_kv_loaded_tokens"] == full_blocks, report
         assert report["decode_computed_prompt_tokens"] <= BLOCK - 1, report
-    after = messenger(cluster.nats_url, "node-1")
+    after = messenger(cluster, "node-1")
     sent_blocks = sum(n // BLOCK for n in LENGTHS)
     assert after.blocks_received - before.blocks_received == sent_blocks
     assert after.checksum_failures == before.checksum_failures
@@ -75,16 +92,16 @@ def test_concurrent_requests_each_load_their_own_blocks(cluster, client, referen
 
 
 def test_a_block_corrupted_in_transit_is_detected_and_recomputed(cluster, client, reference):
-    before = messenger(cluster.nats_url, "node-1")
+    before = messenger(cluster, "node-1")
     # The prefill node's messenger flips a byte in the next layer it sends: block 0.
-    armed = messenger(cluster.nats_url, "node-0", corrupt_next=1)
+    armed = arm_faults(cluster, "node-0", corrupt_next=1)
     assert armed.corrupt_pending == 1
     p = prompt(700, seed=7)
     tokens, report = complete(client, p)
     assert tokens == reference.greedy([p], MAX_TOKENS)[0]
-    after = messenger(cluster.nats_url, "node-1")
+    after = messenger(cluster, "node-1")
     assert after.checksum_failures == before.checksum_failures + 1
-    assert messenger(cluster.nats_url, "node-0").corrupt_pending == 0
+    assert messenger(cluster, "node-0").corrupt_pending == 0
     # Block 0 never became visible, so decode computed the prompt from there on.
     assert report["decode_kv_loaded_tokens"] == 0
     assert report["decode_computed_prompt_tokens"] == len(p)
@@ -94,12 +111,12 @@ def test_decode_does_not_wait_for_blocks_prefills_pool_had_no_room_for(cluster, 
     # The prefill node's pool refuses the prompt's first two blocks (as if full of
     # pinned blocks): nothing decode could load is coming, so decode is told to wait
     # for no block and computes the prompt at once, rather than after kv_wait_s.
-    armed = messenger(cluster.nats_url, "node-0", no_room_next=2)
+    armed = arm_faults(cluster, "node-0", no_room_next=2)
     assert armed.no_room_pending == 2
     p = prompt(900, seed=9)  # 7 full blocks
     tokens, report, request_id = complete_with_id(client, p)
     assert tokens == reference.greedy([p], MAX_TOKENS)[0]
-    assert messenger(cluster.nats_url, "node-0").no_room_pending == 0
+    assert messenger(cluster, "node-0").no_room_pending == 0
     assert report["kv_blocks"] == 0, report
     assert report["decode_kv_loaded_tokens"] == 0 and report["decode_computed_prompt_tokens"] == len(p)
     # What decode was told to wait for, from its own log of the request.
