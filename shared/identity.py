@@ -29,6 +29,7 @@ from shared.messages import (
     REQUEST_UPDATES,
     SCHEDULE,
     decode_subject,
+    messenger_faults_subject,
     messenger_subject,
     prefill_subject,
     stream_subject,
@@ -40,7 +41,7 @@ ROLES: tuple[IdentityRole, ...] = ("gateway", "conductor", "prefill", "decode", 
 
 ANY_PREFILL = prefill_subject("*")
 ANY_DECODE = decode_subject("*")
-ANY_MESSENGER = messenger_subject("*")  # one token: a messenger's `.faults` subject is not included
+ANY_MESSENGER = messenger_subject("*")  # one token: not a messenger's faults subject (admin only)
 ANY_STREAM = stream_subject("*")
 
 
@@ -97,7 +98,7 @@ def permissions(identity: Identity) -> Permissions:
         ),
         "messenger": Permissions(
             publish=(HEARTBEAT, KV_EVENTS),
-            subscribe=(HEARTBEAT, CANCEL, messenger_subject(identity.node), f"{messenger_subject(identity.node)}.faults"),
+            subscribe=(HEARTBEAT, CANCEL, messenger_subject(identity.node), messenger_faults_subject(identity.node)),
             allow_responses=True,
         ),
         "admin": Permissions(publish=(f"{PREFIX}.>",), subscribe=(f"{PREFIX}.>",), allow_responses=True),

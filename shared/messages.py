@@ -38,6 +38,12 @@ def messenger_subject(node: str) -> str:
     return f"{PREFIX}.messenger.{node}"
 
 
+def messenger_faults_subject(node: str) -> str:
+    """A node messenger's fault switch (MessengerCommand "fault", request/reply): a
+    subject of its own, so that NATS lets only the admin identity publish there."""
+    return f"{PREFIX}.messenger.{node}.faults"
+
+
 def stream_subject(request_id: str) -> str:
     """Where a decode instance publishes the tokens of one request."""
     return f"{PREFIX}.stream.{request_id}"
@@ -119,13 +125,39 @@ class ConductorStats(Message):
 
 # --- generation ---------------------------------------------------------------
 class Sampling(msgspec.Struct, kw_only=True):
+    """A request's sampling as the client asked it, for the whole output (prefill and
+    decode each derive their share: shared/engine/llm.py `sampling_params`)."""
+
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: disabled
+    min_p: float = 0.0
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] = []
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = {}
+    bad_words: list[str] = []
+    allowed_token_ids: list[int] | None = None
+    json_object: bool = False  # response_format json_object: the output is a JSON object
+    json_schema: str = ""  # response_format json_schema: the schema (JSON text) the output follows
+
+    @property
+    def history_dependent(self) -> bool:
+        """Whether a token's distribution depends on the output before it (beyond what
+        the prompt holds): presence/frequency penalties, multi-token bad words and
+        structured output. Decode then runs on the prompt alone for the whole output
+        and the client's tokens all come from decode (the first token prefill made
+        only warms the KV); otherwise decode continues from prefill's first token,
+        which is exact for everything else (repetition_penalty counts prompt and
+        output alike). This is the one place the rule is written."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.bad_words or self.json_object or self.json_schema
+        )
 
 
 class PrefillRequest(Message):
@@ -198,10 +230,11 @@ class Cancel(Message):
 class MessengerCommand(Message):
     """stats: report counters; snapshot: list every block held (a KvSnapshot);
     send: push the leading `hashes` held here to `node` (what a prefill that pulls
-    asks the holder), but for the first `skip`, which `node` holds already; fault:
-    corrupt the payload of the next `corrupt_next` layers sent, and refuse the next
-    `no_room_next` blocks engines reserve as if the pool were full of pinned blocks
-    (fault injection, for tests and drills)."""
+    asks the holder), but for the first `skip`, which `node` holds already; fault
+    (only on `messenger_faults_subject`, only to a messenger started with
+    --fault-injection, else a MessengerAck refusal): corrupt the payload of the next
+    `corrupt_next` layers sent, and refuse the next `no_room_next` blocks engines
+    reserve as if the pool were full of pinned blocks (for tests and drills)."""
 
     op: Literal["stats", "snapshot", "send", "fault"]
     node: str = ""

@@ -69,15 +69,19 @@ class Decoder(Handler):
         # The engine runs prompt + first token. The connector loads the prompt's blocks
         # that prefill streamed into this node's pool and the engine computes only the
         # rest: the prompt's last partial block, the first token, and any block that
-        # did not arrive within kv_wait_s (see shared/kv/connector.py).
-        prompt = [*req.prompt_token_ids, req.first_token_id]
+        # did not arrive within kv_wait_s (see shared/kv/connector.py). A request whose
+        # sampling depends on its own output runs from the prompt alone instead, for
+        # the whole output, so that its history holds every token (Sampling.history_dependent).
+        produced = 0 if req.sampling.history_dependent else 1
+        prompt = [*req.prompt_token_ids, req.first_token_id][: len(req.prompt_token_ids) + produced]
         kv = {"kv_blocks": req.kv_blocks, "kv_wait_s": min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)),
               "kv_hashes": req.block_hashes}
         seq = 0
         log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens, kv_blocks=req.kv_blocks)
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
-                steps = generate(self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - 1, kv)
+                steps = generate(self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - produced, kv,
+                                 produced)
                 async for step in steps:
                     loaded = step.num_cached_tokens if seq == 0 else 0
                     if seq == 0:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import os
 import re
 import time
@@ -18,7 +17,7 @@ import orjson
 import structlog
 from aiohttp import web
 
-from services.gateway import protocol
+from services.gateway import edge, openapi, protocol
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Pipeline, Rejected, Report, Slo, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
@@ -49,11 +48,16 @@ class Prepared:
 
 
 class Gateway:
-    def __init__(self, config: ClusterConfig, tokenizer: Tokenizer, pipeline: Pipeline, api_key: str | None) -> None:
+    def __init__(
+        self, config: ClusterConfig, tokenizer: Tokenizer, pipeline: Pipeline, api_key: str | None,
+        metrics_require_key: bool = False,
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.pipeline = pipeline
         self.api_key = api_key
+        self.metrics_require_key = metrics_require_key
+        self.openapi = orjson.dumps(openapi.document())
         self.metrics = GatewayMetrics()
         self.created = int(time.time())
 
@@ -63,6 +67,7 @@ class Gateway:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_page)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/openapi.json", self.openapi_page)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         return app
@@ -73,17 +78,21 @@ class Gateway:
             return await handler(request)
         except ApiError as e:
             return error_response(e)
-        except web.HTTPException as e:  # aiohttp's own 404/405 as OpenAI-style bodies
+        except web.HTTPException as e:  # aiohttp's own 404/405/413 as OpenAI-style bodies
             if e.status < 400:
                 raise
             return error_response(ApiError(e.status, e.reason, type="not_found_error" if e.status == 404 else "invalid_request_error"))
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:  # a bug, never the client's doing: still an OpenAI-style body
+            log.exception("unhandled error")
+            return error_response(ApiError(500, "internal server error", type="server_error"))
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.api_key and request.path.startswith("/v1/"):
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-                raise ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
+        guarded = request.path.startswith("/v1/") or (self.metrics_require_key and request.path == "/metrics")
+        if self.api_key and guarded and not edge.key_matches(request, self.api_key):
+            raise edge.unauthorized()
         return await handler(request)
 
     async def health(self, _request: web.Request) -> web.Response:
@@ -95,6 +104,9 @@ class Gateway:
 
     async def metrics_page(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def openapi_page(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.openapi, content_type="application/json")
 
     async def models(self, _request: web.Request) -> web.Response:
         model = {
@@ -109,11 +121,11 @@ class Gateway:
         return web.json_response({"object": "list", "data": [model]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        parsed = protocol.parse_chat(protocol.parse_body(await request.read()))
+        parsed = protocol.parse_chat(protocol.parse_body(await edge.read_body(request)))
         return await self._serve(request, "chat", parsed)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        parsed = protocol.parse_completion(protocol.parse_body(await request.read()))
+        parsed = protocol.parse_completion(protocol.parse_body(await edge.read_body(request)))
         return await self._serve(request, "completion", parsed)
 
     # --- serving ------------------------------------------------------------
@@ -129,7 +141,8 @@ class Gateway:
             self.metrics.requests.labels(kind, str(e.status)).inc()
             log.info("request refused", status=e.status, error=e.message)
             raise
-        log.info("request", kind=kind, prompt_len=len(prepared.prompt), max_tokens=prepared.max_tokens, stream=prepared.options.stream)
+        log.info("request", kind=kind, prompt_len=len(prepared.prompt), max_tokens=prepared.max_tokens, stream=prepared.options.stream,
+                 user=prepared.options.user)
         self.metrics.in_flight.inc()
         status = "200"
         try:
@@ -153,15 +166,34 @@ class Gateway:
         options = parsed.options
         if options.model != self.config.served_model_name:
             raise ApiError(404, f"The model '{options.model}' does not exist", type="not_found_error", param="model", code="model_not_found")
+        prompt = self._prompt(parsed)
+        self._check_vocabulary(options)
+        max_tokens = self._max_tokens(kind, options, prompt)
+        if options.min_tokens > max_tokens:
+            raise protocol.invalid(f"'min_tokens' ({options.min_tokens}) must be at most max_tokens ({max_tokens})", "min_tokens")
+        return Prepared(request_id, kind, options, prompt, max_tokens, slo, label)
+
+    def _prompt(self, parsed: ChatRequest | CompletionRequest) -> list[int]:
+        o = parsed.options
         if isinstance(parsed, ChatRequest):
-            prompt = self.tokenizer.chat_prompt(parsed.messages)
-        elif isinstance(parsed.prompt, str):
-            prompt = self.tokenizer.encode(parsed.prompt)
-        else:
-            prompt = list(parsed.prompt)
-            vocab = len(self.tokenizer.hf)
-            if max(prompt) >= vocab:
-                raise protocol.invalid(f"token id {max(prompt)} is outside the vocabulary (size {vocab})", "prompt")
+            return self.tokenizer.chat_prompt(parsed.messages, parsed.add_generation_prompt, parsed.continue_final_message,
+                                              o.add_special_tokens)
+        if isinstance(parsed.prompt, str):
+            return self.tokenizer.encode(parsed.prompt, add_special_tokens=o.add_special_tokens)
+        prompt = list(parsed.prompt)
+        vocab = len(self.tokenizer.hf)
+        if max(prompt) >= vocab:
+            raise protocol.invalid(f"token id {max(prompt)} is outside the vocabulary (size {vocab})", "prompt")
+        return prompt
+
+    def _check_vocabulary(self, options: Options) -> None:
+        vocab = len(self.tokenizer.hf)
+        for name, ids in options.token_ids().items():
+            if ids and max(ids) >= vocab:
+                raise protocol.invalid(f"token id {max(ids)} in '{name}' is outside the vocabulary (size {vocab})", name)
+
+    def _max_tokens(self, kind: str, options: Options, prompt: list[int]) -> int:
+        """The request's max_tokens, or all the room its prompt leaves; 400 if it has none."""
         limit = self.config.max_model_len
         if len(prompt) >= limit:
             raise protocol.invalid(
@@ -176,12 +208,20 @@ class Gateway:
                 f"tokens and the prompt has {len(prompt)}, so at most {room} tokens can be generated.",
                 "max_tokens",
             )
-        return Prepared(request_id, kind, options, prompt, options.max_tokens or room, slo, label)
+        return options.max_tokens or room
 
-    def _sampling(self, p: Prepared) -> Sampling:
-        o = p.options
+    @staticmethod
+    def _sampling(p: Prepared) -> Sampling:
+        """What the engines are asked: every sampling field as the client gave it
+        (prefill and decode each derive their own share of it; see shared/engine/llm.py)."""
+        o, rf = p.options, p.options.response_format
         return Sampling(
-            max_tokens=p.max_tokens, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed, ignore_eos=o.ignore_eos
+            max_tokens=p.max_tokens, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p, seed=o.seed,
+            ignore_eos=o.ignore_eos, stop_token_ids=list(o.stop_token_ids), min_tokens=o.min_tokens,
+            presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
+            repetition_penalty=o.repetition_penalty, logit_bias=dict(o.logit_bias), bad_words=list(o.bad_words),
+            allowed_token_ids=list(o.allowed_token_ids) if o.allowed_token_ids is not None else None,
+            json_object=rf.type == "json_object", json_schema=rf.json_schema,
         )
 
     async def _events(self, p: Prepared, text: TextStream, report: Report) -> Any:
@@ -227,7 +267,7 @@ class Gateway:
         self.metrics.completion_tokens.inc(n)
 
     async def _complete(self, p: Prepared) -> web.Response:
-        text, report = TextStream(self.tokenizer, p.options.stop), Report()
+        text, report = self._text_stream(p), Report()
         finish = None
         async for _delta, finish_reason in self._events(p, text, report):
             finish = finish_reason or finish
@@ -248,7 +288,7 @@ class Gateway:
         return web.Response(body=orjson.dumps(body), content_type="application/json", headers=p.headers())
 
     async def _stream(self, request: web.Request, p: Prepared) -> web.StreamResponse:
-        text, report = TextStream(self.tokenizer, p.options.stop), Report()
+        text, report = self._text_stream(p), Report()
         events = self._events(p, text, report)
         # Fail before the first byte where we can: a rejection must be a real 429.
         try:
@@ -260,17 +300,19 @@ class Gateway:
         )
         await response.prepare(request)
         try:
+            usage = self._running_usage(p, text, report)
             if p.kind == "chat":
-                await self._send(response, p, {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+                role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                await self._send(response, p, role, usage())
             sent_tokens = 0
             async for delta, finish in _chain([first] if first is not None else [], events):
                 choice = self._stream_choice(p, delta, finish, text.token_ids[sent_tokens:])
                 sent_tokens = len(text.token_ids)
                 if delta or finish or p.options.return_token_ids:
-                    await self._send(response, p, choice)
+                    await self._send(response, p, choice, usage())
         except ApiError as e:
             # Headers are gone: the error travels in the stream, and [DONE] never comes.
-            await response.write(b"data: " + orjson.dumps(e.body()) + b"\n\n")
+            await response.write(b"data: " + e.json() + b"\n\n")
             await response.write_eof()
             raise
         if p.options.include_usage:
@@ -285,6 +327,10 @@ class Gateway:
         await response.write_eof()
         return response
 
+    def _text_stream(self, p: Prepared) -> TextStream:
+        o = p.options
+        return TextStream(self.tokenizer, o.stop, o.include_stop_str_in_output, o.skip_special_tokens)
+
     @staticmethod
     def _stream_choice(p: Prepared, delta: str, finish: str | None, new_tokens: list[int]) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
@@ -297,8 +343,19 @@ class Gateway:
             choice["token_ids"] = new_tokens
         return choice
 
-    async def _send(self, response: web.StreamResponse, p: Prepared, choice: dict[str, Any]) -> None:
+    @staticmethod
+    def _running_usage(p: Prepared, text: TextStream, report: Report) -> Callable[[], dict[str, Any] | None]:
+        """stream_options.continuous_usage_stats: the usage so far, in every chunk."""
+        if not p.options.continuous_usage:
+            return lambda: None
+        return lambda: protocol.usage(len(p.prompt), len(text.token_ids), report.cached_tokens)
+
+    async def _send(
+        self, response: web.StreamResponse, p: Prepared, choice: dict[str, Any], usage: dict[str, Any] | None = None
+    ) -> None:
         body = {**self._envelope(p, chunk=True), "choices": [choice]}
+        if usage is not None:
+            body["usage"] = usage
         await response.write(b"data: " + orjson.dumps(body) + b"\n\n")
 
     def _envelope(self, p: Prepared, chunk: bool) -> dict[str, Any]:
@@ -388,30 +445,38 @@ def slo_from_headers(request: web.Request) -> Slo:
 
 
 def error_response(e: ApiError) -> web.Response:
-    return web.Response(status=e.status, body=orjson.dumps(e.body()), content_type="application/json", headers=e.headers)
+    return web.Response(status=e.status, body=e.json(), content_type="application/json", headers=e.headers)
 
 
 def parser() -> argparse.ArgumentParser:
     p = service.parser("gateway", instance=False)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("YUEBING_API_KEY"), help="require this Bearer key (default: $YUEBING_API_KEY)")
+    # Never the key itself on the command line: argv is readable by every local user.
+    p.add_argument("--api-key-file", default=os.environ.get(edge.API_KEY_FILE_ENV),
+                   help="owner-only file holding the Bearer key clients must send (default: $YUEBING_API_KEY_FILE; "
+                        "$YUEBING_API_KEY, when set, takes precedence; neither: the API is open)")
+    p.add_argument("--metrics-require-key", action="store_true", help="require the API key on /metrics too")
     return p
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
+    try:
+        api_key = edge.load_api_key(args.api_key_file)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"gateway: API key: {e}") from e
     tokenizer = Tokenizer(config.model)
-    nc = await bus.connect(config.nats_url, name="gateway")
+    nc = await bus.connect(config.nats_url, "gateway", args.nats_credentials)
     registry = Registry(timeout_s=config.liveness_timeout_s)
 
     async def on_heartbeat(hb: Heartbeat, _msg: Any) -> None:
         registry.observe(hb, time.monotonic())
 
     await bus.subscribe(nc, HEARTBEAT, Heartbeat, on_heartbeat)
-    gateway = Gateway(config, tokenizer, Pipeline(nc, config, registry), args.api_key)
+    gateway = Gateway(config, tokenizer, Pipeline(nc, config, registry), api_key, args.metrics_require_key)
     # handler_cancellation: a client that disconnects cancels its handler, which
     # cancels the pipeline, which tells the instances to abort.
-    runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
+    runner = edge.GatewayRunner(gateway.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()

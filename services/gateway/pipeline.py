@@ -157,7 +157,8 @@ class Pipeline:
         # can still be a clean 429 rather than an error in the middle of a stream.
         sub = await self._start_decode(job, placement.decode_id, result.first_token_id, kv_blocks)
         try:
-            yield first
+            if not job.sampling.history_dependent:  # else decode makes the first token again, with its history
+                yield first
             async for chunk in self._tokens(sub, placement.decode_id, job.deadline):
                 report.kv_loaded_tokens = report.kv_loaded_tokens or chunk.kv_loaded_tokens
                 yield chunk

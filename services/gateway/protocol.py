@@ -1,32 +1,44 @@
 """The OpenAI wire format: request bodies parsed into typed requests (with the
-errors OpenAI clients expect), and response bodies built from results."""
+errors OpenAI clients expect), and response bodies built from results.
+
+Which fields each endpoint takes, and how each is checked, is the tables below
+(built from services/gateway/fields.py); /openapi.json is generated from them."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from services.gateway import structured
+from services.gateway.errors import ApiError, invalid
+from services.gateway.fields import (
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    LOGIT_BIAS,
+    MAX_BAD_WORDS,
+    MAX_MESSAGES,
+    MAX_TOKEN_IDS,
+    MAX_USER_CHARS,
+    MAX_WORD_CHARS,
+    STOP,
+    STREAM_OPTIONS,
+    Spec,
+    boolean,
+    exactly,
+    int_list,
+    integer,
+    is_int,
+    number,
+    refused,
+    str_list,
+    string,
+)
+from services.gateway.structured import ResponseFormat
 
-@dataclass
-class ApiError(Exception):
-    """An error answered to the client as an OpenAI-style body."""
-
-    status: int
-    message: str
-    type: str = "invalid_request_error"
-    param: str | None = None
-    code: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def invalid(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param)
+__all__ = ["ApiError", "invalid"]
 
 
 @dataclass(frozen=True)
@@ -35,21 +47,43 @@ class Options:
 
     model: str
     max_tokens: int | None
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    stop: tuple[str, ...]
-    ignore_eos: bool
-    stream: bool
-    include_usage: bool
-    return_token_ids: bool
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    bad_words: tuple[str, ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+    response_format: ResponseFormat = ResponseFormat()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    add_special_tokens: bool = True
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+    return_token_ids: bool = False
+    user: str | None = None
+
+    def token_ids(self) -> dict[str, tuple[int, ...]]:
+        """Every token id the request names, by field: checked against the vocabulary."""
+        return {"logit_bias": tuple(t for t, _ in self.logit_bias), "stop_token_ids": self.stop_token_ids,
+                "allowed_token_ids": self.allowed_token_ids or ()}
 
 
 @dataclass(frozen=True)
 class ChatRequest:
     messages: tuple[dict[str, str], ...]
     options: Options
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,43 +92,173 @@ class CompletionRequest:
     options: Options
 
 
+COMMON: dict[str, Spec] = {
+    "model": string(1024),
+    "max_tokens": integer(1, INT64_MAX),
+    "n": exactly(1, "only n=1 is supported"),
+    "temperature": number(0.0, 2.0, 1.0),
+    "top_p": number(0.0, 1.0, 1.0, open_lo=True),
+    "top_k": integer(-1, INT32_MAX, 0),
+    "min_p": number(0.0, 1.0, 0.0),
+    "seed": integer(INT64_MIN, INT64_MAX),
+    "presence_penalty": number(-2.0, 2.0, 0.0),
+    "frequency_penalty": number(-2.0, 2.0, 0.0),
+    "repetition_penalty": number(0.0, float("inf"), 1.0, open_lo=True),
+    "logit_bias": LOGIT_BIAS,
+    "stop": STOP,
+    "stop_token_ids": int_list(MAX_TOKEN_IDS),
+    "ignore_eos": boolean(False),
+    "min_tokens": integer(0, INT64_MAX, 0),
+    "bad_words": str_list(MAX_BAD_WORDS, MAX_WORD_CHARS),
+    "allowed_token_ids": int_list(MAX_TOKEN_IDS, min_items=1, default=None),
+    "response_format": structured.SPEC,
+    "include_stop_str_in_output": boolean(False),
+    "skip_special_tokens": boolean(True),
+    "stream": boolean(False),
+    "stream_options": STREAM_OPTIONS,
+    "return_token_ids": boolean(False),
+    "user": string(MAX_USER_CHARS),
+    # vLLM's, not implemented here: only their no-op values pass
+    "use_beam_search": refused(False),
+    "watermarking": refused(False),
+    "length_penalty": refused(1.0, 1, note=" (it only affects beam search)"),
+    "spaces_between_special_tokens": refused(True),
+    "truncate_prompt_tokens": refused(),
+    "truncation_side": refused(),
+    "prompt_logprobs": refused(),
+    "logprob_token_ids": refused(),
+    "structured_outputs": refused(note="; use response_format"),
+    "priority": refused(0),
+    "request_id": refused(note="; send the x-request-id header"),
+    "session_id": refused(),
+    "return_tokens_as_token_ids": refused(False),
+    "routed_experts_prompt_start": refused(0),
+    "return_token_offsets": refused(False),
+    "mm_payload": refused("tensors"),
+    "return_mm_kwargs": refused(False),
+    "cache_salt": refused(),
+    "kv_transfer_params": refused(),
+    "ec_transfer_params": refused(),
+    "vllm_xargs": refused(),
+    "repetition_detection": refused(),
+    "stream_interval": refused(),
+    "thinking_token_budget": refused(),
+}
+CHAT: dict[str, Spec] = {
+    **COMMON,
+    "max_completion_tokens": integer(1, INT64_MAX),
+    "add_generation_prompt": boolean(True),
+    "continue_final_message": boolean(False),
+    "add_special_tokens": boolean(False),
+    "include_reasoning": boolean(True),  # this server runs no reasoning parser: nothing to include
+    "echo": refused(False),
+    "logprobs": refused(False),
+    "top_logprobs": refused(0),
+    "tools": refused(),
+    "tool_choice": refused("none"),
+    "parallel_tool_calls": refused(True, False, note=" (tools are not supported)"),
+    "reasoning_effort": refused(),
+    "documents": refused(),
+    "chat_template": refused(),
+    "chat_template_kwargs": refused(),
+    "media_io_kwargs": refused(),
+    "mm_processor_kwargs": refused(),
+    "return_prompt_text": refused(False),
+}
+COMPLETION: dict[str, Spec] = {
+    **COMMON,
+    "max_tokens": integer(1, INT64_MAX, 16),  # vLLM's (and OpenAI's) completions default
+    "add_special_tokens": boolean(True),
+    "echo": refused(False),
+    "logprobs": refused(),
+    "suffix": refused(),
+    "prompt_embeds": refused(),
+    "best_of": exactly(1, "only best_of=1 is supported"),
+}
+REQUIRED = {"chat": ("model", "messages"), "completion": ("model", "prompt")}
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        raise invalid(f"request body is not valid JSON: {e}") from e
+        raise invalid(f"request body is not valid UTF-8 JSON: {e}") from e
     if not isinstance(body, dict):
         raise invalid("request body must be a JSON object")
     return body
 
 
+def _fields(body: dict[str, Any], table: dict[str, Spec], own: tuple[str, ...]) -> dict[str, Any]:
+    """Every field of `table`, checked (null or missing: its default); a field in
+    neither `table` nor `own` is refused unless null."""
+    for name, value in body.items():
+        if name not in table and name not in own and value is not None:
+            raise invalid(f"unknown field '{name[:64]}'", name[:64])
+    return {name: spec.default if body.get(name) is None else spec.parse(name, body[name]) for name, spec in table.items()}
+
+
+def _options(body: dict[str, Any], v: dict[str, Any], max_tokens: int | None) -> Options:
+    if not v["model"]:
+        raise invalid("'model' is required", "model")
+    if body.get("stream_options") and not v["stream"]:  # as vLLM: an empty object passes
+        raise invalid("'stream_options' can only be set with stream=true", "stream_options")
+    if max_tokens is not None and v["min_tokens"] > max_tokens:
+        raise invalid(f"'min_tokens' ({v['min_tokens']}) must be at most max_tokens ({max_tokens})", "min_tokens")
+    return Options(
+        model=v["model"], max_tokens=max_tokens, temperature=v["temperature"], top_p=v["top_p"],
+        top_k=0 if v["top_k"] == -1 else v["top_k"], min_p=v["min_p"], seed=v["seed"], stop=v["stop"],
+        stop_token_ids=v["stop_token_ids"], ignore_eos=v["ignore_eos"], min_tokens=v["min_tokens"],
+        presence_penalty=v["presence_penalty"], frequency_penalty=v["frequency_penalty"],
+        repetition_penalty=v["repetition_penalty"], logit_bias=v["logit_bias"], bad_words=v["bad_words"],
+        allowed_token_ids=v["allowed_token_ids"], response_format=v["response_format"],
+        include_stop_str_in_output=v["include_stop_str_in_output"], skip_special_tokens=v["skip_special_tokens"],
+        add_special_tokens=v["add_special_tokens"], stream=v["stream"], include_usage=v["stream_options"][0],
+        continuous_usage=v["stream_options"][1], return_token_ids=v["return_token_ids"], user=v["user"],
+    )  # fmt: skip
+
+
+def _required(body: dict[str, Any], kind: str) -> None:
+    for name in REQUIRED[kind]:
+        if body.get(name) is None:
+            raise invalid(f"'{name}' is required", name)
+
+
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise invalid("'messages' must be a non-empty list", "messages")
-    return ChatRequest(tuple(_message(m, i) for i, m in enumerate(messages)), _options(body, "max_completion_tokens"))
+    _required(body, "chat")
+    messages = body["messages"]
+    if not isinstance(messages, list) or not 0 < len(messages) <= MAX_MESSAGES:
+        raise invalid(f"'messages' must be a list of 1 to {MAX_MESSAGES} messages", "messages")
+    v = _fields(body, CHAT, ("messages",))
+    if v["add_generation_prompt"] and v["continue_final_message"]:
+        raise invalid("'continue_final_message' needs add_generation_prompt=false", "continue_final_message")
+    max_tokens = v["max_completion_tokens"] if v["max_completion_tokens"] is not None else v["max_tokens"]
+    parsed = tuple(_message(m, i) for i, m in enumerate(messages))
+    return ChatRequest(parsed, _options(body, v, max_tokens), v["add_generation_prompt"], v["continue_final_message"])
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
-    prompt = body.get("prompt")
+    _required(body, "completion")
+    v = _fields(body, COMPLETION, ("prompt",))
+    return CompletionRequest(_prompt(body["prompt"]), _options(body, v, v["max_tokens"]))
+
+
+def _prompt(prompt: Any) -> str | tuple[int, ...]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         if not prompt:
             raise invalid("'prompt' must not be empty", "prompt")
-        parsed: str | tuple[int, ...] = prompt
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
-        parsed = tuple(prompt)
-    elif isinstance(prompt, list) and len(prompt) > 1:
+        return prompt
+    if isinstance(prompt, list) and prompt and all(is_int(t) and 0 <= t <= INT32_MAX for t in prompt):
+        return tuple(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise invalid("batched prompts are not supported; send one prompt per request", "prompt")
-    else:
-        raise invalid("'prompt' must be a non-empty string or a list of token ids", "prompt")
-    if body.get("echo"):
-        raise invalid("'echo' is not supported", "echo")
-    return CompletionRequest(parsed, _options(body, None))
+    raise invalid("'prompt' must be a non-empty string or a list of token ids", "prompt")
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+MESSAGE_STRINGS = ("name", "tool_call_id")  # passed to the chat template as they are
+MESSAGE_NOOPS = {"tool_calls": ([],), "function_call": (), "reasoning": (), "reasoning_content": (), "refusal": ()}
 
 
 def _message(m: Any, i: int) -> dict[str, str]:
@@ -104,85 +268,31 @@ def _message(m: Any, i: int) -> dict[str, str]:
     role = m.get("role")
     if role not in ROLES:
         raise invalid(f"{param}.role must be one of {', '.join(ROLES)}", f"{param}.role")
-    content = m.get("content")
+    out = {"role": role, "content": _content(m.get("content"), role, param)}
+    for key, value in m.items():
+        if key in ("role", "content") or value is None:
+            continue
+        if key in MESSAGE_STRINGS and isinstance(value, str):
+            out[key] = value
+        elif not (key in MESSAGE_NOOPS and value in MESSAGE_NOOPS[key]):
+            raise invalid(f"{param}.{key[:64]} is not supported by this server", f"{param}.{key[:64]}")
+    return out
+
+
+def _content(content: Any, role: str, param: str) -> str:
     if isinstance(content, list):  # content parts: only text is meaningful to this model
         parts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise invalid(f"{param}.content: only text parts are supported", f"{param}.content")
+            if not isinstance(part, dict) or set(part) != {"type", "text"} or part["type"] != "text" or not isinstance(part["text"], str):
+                raise invalid(f"{param}.content: only text parts ({{'type': 'text', 'text': ...}}) are supported",
+                              f"{param}.content")
             parts.append(part["text"])
-        content = "".join(parts)
+        return "".join(parts)
     if content is None and role == "assistant":
-        content = ""
+        return ""
     if not isinstance(content, str):
         raise invalid(f"{param}.content must be a string or a list of text parts", f"{param}.content")
-    return {"role": role, "content": content}
-
-
-def _options(body: dict[str, Any], max_tokens_alias: str | None) -> Options:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("'model' is required", "model")
-    n = body.get("n", 1)
-    if n is not None and n != 1:
-        raise invalid("only n=1 is supported", "n")
-    if body.get("best_of") not in (None, 1):
-        raise invalid("best_of is not supported", "best_of")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise invalid("logprobs are not supported", "logprobs")
-    max_tokens = body.get("max_tokens")
-    if max_tokens is None and max_tokens_alias:
-        max_tokens = body.get(max_tokens_alias)
-    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens <= 0):
-        raise invalid("'max_tokens' must be a positive integer", "max_tokens")
-    stream_options = body.get("stream_options") or {}
-    if not isinstance(stream_options, dict):
-        raise invalid("'stream_options' must be an object", "stream_options")
-    return Options(
-        model=model,
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
-        top_k=_integer(body, "top_k", 0, -1),
-        seed=_integer(body, "seed", None, None),
-        stop=_stop(body.get("stop")),
-        ignore_eos=bool(body.get("ignore_eos", False)),
-        stream=bool(body.get("stream", False)),
-        include_usage=bool(stream_options.get("include_usage", False)),
-        return_token_ids=bool(body.get("return_token_ids", False)),
-    )
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
-    v = body.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-        raise invalid(f"'{name}' must be a number in [{lo:g}, {hi:g}]", name)
-    return float(v)
-
-
-def _integer(body: dict[str, Any], name: str, default: int | None, lo: int | None) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return default
-    if not _is_int(v) or (lo is not None and v < lo):
-        raise invalid(f"'{name}' must be an integer" + (f" >= {lo}" if lo is not None else ""), name)
-    return v if v != -1 or name != "top_k" else 0
-
-
-def _stop(v: Any) -> tuple[str, ...]:
-    if v is None:
-        return ()
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or len(v) > 4 or not all(isinstance(s, str) and s for s in v):
-        raise invalid("'stop' must be a non-empty string or a list of up to 4 of them", "stop")
-    return tuple(v)
+    return content
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

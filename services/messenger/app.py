@@ -1,11 +1,16 @@
-"""Wiring of a messenger: config → NATS (heartbeat, peers, commands) → the node's
-local sockets and the transport → `Messenger`."""
+"""Wiring of a messenger: config → NATS (heartbeat, peers, commands, the fault
+switch) → the node's local sockets and the transport → `Messenger`.
+
+The KV plane is authenticated unless asked otherwise: a messenger without the
+cluster's key file (--kv-key-file, shared/kv/keys.py) refuses to start, unless it is
+given --kv-insecure. Fault injection is off unless --fault-injection is given."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import itertools
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -20,10 +25,12 @@ from services.messenger import metrics
 from services.messenger.messenger import Messenger
 from services.messenger.node_pool import PoolOptions
 from services.messenger.pool import EVICTION_POLICIES
-from services.messenger.transport import ZmqTransport
+from services.messenger.transport import KV_SECURITY, ZmqTransport
 from shared import bus, service
 from shared.config import ClusterConfig
 from shared.instance import Instance
+from shared.kv.keys import KEY_FILE_ENV, ClusterKeys, load_keys
+from shared.kv.pool_file import owner_only_dir
 from shared.kv.wire import (
     Pin,
     Reply,
@@ -42,6 +49,7 @@ from shared.messages import (
     MessengerAck,
     MessengerCommand,
     encode,
+    messenger_faults_subject,
     messenger_subject,
 )
 
@@ -59,14 +67,38 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ssd-path", help="folder of the SSD tier (default: <config ssd_dir>/<node> if ssd_dir is set)")
     p.add_argument("--ssd-bytes", type=int, help="SSD tier size (default: the config's ssd_bytes)")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
+    p.add_argument("--kv-key-file", default=os.environ.get(KEY_FILE_ENV),
+                   help=f"the cluster's KV key file, owner-only (default: ${KEY_FILE_ENV}); "
+                   "required unless --kv-insecure")
+    p.add_argument("--kv-security", choices=KV_SECURITY, default="aes-gcm",
+                   help="how the key guards the KV plane: AES-GCM sealed messages, or CURVE connections "
+                   "(both encrypt; `yuebing bench transfer` measures them)")
+    p.add_argument("--kv-insecure", action="store_true",
+                   help="no key: any peer may put blocks into this node's pool (tests only)")
+    p.add_argument("--fault-injection", action="store_true",
+                   help="obey fault commands (corrupt layers, refuse reservations): tests and drills only")
     return p
+
+
+def cluster_keys(args: argparse.Namespace) -> ClusterKeys | None:
+    """The KV plane's keys; None only when --kv-insecure asks for no authentication."""
+    if args.kv_key_file:
+        try:
+            return load_keys(args.kv_key_file)
+        except ValueError as e:
+            raise SystemExit(f"messenger: {e}") from e
+    if not args.kv_insecure:
+        raise SystemExit(f"messenger: --kv-key-file (or ${KEY_FILE_ENV}) is required; "
+                         "--kv-insecure runs without one, letting anyone who reaches the port plant KV blocks")
+    log.warning("kv plane unauthenticated (--kv-insecure): any peer may put blocks into this pool")
+    return None
 
 
 class LocalSockets:
     """The three IPC sockets the node's engines talk to (see shared/kv/wire.py)."""
 
     def __init__(self, kv_dir: str, node: str) -> None:
-        Path(kv_dir).mkdir(parents=True, exist_ok=True)
+        owner_only_dir(Path(kv_dir))  # nobody else may connect to these sockets
         self.ctx = zmq.asyncio.Context()
         self.control = self._bind(zmq.ROUTER, control_endpoint(kv_dir, node))
         self.written = self._bind(zmq.PULL, written_endpoint(kv_dir, node))
@@ -96,7 +128,7 @@ class MessengerService:
     def start(self) -> None:
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("control", self._control_once), ("notes", self._notes_once),
-            ("transfer", self._transfer_once), ("tick", self._tick_once),
+            ("transfer", self._transfer_once), ("tick", self._tick_once), ("peers", self._peers_once),
         ]
         self.tasks = [asyncio.create_task(self._forever(name, step), name=name) for name, step in loops]
 
@@ -152,6 +184,9 @@ class MessengerService:
         header, payload = await self.messenger.node.transport.receive()
         self.messenger.received(header, payload)
 
+    async def _peers_once(self) -> None:
+        await self.messenger.node.transport.watch()  # counts and logs a refused peer
+
     async def _tick_once(self) -> None:
         await asyncio.sleep(TICK_S)
         self.messenger.node.block_event("tick", self.messenger.pool.pool_id, [])
@@ -180,13 +215,20 @@ class MessengerService:
             owner = f"send-{next(self._sends)}"
             await self._read_from_ssd(owner, hashes[cmd.skip:])
             reply = MessengerAck(ok=True, blocks=self.messenger.send_to(cmd.node, hashes, cmd.skip, owner))
+        elif cmd.op == "fault":
+            faults = messenger_faults_subject(self.messenger.node.name)
+            reply = MessengerAck(ok=False, error=f"fault commands go to {faults}")
         else:
-            if cmd.op == "fault":
-                faults = self.messenger.node.faults
-                faults.corrupt_next, faults.no_room_next = max(0, cmd.corrupt_next), max(0, cmd.no_room_next)
-                log.warning("fault injection armed", corrupt_next=cmd.corrupt_next, no_room_next=cmd.no_room_next)
             reply = self.messenger.stats()
         await self._flush_events()
+        await msg.respond(encode(reply))
+
+    async def on_faults(self, cmd: MessengerCommand, msg: Msg) -> None:
+        """The fault switch, on a subject of its own that NATS opens to the admin only."""
+        if cmd.op != "fault":
+            reply: Message = MessengerAck(ok=False, error=f"only fault commands here, not {cmd.op!r}")
+        else:
+            reply = self.messenger.arm_faults(cmd.corrupt_next, cmd.no_room_next)
         await msg.respond(encode(reply))
 
     async def close(self) -> None:
@@ -207,21 +249,26 @@ def pool_options(config: ClusterConfig, args: argparse.Namespace) -> PoolOptions
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
-    transport = ZmqTransport(args.host, args.port, args.advertise_host)
-    messenger = Messenger(args.node, config.kv_root, pool_options(config, args), transport)
+    transport = ZmqTransport(args.host, args.port, args.advertise_host, keys=cluster_keys(args),
+                             security=args.kv_security)
+    messenger = Messenger(args.node, config.kv_root, pool_options(config, args), transport,
+                          fault_injection=args.fault_injection)
     sockets = LocalSockets(config.kv_root, args.node)
     svc = MessengerService(messenger, sockets)
     svc.start()
     if args.metrics_port:
-        metrics.serve(messenger.stats, args.metrics_port, args.host)
-    nc = await bus.connect(config.nats_url, name=args.instance_id)
+        metrics.serve(messenger.stats, messenger.security, args.metrics_port, args.host)
+    nc = await bus.connect(config.nats_url, args.instance_id, args.nats_credentials)
     svc.nc = nc
     instance = Instance("messenger", args.instance_id, args.node, config, nc)
     instance.endpoint = transport.endpoint
     await bus.subscribe(nc, HEARTBEAT, Heartbeat, svc.on_heartbeat)
     await bus.subscribe(nc, messenger_subject(args.node), MessengerCommand, svc.on_command)
+    await bus.subscribe(nc, messenger_faults_subject(args.node), MessengerCommand, svc.on_faults)
     await instance.start()
-    log.info("messenger ready", node=args.node, endpoint=transport.endpoint, kv_dir=config.kv_root)
+    log.info("messenger ready", node=args.node, endpoint=transport.endpoint, kv_dir=config.kv_root,
+             kv_authenticated=transport.authenticated, kv_security=args.kv_security,
+             fault_injection=args.fault_injection)
     await stop.wait()
     await instance.close()
     await svc.close()

@@ -13,20 +13,21 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from services.messenger.node import Node
+from services.messenger.node import Faults, Node, SecurityStats
 from services.messenger.node_pool import NodePool, PoolOptions, SsdRead, Unattached
 from services.messenger.transport import Transport
-from shared.kv.pool_file import PoolFile
+from shared.kv.pool_file import PoolFile, owner_only_dir
 from shared.kv.wire import Control, Hello, Note, Release, Reply, frame_decoder, pool_path
-from shared.messages import KvSnapshot, MessengerStats
+from shared.messages import KvSnapshot, MessengerAck, MessengerStats
 
 log = structlog.get_logger(__name__)
 
 
 class Messenger:
-    def __init__(self, node: str, kv_dir: str, options: PoolOptions, transport: Transport) -> None:
-        self.node = Node(node, transport, MessengerStats(node=node))
-        Path(kv_dir).mkdir(parents=True, exist_ok=True)
+    def __init__(self, node: str, kv_dir: str, options: PoolOptions, transport: Transport,
+                 fault_injection: bool = False) -> None:
+        self.node = Node(node, transport, MessengerStats(node=node), faults=Faults(enabled=fault_injection))
+        owner_only_dir(Path(kv_dir))  # the pool file is the node's KV cache: ours alone
         file = PoolFile(pool_path(kv_dir, node), options.pool_bytes, create=True)
         self.pool: Unattached | NodePool = Unattached(file, options, self.node)
         log.info("pool file created", path=str(file.path), pool_bytes=options.pool_bytes)
@@ -77,6 +78,30 @@ class Messenger:
             no_room_pending=node.faults.no_room_next,
             **self.pool.gauges(),
         )
+
+    def security(self) -> SecurityStats:
+        node = self.node
+        return SecurityStats(
+            node=node.name,
+            kv_authenticated=node.transport.authenticated,
+            kv_peers_rejected=node.transport.rejected,
+            stale_notes=node.refusals.stale_notes,
+            fault_commands_refused=node.refusals.fault_commands,
+            fault_injection_enabled=node.faults.enabled,
+        )
+
+    # --- fault injection (tests and drills) ---------------------------------------
+    def arm_faults(self, corrupt_next: int, no_room_next: int) -> MessengerStats | MessengerAck:
+        """Arm the fault switches, where --fault-injection allows it; the stats, or a refusal."""
+        faults = self.node.faults
+        if not faults.enabled:
+            self.node.refusals.fault_commands += 1
+            log.warning("fault command refused: fault injection is off", corrupt_next=corrupt_next,
+                        no_room_next=no_room_next)
+            return MessengerAck(ok=False, error="fault injection is off on this messenger (--fault-injection)")
+        faults.corrupt_next, faults.no_room_next = max(0, corrupt_next), max(0, no_room_next)
+        log.warning("fault injection armed", corrupt_next=faults.corrupt_next, no_room_next=faults.no_room_next)
+        return self.stats()
 
     def close(self) -> None:
         self.pool.close()

@@ -1,5 +1,7 @@
 """The messenger's Prometheus page: its counters and pool occupancy, read from
-`Messenger.stats()` at scrape time (nothing is double-counted or kept twice)."""
+`Messenger.stats()` at scrape time (nothing is double-counted or kept twice), and
+its guard (`Messenger.security()`): peers refused, stale notes dropped, whether
+fault injection is on."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from services.messenger.node import SecurityStats
 from shared.messages import MessengerStats
 
 COUNTERS = {
@@ -32,11 +35,41 @@ GAUGES = {
 }
 
 
+SECURITY_COUNTERS = {
+    "kv_peers_rejected": "Connections to the KV transfer port refused: the peer could not prove it holds "
+                         "the cluster's key",
+    "stale_notes": "Engine notes dropped: they named a slot that holds another block by now",
+    "fault_commands_refused": "Fault commands refused: fault injection is off",
+}
+SECURITY_GAUGES = {
+    "kv_authenticated": "1 when only holders of the cluster's KV key may send blocks here",
+    "fault_injection_enabled": "1 when this messenger obeys fault commands (tests and drills)",
+}
+
+
 class StatsCollector:
-    def __init__(self, stats: Callable[[], MessengerStats]) -> None:
+    def __init__(
+        self, stats: Callable[[], MessengerStats], security: Callable[[], SecurityStats] | None = None
+    ) -> None:
         self.stats = stats
+        self.security = security
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._stats()
+        if self.security is not None:
+            yield from self._security(self.security())
+
+    def _security(self, s: SecurityStats) -> Iterator[Metric]:
+        for name, doc in SECURITY_COUNTERS.items():
+            family = CounterMetricFamily(f"yuebing_messenger_{name}", doc, labels=["node"])
+            family.add_metric([s.node], getattr(s, name))
+            yield family
+        for name, doc in SECURITY_GAUGES.items():
+            family = GaugeMetricFamily(f"yuebing_messenger_{name}", doc, labels=["node"])
+            family.add_metric([s.node], int(getattr(s, name)))
+            yield family
+
+    def _stats(self) -> Iterator[Metric]:
         s = self.stats()
         hits = CounterMetricFamily("yuebing_messenger_hits", "Pinned blocks found, by tier", labels=["node", "tier"])
         hits.add_metric([s.node, "dram"], s.hits_dram)
@@ -52,8 +85,9 @@ class StatsCollector:
             yield family
 
 
-def serve(stats: Callable[[], MessengerStats], port: int, host: str = "127.0.0.1") -> None:
+def serve(stats: Callable[[], MessengerStats], security: Callable[[], SecurityStats], port: int,
+          host: str = "127.0.0.1") -> None:
     """Serve /metrics on a background thread (prometheus_client's own server)."""
     registry = CollectorRegistry()
-    registry.register(StatsCollector(stats))
+    registry.register(StatsCollector(stats, security))
     start_http_server(port, addr=host, registry=registry)

@@ -21,10 +21,33 @@ KvKind = Literal["stored", "evicted", "removed"]  # KvEvent.kind
 
 @dataclass
 class Faults:
-    """Fault injection (MessengerCommand "fault"), for tests and drills."""
+    """Fault injection (MessengerCommand "fault" on the node's faults subject), for
+    tests and drills: armed only where the messenger was started with
+    --fault-injection, never in production."""
 
+    enabled: bool = False
     corrupt_next: int = 0  # layers to damage on the way out
     no_room_next: int = 0  # reservations to refuse as if the pool were full
+
+
+@dataclass
+class Refusals:
+    """What the messenger turned away, beside MessengerStats: its metrics page shows them."""
+
+    stale_notes: int = 0  # engine notes naming a slot that holds another block by now
+    fault_commands: int = 0  # fault commands while fault injection is off
+
+
+@dataclass(frozen=True)
+class SecurityStats:
+    """The messenger's guard, for its metrics page."""
+
+    node: str
+    kv_authenticated: bool  # peers must hold the cluster's KV key (off only with --kv-insecure)
+    kv_peers_rejected: int
+    stale_notes: int
+    fault_commands_refused: int
+    fault_injection_enabled: bool
 
 
 @dataclass
@@ -33,6 +56,7 @@ class Node:
     transport: Transport
     counters: MessengerStats  # the counters; Messenger.stats() adds the gauges
     faults: Faults = field(default_factory=Faults)
+    refusals: Refusals = field(default_factory=Refusals)
     peers: dict[str, str] = field(default_factory=dict)  # node → transport endpoint
     events: list[BlockEvent] = field(default_factory=list)  # for the node's engines
     kv_events: list[KvEvent] = field(default_factory=list)  # for NATS: the Conductor's index

@@ -339,11 +339,21 @@ class NodePool:
         if w.pool_id != self.pool_id:
             log.warning("written note for another pool dropped", pool_id=w.pool_id)
             return
-        for index, layer_sum in zip(w.slots, w.checksums):
-            if 0 <= index < self.slots.count:
-                # The worker summed these very bytes in shared memory, so reading them
-                # again proves nothing; the end-to-end check is the receiver's.
-                self._arrived(self.blocks.slots[index], w.layer, layer_sum, good=True)
+        if not len(w.slots) == len(w.hashes) == len(w.checksums):
+            log.warning("malformed written note dropped", slots=len(w.slots), hashes=len(w.hashes))
+            return
+        for index, block_hash, layer_sum in zip(w.slots, w.hashes, w.checksums):
+            if not 0 <= index < self.slots.count:
+                continue
+            slot = self.blocks.slots[index]
+            if slot.block_hash != block_hash:  # a late note: its slot went to another block since
+                self.node.refusals.stale_notes += 1
+                log.warning("stale written note dropped", slot=index, layer=w.layer, block=block_hash.hex()[:16],
+                            holds=slot.block_hash.hex()[:16])
+                continue
+            # The worker summed these very bytes in shared memory, so reading them
+            # again proves nothing; the end-to-end check is the receiver's.
+            self._arrived(slot, w.layer, layer_sum, good=True)
 
     # --- a layer arrived (written, received or read back) ---------------------------
     def _arrived(self, slot: Slot, layer: int, layer_sum: int, good: bool) -> None:

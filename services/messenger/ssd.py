@@ -10,10 +10,14 @@ Disk work of a spill happens on a writer thread, not on the messenger's event lo
 heartbeats). A spill copies the slot first, since DRAM reuses it at once, and a block
 whose write is still queued is served from that copy. A read goes from the file
 straight into its DRAM slot (`load`, which the messenger runs on a thread).
+
+The folder is owner-only (0700) and its files 0600, created with O_EXCL|O_NOFOLLOW
+and read with O_NOFOLLOW: a block file is KV cache, as sensitive as the pool.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from collections import OrderedDict
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import structlog
 
-from shared.kv.pool_file import HEADER_BYTES, Geometry, Header, checksum
+from shared.kv.pool_file import HEADER_BYTES, Geometry, Header, checksum, new_private_file, owner_only_dir
 
 log = structlog.get_logger(__name__)
 SUFFIX = ".blk"
@@ -43,7 +47,7 @@ class SsdTier:
         self._lock = threading.Lock()
         # One thread: files are written and unlinked in the order they were asked for.
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="ssd-writer")
-        path.mkdir(parents=True, exist_ok=True)
+        owner_only_dir(path)
         self._scan()
 
     def __contains__(self, block_hash: object) -> bool:
@@ -84,7 +88,7 @@ class SsdTier:
         target = self._file(block_hash)
         tmp = target.with_suffix(".tmp")
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(new_private_file(tmp, os.O_WRONLY), "wb") as f:
                 f.write(data)
             os.replace(tmp, target)  # a crash leaves no half-written block under the real name
         except OSError as e:  # disk full or gone: the block stays readable from memory until forgotten
@@ -112,7 +116,7 @@ class SsdTier:
             slot[:] = data  # a copy of a slot: the same size
         else:
             try:
-                with open(self._file(block_hash), "rb", buffering=0) as f:
+                with _open_file(self._file(block_hash)) as f:
                     size = os.fstat(f.fileno()).st_size
                     got = 0
                     while got < len(slot) and (n := f.readinto(slot[got:])):
@@ -148,13 +152,14 @@ class SsdTier:
 
     def _scan(self) -> None:
         """Find the blocks a previous run left, oldest first (by modification time)."""
-        files = sorted(self.path.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime)
+        files = sorted(self.path.glob(f"*{SUFFIX}"), key=lambda p: p.lstat().st_mtime)
         for f in files:
             try:
                 block_hash = bytes.fromhex(f.stem)
-                with open(f, "rb") as fh:
+                with _open_file(f) as fh:
                     head = fh.read(HEADER_BYTES)
-                self._check_header(head, f.stat().st_size, block_hash)
+                    size = os.fstat(fh.fileno()).st_size
+                self._check_header(head, size, block_hash)
             except (OSError, ValueError) as e:
                 log.warning("ssd block dropped", file=f.name, error=str(e))
                 self.dropped += 1
@@ -173,3 +178,8 @@ class SsdTier:
 
     def _file(self, block_hash: bytes) -> Path:
         return self.path / f"{block_hash.hex()}{SUFFIX}"
+
+
+def _open_file(path: Path) -> io.FileIO:
+    """A block file for reading; a symlink in its place is an error (ELOOP), not followed."""
+    return io.FileIO(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")

@@ -108,18 +108,40 @@ def build_engine(config: ClusterConfig, node: str | None = None) -> tuple[Any, E
     return AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder]), load
 
 
-def sampling_params(sampling: Sampling, max_tokens: int, kv_transfer_params: dict[str, Any] | None = None):  # -> vllm.SamplingParams
+def sampling_params(
+    sampling: Sampling, max_tokens: int, kv_transfer_params: dict[str, Any] | None = None, produced: int = 0
+):  # -> vllm.SamplingParams
+    """vLLM's parameters for one engine's share of a request: `max_tokens` more
+    tokens, after the `produced` output tokens its prompt already ends with (decode
+    continuing from prefill's first token: 1). Only min_tokens depends on the share:
+    every other field holds for any stretch of the output (what does not, a
+    history-dependent request avoids by running decode from the prompt alone; see
+    `Sampling.history_dependent`)."""
     from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+    structured = None
+    if sampling.json_schema:
+        structured = StructuredOutputsParams(json=sampling.json_schema)
+    elif sampling.json_object:
+        structured = StructuredOutputsParams(json_object=True)
     return SamplingParams(
         max_tokens=max_tokens,
+        min_tokens=min(max_tokens, max(0, sampling.min_tokens - produced)),
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         top_k=sampling.top_k,
+        min_p=sampling.min_p,
         seed=sampling.seed,
         ignore_eos=sampling.ignore_eos,
         stop_token_ids=list(sampling.stop_token_ids),
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty,
+        logit_bias=dict(sampling.logit_bias) or None,
+        bad_words=list(sampling.bad_words) or None,
+        allowed_token_ids=list(sampling.allowed_token_ids) if sampling.allowed_token_ids is not None else None,
+        structured_outputs=structured,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
         extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
@@ -133,10 +155,12 @@ async def generate(
     sampling: Sampling,
     max_tokens: int,
     kv_transfer_params: dict[str, Any] | None = None,
+    produced: int = 0,
 ) -> AsyncIterator[Step]:
     """Run one request; cancelling the consumer aborts it inside the engine.
-    `kv_transfer_params` is what the Yuebing connector reads (see shared/kv/connector.py)."""
-    params = sampling_params(sampling, max_tokens, kv_transfer_params)
+    `kv_transfer_params` is what the Yuebing connector reads (see shared/kv/connector.py);
+    `produced`: see `sampling_params`."""
+    params = sampling_params(sampling, max_tokens, kv_transfer_params, produced)
     prompt = {"prompt_token_ids": prompt_token_ids}
     async for out in engine.generate(prompt, params, request_id):
         completion = out.outputs[0]

@@ -71,6 +71,7 @@ class Tracked:
 class Save:
     block_id: int  # vLLM block
     slot: int  # pool slot
+    block_hash: bytes  # the block the slot was reserved for: the worker's note names it
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,10 @@ def saves_due(
     return due
 
 
-def take_reserved(send: Send, done: int, block_ids: list[int], slots: list[int] | None) -> list[Save]:
-    """Blocks `send.saved` to `done` were offered to the pool, which answered with
+def take_reserved(
+    send: Send, done: int, block_ids: list[int], hashes: list[bytes], slots: list[int] | None
+) -> list[Save]:
+    """Blocks `send.saved` to `done` (`hashes`) were offered to the pool, which answered with
     `slots` (None: no answer). Returns what the worker copies into the pool. A block
     the pool had no room for (or no answer) ends the run on its way to kv_dest:
     decode computes it and every block after it."""
@@ -186,7 +189,7 @@ def take_reserved(send: Send, done: int, block_ids: list[int], slots: list[int] 
         return []
     if unbroken:
         send.kv_blocks += leading_run(slots, lambda s: s != NO_ROOM)
-    return [Save(b, s) for b, s in zip(block_ids, slots) if s >= 0]
+    return [Save(b, s, h) for b, s, h in zip(block_ids, slots, hashes) if s >= 0]
 
 
 def finished_params(t: Tracked) -> dict[str, int] | None:

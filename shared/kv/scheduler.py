@@ -115,7 +115,7 @@ class ConnectorScheduler:
         # No messenger: nothing to save into, and decode computes these blocks.
         reserve = Reserve(owner=req_id, hashes=t.hashes[start:done], dest=t.send.kv_dest)
         slots = self._slots(reserve) if self.follower.alive else None
-        return take_reserved(t.send, done, list(block_ids), slots)
+        return take_reserved(t.send, done, list(block_ids), reserve.hashes, slots)
 
     def _slots(self, call: Control) -> list[int] | None:
         """The slots a pin or a reservation answered with; None without an answer."""

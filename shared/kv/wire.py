@@ -91,11 +91,15 @@ class Reply(msgspec.Struct, kw_only=True):
 
 # --- notes: engine → messenger, never answered (so never waited for) ------------------
 class Written(msgspec.Struct, tag="written", kw_only=True):
-    """Layer `layer` of these slots is in the pool, with these checksums."""
+    """Layer `layer` of these slots is in the pool, with these checksums. `hashes`
+    names the block each slot was reserved for: a note that arrives after its slot
+    went to another block (the reservation timed out, say) must not mark that other
+    block's layer as written, so the messenger drops a slot whose block differs."""
 
     pool_id: str
     layer: int
     slots: list[int]
+    hashes: list[bytes]
     checksums: list[int]
 
 

@@ -163,7 +163,8 @@ class ConnectorWorker:
             pool.layer(save.slot, layer, cache.dtype).view(block.shape).copy_(block)
             sums.append(checksum(pool.slots.layer(save.slot, layer)))
         # The messenger streams this layer on at once (layer-wise transfer).
-        self.client.note(Written(pool_id=meta.pool_id, layer=layer, slots=[s.slot for s in meta.saves], checksums=sums))
+        self.client.note(Written(pool_id=meta.pool_id, layer=layer, slots=[s.slot for s in meta.saves],
+                                 hashes=[s.block_hash for s in meta.saves], checksums=sums))
 
     def wait_for_save(self) -> None:
         if self._load_thread is not None:

@@ -20,6 +20,7 @@ from shared.messages import (
     MessengerStats,
     decode,
     encode,
+    messenger_faults_subject,
     messenger_subject,
 )
 
@@ -35,20 +36,24 @@ async def admin(cluster: Cluster) -> Client:
     return await bus.connect(cluster.nats_url, "tests", load_credentials(str(cluster.admin_credentials)))
 
 
-def messenger(cluster: Cluster, node: str, corrupt_next: int | None = None, no_room_next: int = 0) -> MessengerStats:
-    """A node messenger's counters (and, with `corrupt_next` or `no_room_next`, its
-    fault switch), over NATS."""
-    async def ask() -> MessengerStats:
-        nc = await admin(cluster)
-        try:
-            cmd = (MessengerCommand(op="stats") if corrupt_next is None and not no_room_next
-                   else MessengerCommand(op="fault", corrupt_next=corrupt_next or 0, no_room_next=no_room_next))
-            msg = await nc.request(messenger_subject(node), encode(cmd), timeout=5)
-            return decode(msg.data, MessengerStats)
-        finally:
-            await nc.close()
+def messenger(cluster: Cluster, node: str) -> MessengerStats:
+    """A node messenger's counters, over NATS."""
+    return asyncio.run(_ask(cluster, messenger_subject(node), MessengerCommand(op="stats")))
 
-    return asyncio.run(ask())
+
+def arm_faults(cluster: Cluster, node: str, corrupt_next: int = 0, no_room_next: int = 0) -> MessengerStats:
+    """A messenger's fault switch: on its own subject (the admin's only), obeyed because
+    the test cluster's messengers run with --fault-injection."""
+    cmd = MessengerCommand(op="fault", corrupt_next=corrupt_next, no_room_next=no_room_next)
+    return asyncio.run(_ask(cluster, messenger_faults_subject(node), cmd))
+
+
+async def _ask(cluster: Cluster, subject: str, cmd: MessengerCommand) -> MessengerStats:
+    nc = await admin(cluster)
+    try:
+        return decode((await nc.request(subject, encode(cmd), timeout=5)).data, MessengerStats)
+    finally:
+        await nc.close()
 
 
 def conductor_stats(cluster: Cluster) -> ConductorStats:

@@ -13,7 +13,7 @@ import pytest
 
 from shared import bus
 from shared.identity import load_credentials
-from shared.messages import SCHEDULE, messenger_subject, prefill_subject
+from shared.messages import SCHEDULE, messenger_faults_subject, prefill_subject
 from tests.e2e.ops import messenger
 
 pytestmark = pytest.mark.e2e
@@ -50,9 +50,9 @@ class Impostor:
             self.seen.append(msg.subject)
             await msg.respond(b'{"v": 1}')
 
-        for subject in (SCHEDULE, prefill_subject("prefill-0"), f"{messenger_subject('node-0')}.faults"):
+        for subject in (SCHEDULE, prefill_subject("prefill-0"), messenger_faults_subject("node-0")):
             await self.nc.subscribe(subject, cb=on_msg)
-        await self.nc.publish(f"{messenger_subject('node-0')}.faults", b'{"op": "fault", "corrupt_next": 5}')
+        await self.nc.publish(messenger_faults_subject("node-0"), b'{"op": "fault", "corrupt_next": 5}')
         await self.nc.flush()
 
 

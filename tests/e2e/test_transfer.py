@@ -8,14 +8,12 @@ num_cached_tokens, reported in the response's `yuebing` field), not from logs.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import random
 
 import pytest
 
-from shared.messages import MessengerCommand, MessengerStats, decode, encode, messenger_faults_subject
-from tests.e2e.ops import admin, messenger
+from tests.e2e.ops import arm_faults, messenger
 
 pytestmark = pytest.mark.e2e
 
@@ -43,21 +41,6 @@ def complete_with_id(client, ids: list[int]) -> tuple[list[int], dict, str]:
     )
     r = raw.parse()
     return r.choices[0].model_extra["token_ids"], r.model_extra["yuebing"], raw.headers["x-yuebing-request-id"]
-
-
-def arm_faults(cluster, node: str, corrupt_next: int = 0, no_room_next: int = 0) -> MessengerStats:
-    """A messenger's fault switch: on its own subject (the admin's only), obeyed because
-    the test cluster's messengers run with --fault-injection."""
-    async def ask() -> MessengerStats:
-        nc = await admin(cluster)
-        try:
-            cmd = MessengerCommand(op="fault", corrupt_next=corrupt_next, no_room_next=no_room_next)
-            reply = await nc.request(messenger_faults_subject(node), encode(cmd), timeout=5)
-            return decode(reply.data, MessengerStats)
-        finally:
-            await nc.close()
-
-    return asyncio.run(ask())
 
 
 # Shorter than a block, not a multiple of it, exactly two blocks, near the 1024-token limit.

@@ -21,6 +21,8 @@ class Recorder:
 
     endpoint: str = "tcp://a"
     sent: list[tuple[str, bytes, bytes]] = field(default_factory=list)
+    authenticated: bool = True
+    rejected: int = 0
 
     def connect(self, endpoint: str) -> None:
         pass
@@ -34,10 +36,12 @@ def h(i: int) -> bytes:
     return bytes([i]) * 16
 
 
-def start(folder: Path, name: str = "n", slots: int = 2, attach: bool = True, **pool) -> Messenger:
+def start(folder: Path, name: str = "n", slots: int = 2, attach: bool = True, transport=None,
+          fault_injection: bool = False, **pool) -> Messenger:
     """A messenger whose pool holds `slots` blocks of GEOMETRY, attached by an engine's hello."""
     options = PoolOptions(pool_bytes=slots * GEOMETRY.slot_bytes, **pool)
-    m = Messenger(name, str(folder / "kv"), options, transport=Recorder(f"tcp://{name}"))
+    m = Messenger(name, str(folder / "kv"), options, transport=transport or Recorder(f"tcp://{name}"),
+                  fault_injection=fault_injection)
     m.node.peers = {"a": "tcp://a", "b": "tcp://b"}
     if attach:
         assert m.control(HELLO).ok
@@ -57,7 +61,8 @@ def write_layer(m: Messenger, slot: int, layer: int, fill: int) -> None:
     """A prefill worker copies one layer into its slot and says so."""
     part = pool(m).slots.layer(slot, layer)
     part[:] = bytes([fill]) * len(part)
-    m.note(Written(pool_id=pool(m).pool_id, layer=layer, slots=[slot], checksums=[checksum(part)]))
+    block_hash = pool(m).blocks.slots[slot].block_hash  # the block the slot was reserved for
+    m.note(Written(pool_id=pool(m).pool_id, layer=layer, slots=[slot], hashes=[block_hash], checksums=[checksum(part)]))
 
 
 def store(m: Messenger, i: int) -> None:

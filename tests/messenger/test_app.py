@@ -1,13 +1,18 @@
 """The messenger service's loops around the pool: reads back from SSD leave the
-event loop. Real pool and SSD files in a temp folder; no sockets."""
+event loop. Real pool and SSD files in a temp folder; no sockets. And its flags: no
+KV key, no start (unless --kv-insecure)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
-from services.messenger.app import MessengerService
+import pytest
+
+from services.messenger.app import MessengerService, cluster_keys, parser
 from services.messenger.messenger import Messenger
+from shared.kv.keys import KEY_FILE_ENV, write_keys
 from shared.kv.wire import Pin, Release
 from tests.messenger.nodes import GEOMETRY, content, h, pool, start, store
 
@@ -76,3 +81,20 @@ async def test_a_pin_waits_for_the_read_back_another_pin_started(tmp_path):
     for owner in ("a", "b"):
         (slot,) = m.control(Pin(owner=owner, hashes=[h(1)])).slots
         assert content(m, slot) == {1}
+
+
+# --- the KV key: required unless the messenger is told to run without one ------------
+def test_a_messenger_without_a_kv_key_refuses_to_start_unless_told_insecure(tmp_path, monkeypatch):
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    base = ["--instance-id", "m", "--config", "c.json"]
+    with pytest.raises(SystemExit, match="--kv-key-file"):
+        cluster_keys(parser().parse_args(base))
+    assert cluster_keys(parser().parse_args([*base, "--kv-insecure"])) is None
+    keys = write_keys(tmp_path / "kv.key")
+    assert cluster_keys(parser().parse_args([*base, "--kv-key-file", str(tmp_path / "kv.key")])) == keys
+    monkeypatch.setenv(KEY_FILE_ENV, str(tmp_path / "kv.key"))
+    args = parser().parse_args(base)
+    assert cluster_keys(args) == keys and not args.fault_injection  # off unless asked for
+    os.chmod(tmp_path / "kv.key", 0o644)
+    with pytest.raises(SystemExit, match="open to others"):
+        cluster_keys(args)

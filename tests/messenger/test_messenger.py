@@ -100,7 +100,7 @@ def test_the_pool_file_exists_from_start_up_and_holds_nothing_until_an_engine_at
     for call in (Reserve(owner="r", hashes=[h(1)]), Pin(owner="r", hashes=[h(1)]), Snapshot()):
         reply = a.control(call)
         assert not reply.ok and "attached" in reply.error
-    a.note(Written(pool_id="", layer=0, slots=[0], checksums=[0]))  # dropped, not a crash
+    a.note(Written(pool_id="", layer=0, slots=[0], hashes=[h(1)], checksums=[0]))  # dropped, not a crash
     slot = b.control(Reserve(owner="r", hashes=[h(1)], dest="a")).slots[0]
     write_layer(b, slot, 0, 1)
     deliver(b, a)  # dropped: no slots to receive into
@@ -125,3 +125,16 @@ def test_a_pool_too_small_for_the_engines_blocks_refuses_it_and_stays_unattached
     reply = a.control(Hello(geometry=big, model="m"))
     assert not reply.ok and "holds no block" in reply.error
     assert a.control(HELLO).ok  # a smaller geometry still fits
+
+
+def test_a_late_note_for_a_slot_that_went_to_another_block_is_dropped_and_counted(tmp_path):
+    # Block 1's writer went silent; its slot is reclaimed for block 2. Its note, late,
+    # must not mark block 2's layer as written.
+    a = start(tmp_path, "a", slots=1)
+    (slot,) = a.control(Reserve(owner="r1", hashes=[h(1)])).slots
+    pool(a).blocks.fill_timeout_s = 0.0
+    assert a.control(Reserve(owner="r2", hashes=[h(2)])).slots == [slot]
+    a.note(Written(pool_id=pool(a).pool_id, layer=0, slots=[slot], hashes=[h(1)], checksums=[1]))
+    assert pool(a).blocks.slots[slot].checksums == {} and a.security().stale_notes == 1
+    write_layer(a, slot, 0, 2)  # block 2's own note counts
+    assert list(pool(a).blocks.slots[slot].checksums) == [0] and a.security().stale_notes == 1

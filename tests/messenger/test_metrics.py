@@ -7,14 +7,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.messenger.metrics import StatsCollector
+from services.messenger.node import SecurityStats
 from shared.messages import MessengerStats
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def page(stats: MessengerStats) -> Samples:
+def page(stats: MessengerStats, security: SecurityStats | None = None) -> Samples:
     registry = CollectorRegistry()
-    registry.register(StatsCollector(lambda: stats))
+    registry.register(StatsCollector(lambda: stats, (lambda: security) if security else None))
     text = generate_latest(registry).decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}

@@ -86,6 +86,7 @@ def test_ssd_blocks_are_found_after_a_restart_and_a_damaged_file_is_dropped(tmp_
     (slot,) = again.control(Pin(owner="r", hashes=[h(1)])).slots
     assert content(again, slot) == {1}
     assert again.control(Pin(owner="r", hashes=[h(2)])).slots == []
+    pool(again).ssd.flush()  # the file goes on the tier's writer thread
     assert not damaged.exists() and again.stats().ssd_dropped == 1
     assert ("removed", "ssd", [h(2).hex()]) in kinds(again)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from shared.identity import ANY_STREAM, Identity, inbox_prefix, permissions
-from shared.messages import CANCEL, HEARTBEAT, SCHEDULE, decode_subject, messenger_subject, prefill_subject
+from shared.messages import CANCEL, HEARTBEAT, SCHEDULE, decode_subject, messenger_faults_subject, prefill_subject
 
 DECODE = Identity("decode-0", "decode")
 MESSENGER = Identity("messenger-1", "messenger", node="node-1")
@@ -24,7 +24,7 @@ def test_decode_streams_tokens_but_cannot_schedule_or_send_prompts():
 
 
 def test_only_the_admin_can_reach_a_messengers_fault_switch():
-    faults = f"{messenger_subject('node-1')}.faults"
+    faults = messenger_faults_subject("node-1")
     assert faults in permissions(MESSENGER).subscribe
     for identity in (Identity("gateway", "gateway"), Identity("conductor", "conductor"), Identity("prefill-0", "prefill"),
                      DECODE, MESSENGER):

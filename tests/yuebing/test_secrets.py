@@ -10,7 +10,7 @@ import pytest
 
 from shared import bus
 from shared.identity import load_credentials
-from shared.messages import SCHEDULE, messenger_subject, prefill_subject
+from shared.messages import SCHEDULE, messenger_faults_subject, prefill_subject
 from yuebing.process import free_port, spawn, stop, wait_for_port
 from yuebing.secrets import Layout, Listen, generate
 
@@ -65,9 +65,9 @@ async def test_decode_cannot_answer_the_conductor_nor_read_prompts_nor_arm_fault
         await msg.respond(b"conductor")
 
     await conductor.subscribe(SCHEDULE, cb=honest)
-    for subject in (SCHEDULE, prefill_subject("prefill-0"), f"{messenger_subject('node-0')}.faults"):
+    for subject in (SCHEDULE, prefill_subject("prefill-0"), messenger_faults_subject("node-0")):
         await decode.subscribe(subject, cb=impostor)
-    await decode.publish(f"{messenger_subject('node-0')}.faults", b"{}")
+    await decode.publish(messenger_faults_subject("node-0"), b"{}")
     await decode.flush()
     await conductor.flush()
     await wait_for(lambda: len(errors) >= 4, "the server refusing all four")

@@ -130,17 +130,19 @@ def test_prefill_tells_decode_how_many_leading_blocks_the_pool_took():
     # Three steps complete blocks 0-2, 3-5 and 6; the pool has no room for block 4, so
     # the run decode can load ends at block 3 (blocks 5 and 6 go, but past a gap).
     t = Tracked(hashes=hashes(7), send=Send(kv_dest="node-1"))
-    steps = [(3, [100, 101, 102], [5, NOT_NEEDED, 7]), (6, [103, 104, 105], [8, NO_ROOM, 9]), (7, [106], [10])]
-    saves = [take_reserved(t.send, done, ids, slots) for done, ids, slots in steps]
-    assert saves == [[Save(100, 5), Save(102, 7)], [Save(103, 8), Save(105, 9)], [Save(106, 10)]]
+    steps = [(0, 3, [100, 101, 102], [5, NOT_NEEDED, 7]), (3, 6, [103, 104, 105], [8, NO_ROOM, 9]), (6, 7, [106], [10])]
+    saves = [take_reserved(t.send, done, ids, t.hashes[start:done], slots) for start, done, ids, slots in steps]
+    h = t.hashes
+    assert saves == [[Save(100, 5, h[0]), Save(102, 7, h[2])], [Save(103, 8, h[3]), Save(105, 9, h[5])],
+                     [Save(106, 10, h[6])]]
     assert finished_params(t) == {"kv_blocks": 4}
 
 
 def test_a_reservation_without_an_answer_ends_the_run():
-    send = Send(kv_dest="d")
-    assert take_reserved(send, 2, [1, 2], [3, 4]) == [Save(1, 3), Save(2, 4)]
-    assert take_reserved(send, 3, [5], None) == []  # no messenger: decode computes block 2
-    assert take_reserved(send, 4, [6], [7]) == [Save(6, 7)]
+    send, h = Send(kv_dest="d"), hashes(4)
+    assert take_reserved(send, 2, [1, 2], h[:2], [3, 4]) == [Save(1, 3, h[0]), Save(2, 4, h[1])]
+    assert take_reserved(send, 3, [5], h[2:3], None) == []  # no messenger: decode computes block 2
+    assert take_reserved(send, 4, [6], h[3:], [7]) == [Save(6, 7, h[3])]
     assert (send.saved, send.kv_blocks) == (4, 2)
 
 

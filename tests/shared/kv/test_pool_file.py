@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 
 from shared.kv.pool_file import HEADER_BYTES, Geometry, Header, PoolFile, PoolSlots, checksum
@@ -56,3 +59,15 @@ def test_an_engine_cannot_map_more_than_the_file_holds(tmp_path):
     PoolFile(tmp_path / "p.pool", SMALL.slot_bytes, create=True).close()
     with pytest.raises(ValueError, match="smaller"):
         PoolSlots.open(tmp_path / "p.pool", SMALL, 2)
+
+
+def test_a_new_pool_file_is_owner_only_and_replaces_a_symlink_without_following_it(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / "p.pool").symlink_to(victim)
+    with pytest.raises(OSError):  # an engine never maps through a symlink
+        PoolSlots.open(tmp_path / "p.pool", SMALL, 1)
+    file = PoolFile(tmp_path / "p.pool", SMALL.slot_bytes, create=True)
+    assert victim.read_bytes() == b"precious"
+    assert stat.S_IMODE(os.lstat(tmp_path / "p.pool").st_mode) == 0o600
+    file.close()

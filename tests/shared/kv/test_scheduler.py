@@ -97,6 +97,7 @@ def test_prefill_saves_what_each_step_completes_and_reports_the_run_sent():
     s.update_state_after_alloc(request(), allocated([100, 101, 102, 103]), num_external_tokens=0)
     assert messenger.calls == []  # nothing claimed, nothing pinned
     meta = s.build_connector_meta(step(0, 8))
-    assert messenger.calls == [Reserve(owner="r", hashes=HASHES[:2], dest="d")] and meta.saves == [Save(100, 5)]
+    assert messenger.calls == [Reserve(owner="r", hashes=HASHES[:2], dest="d")]
+    assert meta.saves == [Save(100, 5, HASHES[0])]
     assert s.request_finished(request(), []) == (False, {"kv_blocks": 1})
     assert messenger.notes == [Release(owner="r")]

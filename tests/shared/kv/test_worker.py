@@ -50,10 +50,11 @@ def worker(tmp_path) -> tuple[ConnectorWorker, Messenger, dict[str, torch.Tensor
 def test_a_saved_block_loads_back_into_another_vllm_block(tmp_path):
     w, messenger, caches = worker(tmp_path)
     assert w.pool is not None and w.pool.slots.geometry.layers == 3
-    saving = YuebingMeta(pool_id="p1", saves=[Save(block_id=1, slot=1)])
+    saving = YuebingMeta(pool_id="p1", saves=[Save(block_id=1, slot=1, block_hash=b"h" * 16)])
     for name in caches:
         w.save_kv_layer(saving, name)
-    assert [(n.layer, n.slots) for n in messenger.notes if isinstance(n, Written)] == [(0, [1]), (1, [1]), (2, [1])]
+    notes = [(n.layer, n.slots, n.hashes) for n in messenger.notes if isinstance(n, Written)]
+    assert notes == [(layer, [1], [b"h" * 16]) for layer in range(3)]  # each note names the slot's block
     w.start_load_kv(YuebingMeta(pool_id="p1", loads=[Load("r", block_ids=[3], slots=[1])]))
     for name in caches:
         w.wait_for_layer_load(name)
@@ -75,10 +76,10 @@ def test_claimed_blocks_that_were_never_pinned_are_reported_failed(tmp_path):
 def test_a_restarted_messenger_is_mapped_again_and_a_gone_pool_asked_about_once(tmp_path):
     w, messenger, caches = worker(tmp_path)
     messenger.pool_id = "p2"  # the messenger restarted
-    w.save_kv_layer(YuebingMeta(pool_id="p2", saves=[Save(1, 0)]), "layer.0")
+    w.save_kv_layer(YuebingMeta(pool_id="p2", saves=[Save(1, 0, b"h" * 16)]), "layer.0")
     assert messenger.hellos == 2 and isinstance(messenger.notes[-1], Written)  # its new pool, mapped
     notes = len(messenger.notes)
-    stale = YuebingMeta(pool_id="p1", saves=[Save(1, 0)], loads=[Load("r", [3], [0])])  # a step from before
+    stale = YuebingMeta(pool_id="p1", saves=[Save(1, 0, b"h" * 16)], loads=[Load("r", [3], [0])])  # a step from before
     for name in caches:
         w.save_kv_layer(stale, name)
     w.start_load_kv(stale)

@@ -1,0 +1,85 @@
+"""The HTTP edge below the routes: reading a body (compressed or not), the API key
+(from the environment or an owner-only file, never argv), and the server's own
+low-level errors (aiohttp's parser refusing a bad request line or header) answered
+as OpenAI-style JSON like every other error."""
+
+from __future__ import annotations
+
+import hmac
+import os
+from typing import Any
+
+import structlog
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+
+from services.gateway.errors import ApiError, invalid
+from shared.private_file import read_private
+
+log = structlog.get_logger(__name__)
+API_KEY_ENV = "YUEBING_API_KEY"
+API_KEY_FILE_ENV = "YUEBING_API_KEY_FILE"
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request's body, decompressed as its Content-Encoding says; a body that
+    cannot be read (bad gzip, a broken chunked encoding) is the client's 400."""
+    try:
+        return await request.read()
+    except (HttpProcessingError, RequestPayloadError) as e:  # the latter wraps a bad gzip/deflate stream
+        raise invalid(f"request body could not be read: {type(e).__name__}") from e
+
+
+def load_api_key(path: str | None) -> str | None:
+    """The key clients must send: $YUEBING_API_KEY, else the first line of `path`
+    (owner-only, like every secret file here); None: the API is open."""
+    key = os.environ.get(API_KEY_ENV)
+    if not key and path:
+        key = read_private(path).decode("utf-8").strip()
+        if not key:
+            raise ValueError(f"API key file {path} is empty")
+    return key or None
+
+
+def key_matches(request: web.Request, key: str) -> bool:
+    # A header's bytes as they came (aiohttp keeps undecodable ones as surrogates):
+    # encoding with surrogateescape never fails, so odd bytes are a 401, never a 500.
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(given, f"Bearer {key}".encode())
+
+
+def unauthorized() -> ApiError:
+    return ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
+
+
+class JsonErrorHandler(RequestHandler):
+    """aiohttp's connection handler, answering its own errors (400 for a request it
+    cannot parse, 500 for a handler that raised) with an OpenAI-style body."""
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs it; raises if a response already began
+        if status >= 500:
+            error = ApiError(status, "internal server error", type="server_error")
+        else:
+            error = ApiError(status, f"malformed HTTP request ({type(exc).__name__ if exc else 'bad request'})")
+        response = web.Response(status=status, body=error.json(), content_type="application/json")
+        response.force_close()
+        return response
+
+
+class JsonErrorServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+
+
+class GatewayRunner(web.AppRunner):
+    """An AppRunner whose connections answer low-level errors in JSON."""
+
+    async def _make_server(self) -> web.Server:
+        plain = await super()._make_server()
+        return JsonErrorServer(
+            plain.request_handler, request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation, loop=plain._loop, **plain._kwargs,
+        )
