@@ -9,13 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+import nats
 from nats.aio.client import Client
 
 from shared import bus
 from shared.identity import load_credentials
 from shared.messages import (
     CONDUCTOR_STATS,
+    HEARTBEAT,
     ConductorStats,
+    Heartbeat,
     MessengerCommand,
     MessengerStats,
     decode,
@@ -65,6 +68,27 @@ def conductor_stats(cluster: Cluster) -> ConductorStats:
             await nc.close()
 
     return asyncio.run(ask())
+
+
+def latest_heartbeat(cluster: Cluster, instance_id: str, seconds: float = 1.5) -> Heartbeat:
+    async def listen() -> Heartbeat:
+        nc = await admin(cluster)
+        sub = await nc.subscribe(HEARTBEAT)
+        found = None
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            try:
+                msg = await sub.next_msg(timeout=max(0.01, end - time.monotonic()))
+            except nats.errors.TimeoutError:
+                break
+            hb = decode(msg.data, Heartbeat)
+            if hb.instance_id == instance_id:
+                found = hb
+        await nc.close()
+        assert found is not None, f"no heartbeat from {instance_id}"
+        return found
+
+    return asyncio.run(listen())
 
 
 def eventually(probe: Callable[[], T], accept: Callable[[T], bool], what: str, timeout_s: float = 10.0) -> T:

@@ -3,7 +3,6 @@ instances; a decode process that dies ends the stream with an error, not a hang.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import os
 import random
@@ -12,40 +11,17 @@ import time
 import uuid
 
 import httpx
-import nats
 import openai
 import psutil
 import pytest
 
-from shared.messages import HEARTBEAT, Heartbeat, decode
-from tests.e2e.ops import admin, eventually, messenger
+from tests.e2e.ops import eventually, latest_heartbeat, messenger
 
 pytestmark = pytest.mark.e2e
 
 BLOCK = 128  # the tiny model's KV block, tokens
 LONG = {"model": "yuebing-tiny", "messages": [{"role": "user", "content": "go on forever"}],
         "max_tokens": 900, "ignore_eos": True, "temperature": 0, "stream": True}
-
-
-def latest_heartbeat(cluster, instance_id: str, seconds: float = 1.5) -> Heartbeat:
-    async def listen() -> Heartbeat:
-        nc = await admin(cluster)
-        sub = await nc.subscribe(HEARTBEAT)
-        found = None
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            try:
-                msg = await sub.next_msg(timeout=max(0.01, end - time.monotonic()))
-            except nats.errors.TimeoutError:
-                break
-            hb = decode(msg.data, Heartbeat)
-            if hb.instance_id == instance_id:
-                found = hb
-        await nc.close()
-        assert found is not None, f"no heartbeat from {instance_id}"
-        return found
-
-    return asyncio.run(listen())
 
 
 def test_client_disconnect_cancels_the_request_on_the_instance(cluster):

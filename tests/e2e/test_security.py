@@ -1,20 +1,24 @@
-"""The cluster's control plane against outsiders and a misbehaving member, on the real
-session cluster: NATS refuses a client without credentials, and a client holding the
-decode instance's credentials can neither answer the Conductor, nor read the prompts
-sent to the prefill instance, nor arm a messenger's fault switch, while requests go on
-being served normally."""
+"""The cluster against outsiders and a misbehaving member, on the real session cluster:
+NATS refuses a client without credentials; a client holding the decode instance's
+credentials can neither answer the Conductor, nor read the prompts sent to the
+prefill instance, nor arm a messenger's fault switch, while requests go on being
+served normally; and a ZeroMQ peer without the cluster's KV key cannot get a block
+into a node's pool."""
 
 from __future__ import annotations
 
 import asyncio
 
+import httpx
 import nats
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from shared import bus
 from shared.identity import load_credentials
 from shared.messages import SCHEDULE, messenger_faults_subject, prefill_subject
-from tests.e2e.ops import messenger
+from tests.e2e.ops import eventually, latest_heartbeat, messenger
+from tests.messenger.test_transport import INTRUDERS, block_frames
 
 pytestmark = pytest.mark.e2e
 
@@ -78,3 +82,29 @@ def test_the_decode_identity_cannot_impersonate_the_conductor_read_prompts_or_ar
     finally:
         loop.run_until_complete(impostor.nc.close())
         loop.close()
+
+
+def _rejected(cluster, node: int) -> float:
+    """messenger-<node>'s count of refused KV peers, from its Prometheus page."""
+    text = httpx.get(cluster.metrics[f"messenger-{node}"], timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "yuebing_messenger_kv_peers_rejected_total":
+                return sample.value
+    raise AssertionError("no kv_peers_rejected counter on the metrics page")
+
+
+def test_a_kv_peer_without_the_cluster_key_cannot_put_a_block_into_a_pool(cluster, tmp_path):
+    # Well-formed block messages (right layout, right checksums) from outside the cluster:
+    # in plaintext, and sealed with another cluster's key.
+    endpoint = latest_heartbeat(cluster, "messenger-1").endpoint
+    before, rejected = messenger(cluster, "node-1"), _rejected(cluster, 1)
+    closes = [INTRUDERS["plaintext"](endpoint, block_frames(tmp_path, 5), "aes-gcm"),
+              INTRUDERS["another cluster's key"](endpoint, block_frames(tmp_path, 6), "aes-gcm")]
+    try:
+        eventually(lambda: _rejected(cluster, 1), lambda n: n >= rejected + 2, "both intruders refused")
+    finally:
+        for close in closes:
+            close()
+    after = messenger(cluster, "node-1")
+    assert (after.layers_in, after.blocks_received) == (before.layers_in, before.blocks_received)
