@@ -1,8 +1,10 @@
 """`yuebing up`: the local cluster as child processes of one launcher.
 
 Starts nats-server and every service with one shared config file, waits until the
-gateway sees every instance alive, and supervises: a child that dies is reported
-with its exit status and the tail of its log; Ctrl-C (or SIGTERM) stops them all.
+gateway sees every instance alive, and supervises: a child that dies (nats-server
+included) is reported with its exit status and the tail of its log and started again
+after a backoff (yuebing/restarts.py); a crash loop stops the cluster, and so does
+Ctrl-C (or SIGTERM).
 Children start and stop through yuebing/process.py: each in its own process group,
 sent SIGTERM if the launcher itself dies, so nothing is left behind. `up_process`
 runs `yuebing up` itself as a child, for the live benchmarks.
@@ -35,9 +37,8 @@ from shared.engine.llm import engine_environment
 from shared.private_file import read_private, write_private
 from yuebing import process
 from yuebing.process import free_port
+from yuebing.restarts import RestartPolicy
 from yuebing.secrets import Layout, Listen, Secrets, generate
-
-MAX_RESTARTS = 5  # per child that is restarted at all
 
 
 @dataclass(frozen=True)
@@ -70,13 +71,15 @@ class UpOptions:
 
 @dataclass
 class Child:
+    """One supervised process. Every child is started again when it dies: each rebuilds
+    its state from the others (heartbeats, snapshots), and the others reconnect."""
+
     name: str
     argv: list[str]
     log_path: Path
-    critical: bool  # the cluster cannot serve without it
-    restart: bool = False  # started again when it dies (its state is rebuilt from the others)
     process: subprocess.Popen[bytes] | None = None
-    reported: bool = False
+    deaths: list[float] = field(default_factory=list)  # monotonic times
+    start_at: float | None = None  # dead, and due to start again then
     restarts: int = 0
 
 
@@ -90,6 +93,7 @@ class Cluster:
     env: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, str] = field(default_factory=dict)  # messenger → its Prometheus page
     secrets: Secrets | None = None
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
 
     @property
     def url(self) -> str:
@@ -100,38 +104,34 @@ class Cluster:
         py = [sys.executable, "-m"]
         nats_bin = Path(sys.executable).with_name("nats-server")
 
-        def add(name: str, argv: list[str], critical: bool, restart: bool = False) -> None:
+        def add(name: str, argv: list[str]) -> None:
             # Each child logs in to NATS as itself: its own credentials file, by path.
             if name != "nats":
                 argv = [*argv, "--config", str(config_path), "--nats-credentials", str(secrets.credentials(name))]
-            self.children.append(Child(name, argv, run_dir / f"{name}.log", critical, restart))
+            self.children.append(Child(name, argv, run_dir / f"{name}.log"))
 
-        add("nats", [str(nats_bin), "-c", str(secrets.nats_config)], True)
+        add("nats", [str(nats_bin), "-c", str(secrets.nats_config)])
         faults = ["--fault-injection"] if o.fault_injection else []
         for n in range(o.nodes):
             port = free_port()
             self.metrics[f"messenger-{n}"] = f"http://127.0.0.1:{port}/metrics"
             ids = ["--instance-id", f"messenger-{n}", "--node", f"node-{n}", "--metrics-port", str(port)]
             kv_key = ["--kv-key-file", str(secrets.kv_key)]
-            add(f"messenger-{n}", [*py, "services.messenger", *ids, *kv_key, *faults], False)
-        # The Conductor rebuilds its view from heartbeats and the messengers' snapshots,
-        # so a dead one is simply started again.
-        add("conductor", [*py, "services.conductor"], False, restart=True)
+            add(f"messenger-{n}", [*py, "services.messenger", *ids, *kv_key, *faults])
+        add("conductor", [*py, "services.conductor"])
         # Instances are spread over the nodes: prefills from the first node, decodes from the last.
-        # They restart too: one whose engine died exits (shared/engine/runtime.py) and
-        # comes back with a new engine, announcing a new pid the Conductor starts afresh from.
+        # One whose engine died exits (shared/engine/runtime.py) and comes back with a
+        # new engine, announcing a new pid the Conductor starts afresh from.
         for i in range(o.prefill):
             node = f"node-{i % o.nodes}"
-            add(f"prefill-{i}", [*py, "services.prefill", "--instance-id", f"prefill-{i}", "--node", node], False,
-                restart=True)
+            add(f"prefill-{i}", [*py, "services.prefill", "--instance-id", f"prefill-{i}", "--node", node])
         for i in range(o.decode):
             node = f"node-{(o.nodes - 1 - i) % o.nodes}"
-            add(f"decode-{i}", [*py, "services.decode", "--instance-id", f"decode-{i}", "--node", node], False,
-                restart=True)
+            add(f"decode-{i}", [*py, "services.decode", "--instance-id", f"decode-{i}", "--node", node])
         gw = [*py, "services.gateway", "--host", o.host, "--port", str(o.port)]
         if secrets.api_key is not None:
             gw += ["--api-key-file", str(secrets.api_key)]
-        add("gateway", gw, True)
+        add("gateway", gw)
 
     def start(self) -> float:
         """Start every child and wait until the gateway sees every instance; the seconds it took."""
@@ -191,9 +191,9 @@ class Cluster:
     def wait_ready(self, started: float) -> None:
         want = self.expected_instances()
         while True:
-            dead = self.check_children()
-            if dead:
-                raise RuntimeError(f"{', '.join(dead)} died during start-up")
+            looping = self.check_children()
+            if looping:
+                raise RuntimeError(f"{', '.join(looping)} kept dying during start-up")
             if self.stopping:
                 raise RuntimeError("stopped before the cluster was ready")
             seen = self.live_instances()
@@ -215,34 +215,41 @@ class Cluster:
         return {iid for ids in body.get("instances", {}).values() for iid in ids}
 
     def check_children(self) -> list[str]:
-        """Report children that died; restart those that are restarted, and return the
-        names of the rest. A critical one stops the cluster."""
-        dead = []
+        """Report children that died and schedule their restart; start those that are
+        due. Returns the children in a crash loop, which stops the cluster."""
+        now = time.monotonic()
+        looping = []
         for child in self.children:
-            code = child.process.poll() if child.process else None
-            if code is None or child.reported or self.stopping:
-                continue
-            child.reported = True
-            exit_text = process.describe_exit(code)
-            say(f"{child.name} (pid {child.process.pid}) {exit_text}; last lines of {child.log_path}:")
-            print(process.tail(child.log_path), file=sys.stderr, flush=True)
-            if self.restart(child):
-                continue  # back, so not dead: start-up goes on
-            dead.append(child.name)
-            if child.critical:
-                say(f"{child.name} is required; stopping the cluster")
-                self.stopping = self.failed = True
-        return dead
+            if self.stopping:
+                break
+            if child.start_at is not None and now >= child.start_at:
+                self.restart(child)
+            elif child.start_at is None and child.process is not None and child.process.poll() is not None:
+                if not self.died(child, now):
+                    looping.append(child.name)
+        return looping
 
-    def restart(self, child: Child) -> bool:
-        """Start a dead child again if it is one that restarts and has restarts left."""
-        if not child.restart or child.critical or child.restarts >= MAX_RESTARTS:
+    def died(self, child: Child, now: float) -> bool:
+        """Report a death and schedule the restart; False if it is a crash loop."""
+        child.deaths.append(now)
+        say(f"{child.name} (pid {child.process.pid}) {process.describe_exit(child.process.returncode)}; "
+            f"last lines of {child.log_path}:")
+        print(process.tail(child.log_path), file=sys.stderr, flush=True)
+        delay = self.policy.delay(child.deaths, now)
+        if delay is None:
+            say(f"{child.name} died {self.policy.crash_loop} times in {self.policy.window_s:.0f}s: a crash loop; "
+                "stopping the cluster")
+            self.stopping = self.failed = True
             return False
-        child.restarts += 1
-        child.reported = False
-        self.launch(child)
-        say(f"{child.name} restarted (pid {child.process.pid}, restart {child.restarts} of {MAX_RESTARTS})")
+        child.start_at = now + delay
+        say(f"restarting {child.name} in {delay:.1f}s")
         return True
+
+    def restart(self, child: Child) -> None:
+        child.start_at = None
+        child.restarts += 1
+        self.launch(child)
+        say(f"{child.name} restarted (pid {child.process.pid}, restart {child.restarts})")
 
     def supervise(self) -> None:
         while not self.stopping:

@@ -7,53 +7,48 @@ import time
 import pytest
 
 from shared.config import ClusterConfig
-from yuebing.launcher import MAX_RESTARTS, Child, Cluster, UpOptions, api_key, child_environment, make_secrets
+from yuebing.launcher import Child, Cluster, UpOptions, api_key, child_environment, make_secrets
+from yuebing.restarts import RestartPolicy
 
 EXIT_3 = [sys.executable, "-c", "import sys; sys.exit(3)"]
+FAST = RestartPolicy(first_delay_s=0.01, max_delay_s=0.05, window_s=60.0, crash_loop=3)
 
 
-def cluster() -> Cluster:
-    return Cluster(UpOptions(config=ClusterConfig()))
+def cluster(policy: RestartPolicy = FAST) -> Cluster:
+    return Cluster(UpOptions(config=ClusterConfig()), policy=policy)
 
 
-def wait_exit(child: Child) -> None:
-    child.process.wait(timeout=10)
+def supervise_until(c: Cluster, done, timeout_s: float = 30.0) -> list[str]:
+    """Run the supervisor's checks until `done()`; the crash loops it saw."""
+    deadline = time.monotonic() + timeout_s
+    looping: list[str] = []
+    while not done():
+        assert time.monotonic() < deadline, "supervisor did not get there"
+        looping += c.check_children()
+        time.sleep(0.02)
+    return looping
 
 
-def test_a_restarted_child_is_not_reported_dead_and_others_are(tmp_path):
+def test_a_dead_child_is_started_again_after_its_backoff(tmp_path, capsys):
     c = cluster()
-    conductor = Child("conductor", EXIT_3, tmp_path / "conductor.log", critical=False, restart=True)
-    helper = Child("helper", EXIT_3, tmp_path / "helper.log", critical=False)
-    c.children = [conductor, helper]
-    for child in c.children:
-        c.launch(child)
-        wait_exit(child)
+    conductor = Child("conductor", EXIT_3, tmp_path / "conductor.log")
+    c.children = [conductor]
+    c.launch(conductor)
     first_pid = conductor.process.pid
-    # The conductor died during start-up: restarted, so start-up goes on; the helper stays dead.
-    assert c.check_children() == ["helper"]
-    assert conductor.restarts == 1 and conductor.process.pid != first_pid and not c.failed
+    assert supervise_until(c, lambda: conductor.restarts == 2) == []
+    assert conductor.process.pid != first_pid and not c.failed
+    err = capsys.readouterr().err
+    assert "conductor (pid" in err and "exited with code 3" in err and "restarting conductor in" in err
 
 
-def test_a_child_that_keeps_dying_is_dead_after_its_restarts(tmp_path):
+def test_a_crash_loop_stops_the_cluster_and_says_which_child(tmp_path, capsys):
     c = cluster()
-    child = Child("conductor", EXIT_3, tmp_path / "conductor.log", critical=False, restart=True)
-    c.children = [child]
-    c.launch(child)
-    dead: list[str] = []
-    deadline = time.monotonic() + 30
-    while not dead and time.monotonic() < deadline:
-        wait_exit(child)
-        dead = c.check_children()
-    assert dead == ["conductor"] and child.restarts == MAX_RESTARTS
-
-
-def test_a_required_child_that_dies_stops_the_cluster(tmp_path):
-    c = cluster()
-    gateway = Child("gateway", EXIT_3, tmp_path / "gateway.log", critical=True)
+    gateway = Child("gateway", EXIT_3, tmp_path / "gateway.log")
     c.children = [gateway]
     c.launch(gateway)
-    wait_exit(gateway)
-    assert c.check_children() == ["gateway"] and c.failed and c.stopping
+    assert supervise_until(c, lambda: c.failed) == ["gateway"]
+    assert c.stopping and len(gateway.deaths) == FAST.crash_loop
+    assert "gateway died 3 times in 60s: a crash loop" in capsys.readouterr().err
 
 
 IGNORES_TERM = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -62,7 +57,7 @@ IGNORES_TERM = [sys.executable, "-c", "import signal, time; signal.signal(signal
 
 def test_stop_kills_a_child_that_ignores_sigterm_and_says_so(tmp_path, capsys):
     c = cluster()
-    child = Child("gateway", IGNORES_TERM, tmp_path / "gateway.log", critical=True)
+    child = Child("gateway", IGNORES_TERM, tmp_path / "gateway.log")
     c.children = [child]
     c.launch(child)
     deadline = time.monotonic() + 10
