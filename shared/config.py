@@ -26,6 +26,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nats_url: Annotated[str, Meta(description="NATS server the services talk over")] = "nats://127.0.0.1:4222"
     model: Annotated[str, Meta(description="model folder (Hugging Face format)")] = ""
     model_name: Annotated[str, Meta(description="name the API serves the model under (empty: the folder's name)")] = ""
+    model_fingerprint: Annotated[
+        str, Meta(description="the weights' fingerprint (shared/model_identity.py; empty: computed from the model at start)")
+    ] = ""
     max_model_len: Annotated[int, Meta(description="longest prompt plus output, tokens")] = 4096
     dtype: Annotated[
         str, Meta(description="vLLM's dtype for weights and KV (auto: its own choice, as plain vLLM)")
@@ -56,6 +59,19 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     token_idle_timeout_s: Annotated[
         float, Meta(description="longest wait for a request's next token from a live decode instance, s")
     ] = 30.0
+    # --- retry and migration (services/gateway/retry.py) ---
+    # Every attempt counts: the first, each prefill placed again, each decode asked
+    # after a refusal, and each continuation of a stream whose decode died.
+    max_attempts: Annotated[
+        int, Meta(description="most placements one request goes through, its first included (1: no retry)")
+    ] = 3
+    # A prefill whose instance keeps beating but never answers (a hung engine) is
+    # given up on after this (or after 4 x its predicted TTFT, if longer: a long queue
+    # is no stall), and the request placed on another prefill instance.
+    prefill_timeout_s: Annotated[
+        float, Meta(description="longest wait for a prefill's first token before placing it elsewhere, s")
+    ] = 60.0
+    # --- end of retry and migration ---
     # The names are services/conductor/policy.py's.
     policy: Annotated[str, Meta(description="prefill scheduling policy")] = "round_robin"
     admission: Annotated[str, Meta(description="early rejection mode")] = "none"
@@ -93,11 +109,60 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = True
     # Off, every reuse goes through the node pools (what `yuebing bench reuse` measures).
     engine_prefix_caching: Annotated[bool, Meta(description="vLLM's own prefix cache in each engine")] = True
+    # --- KV store: pin leases and bounded state (issue 16; services/messenger, services/conductor/index.py) ---
+    # Engines renew their requests' pins several times a lease (at every step), so a
+    # lease needs only outlast the longest engine step; a crashed engine's pins go after it.
+    kv_pin_lease_s: Annotated[
+        float, Meta(description="a pin on a pool block lapses this long after its engine last renewed it, s")
+    ] = 30.0
+    kv_peer_forget_s: Annotated[
+        float, Meta(description="a peer messenger silent this long has its transfer socket closed, s")
+    ] = 60.0
+    ssd_queue_bytes: Annotated[
+        int, Meta(description="spills waiting for the SSD writer, bytes at most (beyond: the spill is skipped)")
+    ] = 256 << 20
+    pool_index_node_blocks: Annotated[
+        int, Meta(description="blocks the Conductor's pool index keeps per node at most (oldest forgotten first)")
+    ] = 1 << 20
+    # --- end of the KV store block ---
+    # --- gateway: overload shedding and HTTP limits (issue 16; services/gateway/limits.py, server.py) ---
+    # Beyond running + waiting, or after queue_timeout_s in the queue, a request is a 429 with Retry-After.
+    gateway_max_running: Annotated[
+        int, Meta(description="requests one gateway serves at once (tokenizing, waiting on the cluster, streaming)")
+    ] = 512
+    gateway_max_waiting: Annotated[
+        int, Meta(description="requests one gateway queues for a serving slot; beyond them, a 429")
+    ] = 512
+    gateway_queue_timeout_s: Annotated[
+        float, Meta(description="longest wait in the gateway's queue before a 429, s")
+    ] = 10.0
+    # Below a process's usual 1024 open files, so the cap answers before accept() fails.
+    gateway_max_connections: Annotated[
+        int, Meta(description="HTTP connections one gateway holds open; beyond them, a 503 and close")
+    ] = 1000
+    gateway_header_timeout_s: Annotated[
+        float, Meta(description="longest time a client may take to send a request's headers, s")
+    ] = 10.0
+    gateway_body_timeout_s: Annotated[
+        float, Meta(description="longest time a client may take to send a request's body, s (then a 408)")
+    ] = 20.0
+    gateway_keepalive_timeout_s: Annotated[
+        float, Meta(description="how long an idle keep-alive connection stays open, s")
+    ] = 15.0
+    gateway_write_timeout_s: Annotated[
+        float, Meta(description="longest wait for a client to take the next bytes of a response, s (then aborted)")
+    ] = 10.0
+    gateway_max_body_bytes: Annotated[
+        int, Meta(description="largest request body the gateway reads, bytes (then a 413)")
+    ] = 16 << 20
+    # --- end of the gateway block ---
     log_level: Annotated[str, Meta(description="log level of every service")] = "info"
 
     def __post_init__(self) -> None:
         self._check_sizes()
         self._check_times()
+        self._check_store()
+        self._check_gateway()
 
     def _check_sizes(self) -> None:
         if self.block_size <= 0 or self.block_size % 16:
@@ -122,6 +187,25 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("SLOs and decode_time_s must be positive")
         if self.kv_wait_s < 0:
             raise ValueError("kv_wait_s must not be negative")
+        if self.max_attempts < 1 or self.prefill_timeout_s <= 0:
+            raise ValueError("max_attempts must be at least 1 and prefill_timeout_s positive")
+
+    def _check_gateway(self) -> None:
+        counts = (self.gateway_max_running, self.gateway_max_connections, self.gateway_max_body_bytes)
+        if min(counts) <= 0 or self.gateway_max_waiting < 0:
+            raise ValueError("gateway_max_running, _max_connections and _max_body_bytes must be positive, "
+                             "gateway_max_waiting not negative")
+        times = (self.gateway_queue_timeout_s, self.gateway_header_timeout_s, self.gateway_body_timeout_s,
+                 self.gateway_keepalive_timeout_s, self.gateway_write_timeout_s)
+        if min(times) <= 0:
+            raise ValueError("the gateway's timeouts must be positive")
+
+    def _check_store(self) -> None:
+        if self.kv_pin_lease_s < 1.0 or self.kv_peer_forget_s <= self.liveness_timeout_s:
+            raise ValueError("kv_pin_lease_s must be at least 1 s (engines renew about every second), "
+                             "kv_peer_forget_s must exceed liveness_timeout_s")
+        if self.ssd_queue_bytes <= 0 or self.pool_index_node_blocks <= 0:
+            raise ValueError("ssd_queue_bytes and pool_index_node_blocks must be positive")
 
     @property
     def served_model_name(self) -> str:
@@ -133,8 +217,15 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     @property
     def model_salt(self) -> bytes:
-        """Folded into block hashes so that two models never share a block name."""
-        return self.served_model_name.encode()
+        """Folded into block hashes so that two models (or two sets of weights under one
+        name) never share a block name."""
+        return self.served_model_name.encode() + b"\0" + self.model_fingerprint.encode()
+
+    @property
+    def model_identity(self) -> str:
+        """The model as pool and SSD headers name it: new weights under an old name never
+        reuse its KV."""
+        return f"{self.served_model_name}@{self.model_fingerprint[:16]}"
 
 
 DEFAULT_PROFILE = Path(__file__).with_name("profiles") / "yuebing-tiny-cpu.json"

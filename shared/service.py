@@ -7,13 +7,16 @@ import argparse
 import asyncio
 import os
 import signal
+from pathlib import Path
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import msgspec
 import uvloop
 
 from shared.config import ClusterConfig, check_id, load_config
 from shared.identity import load_credentials
+from shared.model_identity import fingerprint
 from shared.log import setup_logging
 
 Main = Callable[[ClusterConfig, argparse.Namespace, asyncio.Event], Coroutine[Any, Any, None]]
@@ -46,6 +49,7 @@ def run(service: str, main: Main, args: argparse.Namespace) -> None:
         config = load_config(args.config)
         if args.nats_url:
             config = ClusterConfig(**{**_fields(config), "nats_url": args.nats_url})
+        config = with_fingerprint(config)
         instance_id = check_id(args.instance_id, "instance id") if hasattr(args, "instance_id") else ""
         if hasattr(args, "node"):
             check_id(args.node, "node")
@@ -55,6 +59,14 @@ def run(service: str, main: Main, args: argparse.Namespace) -> None:
         raise SystemExit(f"{service}: {e}") from e
     setup_logging(service, instance_id, config.log_level)
     uvloop.run(_main(main, config, args))
+
+
+def with_fingerprint(config: ClusterConfig) -> ClusterConfig:
+    """The config with its model's fingerprint, where the model folder is here to
+    compute it from (the messenger and the Conductor run without it and need none)."""
+    if config.model_fingerprint or not (Path(config.model) / "config.json").is_file():
+        return config
+    return msgspec.structs.replace(config, model_fingerprint=fingerprint(config.model))
 
 
 def _fields(config: ClusterConfig) -> dict[str, Any]:

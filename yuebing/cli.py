@@ -9,6 +9,7 @@ from types import ModuleType
 
 from yuebing.commands import (
     bench_conductor,
+    bench_hash,
     bench_reuse,
     bench_transfer,
     bench_ttft,
@@ -22,7 +23,7 @@ from yuebing.commands import (
 
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    model, up, secrets, profile, sim, bench_conductor, bench_transfer, bench_ttft, bench_reuse, replay,
+    model, up, secrets, profile, sim, bench_conductor, bench_hash, bench_transfer, bench_ttft, bench_reuse, replay,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help
 

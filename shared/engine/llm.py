@@ -62,7 +62,7 @@ def kv_transfer_config(config: ClusterConfig, node: str):  # -> vllm KVTransferC
             "node": node,
             "block_size": config.block_size,
             "salt": config.model_salt.decode(),  # the gateway's and the Conductor's block-hash salt
-            "model": config.served_model_name,
+            "model": config.model_identity,  # pool and SSD headers: name and weights
         },
     )
 

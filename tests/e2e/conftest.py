@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shared.config import ClusterConfig
+from shared.config import ClusterConfig, load_config
 from shared.engine.llm import engine_environment
 from yuebing.model import default_model_dir
 from yuebing.process import free_port
@@ -45,6 +45,10 @@ class Cluster:
     @property
     def api(self) -> str:
         return f"{self.url}/v1"
+
+    def config(self) -> ClusterConfig:
+        """The config file this run's services read (with the launcher's additions)."""
+        return load_config(self.run_dir / "cluster.json")
 
     def credentials(self, identity: str) -> Path:
         """Another identity's NATS credentials (the security tests log in as them)."""

@@ -107,7 +107,7 @@ def test_blocks_spill_to_ssd_come_back_and_a_damaged_file_is_never_served(store_
     hits0, spills, dropped0 = ssd_totals(store_cluster)
     assert spills > 0
     # Damage every SSD copy of the second prefix's blocks, in their payload.
-    names = {h + ".blk" for h in hex_hashes(damaged, BLOCK, b"yuebing-tiny")}
+    names = {h + ".blk" for h in hex_hashes(damaged, BLOCK, store_cluster.config().model_salt)}
     files = [f for f in store_cluster.ssd.glob("*/*.blk") if f.name in names]
     assert files, "the prefix never reached an SSD tier"
     for f in files:

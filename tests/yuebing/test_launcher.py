@@ -7,6 +7,7 @@ import time
 import pytest
 
 from shared.config import ClusterConfig
+from shared.model_identity import fingerprint
 from yuebing.launcher import Child, Cluster, UpOptions, api_key, child_environment, make_secrets
 from yuebing.restarts import RestartPolicy
 
@@ -68,11 +69,15 @@ def test_stop_kills_a_child_that_ignores_sigterm_and_says_so(tmp_path, capsys):
     assert "gateway did not stop in 0s; killed it" in capsys.readouterr().err
 
 
-def test_the_run_config_has_this_runs_nats_url_and_kv_folder(tmp_path):
-    c = Cluster(UpOptions(config=ClusterConfig(kv_dir=str(tmp_path / "kv"), pool_bytes=64 << 20)))
+def test_the_run_config_has_this_runs_nats_url_kv_folder_and_weights(tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"hidden_size": 8}')
+    c = Cluster(UpOptions(config=ClusterConfig(model=str(model_dir), kv_dir=str(tmp_path / "kv"), pool_bytes=64 << 20)))
     config = c.config(tmp_path, "nats://127.0.0.1:4333")
     assert config.nats_url == "nats://127.0.0.1:4333" and config.kv_dir == str(tmp_path / "kv")
     assert config.pool_bytes == 64 << 20 and c.kv_dir == tmp_path / "kv"
+    assert config.model_fingerprint == fingerprint(model_dir) and config.model_fingerprint.encode() in config.model_salt
 
 
 def test_each_child_logs_in_as_itself_and_only_the_gateway_gets_the_key(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """The benchmarks behind `yuebing bench ...` (commands/bench_*.py parse their flags):
 
 - `conductor`: the Conductor's decision path, in-process;
+- `hash`: the block hash's digest, sha256 against xxh3-128, in-process;
 - `transfer`: messenger → messenger KV block throughput against memcpy;
 - `ttft`: a long prompt's TTFT colocated vs disaggregated, live;
 - `reuse`: TTFT with part of the prompt in the node pools, live.

@@ -9,9 +9,11 @@ from yuebing.bench.hash import HashBench, table
 from yuebing.bench.hash import run as run_bench
 from yuebing.commands import add_json_flag, write_json
 from yuebing.flags import Alias, add_flags, from_args
+from yuebing.model import default_model_dir
 
 GROUP = "bench"
-ALIASES = {"tokenizer": Alias(path=True)}
+# The tokenizer of the model `yuebing up` serves by default (`yuebing model init`).
+ALIASES = {"tokenizer": Alias(path=True, default=str(default_model_dir()))}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

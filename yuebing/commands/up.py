@@ -43,7 +43,7 @@ CONFIG_ALIASES = {
     "engine_prefix_caching": Alias("engine-prefix-cache"),
 }
 # The launcher's own: each run gets a free port (--nats-port chooses one).
-NOT_FLAGS = ("nats_url",)
+NOT_FLAGS = ("nats_url", "model_fingerprint")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
