@@ -8,6 +8,7 @@ import sys
 from types import ModuleType
 
 from yuebing.commands import (
+    bench_chaos,
     bench_conductor,
     bench_hash,
     bench_reuse,
@@ -23,7 +24,8 @@ from yuebing.commands import (
 
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    model, up, secrets, profile, sim, bench_conductor, bench_hash, bench_transfer, bench_ttft, bench_reuse, replay,
+    model, up, secrets, profile, sim, bench_conductor, bench_hash, bench_transfer, bench_ttft, bench_reuse,
+    bench_chaos, replay,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help
 

@@ -335,13 +335,20 @@ def up_process(work: Path, name: str, *flags: str, timeout_s: float = 600.0) -> 
     """`yuebing up *flags` as a child process, for benchmarks: its log, run folder and
     ready file under `work`, named after `name`. Yields the API's URL once the cluster
     is ready, and stops it as Ctrl-C would on leaving."""
+    with up_launcher(work, name, *flags, timeout_s=timeout_s) as (url, _proc):
+        yield url
+
+
+@contextmanager
+def up_launcher(work: Path, name: str, *flags: str, timeout_s: float = 600.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Like `up_process`, also yielding the launcher (its children are the cluster's processes)."""
     ready = work / f"{name}.ready.json"
     argv = [sys.executable, "-m", "yuebing", "up", "--port", str(free_port()), "--run-dir", str(work / name),
             "--ready-file", str(ready), *flags]
     log = work / f"{name}.log"
     proc = process.spawn(argv, log, {**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        yield process.wait_until(lambda: _ready_url(ready), proc, timeout_s, f"yuebing up (see {log})")
+        yield process.wait_until(lambda: _ready_url(ready), proc, timeout_s, f"yuebing up (see {log})"), proc
     finally:
         process.stop([proc], grace_s=60.0, sig=signal.SIGINT)
 
