@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = Path(args.model or default_model_dir())
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="yuebing-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
     spec = ChaosSpec(args.concurrency, args.stall)
     flags = ("--model", str(model), "--nodes", "2", "--prefill", str(args.prefill), "--decode", str(args.decode),
              "--request-timeout", str(DEADLINE_S))
