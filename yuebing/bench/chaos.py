@@ -5,7 +5,8 @@ One `yuebing up --nodes 2` cluster; `concurrency` clients stream short greedy
 completions back to back the whole time. Each scenario waits until requests succeed,
 then SIGKILLs a process (the launcher starts it again) or SIGSTOPs it for longer than
 the liveness timeout and SIGCONTs it, and watches until a request sent after the
-fault has succeeded. For each: the requests that were in flight or sent meanwhile,
+fault has succeeded (a probe sends requests of its own until one does: the load's
+clients may all be held by requests the fault broke). For each: the requests that were in flight or sent meanwhile,
 their errors by kind (HTTP status, or a stream or connection error), how many ran
 past their deadline ("hung": must be none), and the seconds from the fault until a
 request succeeded again.
@@ -114,6 +115,19 @@ class Load:
     def succeeded_since(self, t: float) -> bool:
         return any(d.kind == "ok" and d.sent >= t for d in self.done)
 
+    async def probe_until_served(self, window_s: float) -> None:
+        """Send short requests of its own, one at a time, until one succeeds: the load's
+        clients may all be held by requests the fault broke, and sending nothing new
+        they would not see the cluster come back."""
+        deadline = time.monotonic() + window_s
+        async with client.session(timeout_s=10.0, connections=1) as s:
+            while time.monotonic() < deadline:
+                result = await client.stream(s, self.url, client.completion_body(self.model, "probe", 2))
+                self.done.append(Done(result.sent_at, time.monotonic(), kind_of(result)))
+                if result.ok:
+                    return
+                await asyncio.sleep(0.2)
+
     def all_ended_sent_before(self, t: float) -> bool:
         return all(sent > t for sent in self.sending.values())
 
@@ -180,7 +194,7 @@ async def run_scenario(load: Load, launcher_pid: int, fault: Fault, stall_s: flo
     await asyncio.sleep(1.0)  # a second of steady load in flight
     fault_at = time.monotonic()
     cleared_at = await inject(launcher_pid, fault, stall_s)
-    await wait_until(lambda: load.succeeded_since(cleared_at), window_s)
+    await load.probe_until_served(window_s)
     # Requests sent before recovery are judged too: wait for those in flight to end
     # (the clients give up on a request well after it should have, so this is bounded).
     until = time.monotonic()
