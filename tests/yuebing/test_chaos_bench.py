@@ -12,18 +12,23 @@ def test_requests_are_judged_from_the_fault_to_the_recovery():
         Done(0.0, 1.0, "ok"),  # over before the fault: not counted
         Done(9.0, 12.0, "stream"),  # in flight at the fault
         Done(11.0, 11.5, "503"),
-        Done(11.0, 11.0 + DEADLINE_S + 10, "connection"),  # far past its deadline: hung
         Done(12.0, 14.0, "ok"),  # sent after the fault cleared: the recovery
         Done(30.0, 31.0, "ok"),  # sent after the window: not counted
     ]
     o = outcome(FAULT, done, fault_at=10.0, cleared_at=10.0, until=20.0)
-    assert o.scenario == "kill decode-0" and o.requests == 4
-    assert o.errors == {"stream": 1, "503": 1, "connection": 1} and o.hung == 1 and o.recovery_s == 4.0
+    assert o.scenario == "kill decode-0" and o.requests == 3
+    assert o.errors == {"stream": 1, "503": 1} and o.hung == 0 and o.recovery_s == 4.0
 
 
-def test_no_success_after_the_fault_cleared_is_no_recovery():
-    done = [Done(9.0, 12.0, "ok")]  # sent before the stall ended
+def test_a_request_far_past_its_deadline_is_hung():
+    done = [Done(11.0, 11.0 + DEADLINE_S + 10, "connection"), Done(12.0, 13.0, "ok")]
+    assert outcome(FAULT, done, fault_at=10.0, cleared_at=10.0, until=20.0).hung == 1
+
+
+def test_no_success_after_the_last_error_is_no_recovery_and_no_error_is_none_needed():
+    done = [Done(9.0, 12.0, "ok"), Done(11.0, 13.0, "504")]
     assert outcome(Fault("nats", "stop"), done, fault_at=10.0, cleared_at=15.0, until=20.0).recovery_s is None
+    assert outcome(Fault("nats", "stop"), done[:1], fault_at=10.0, cleared_at=15.0, until=20.0).recovery_s == 0.0
 
 
 def test_kinds_of_results():

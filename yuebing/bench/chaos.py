@@ -75,13 +75,22 @@ def kind_of(result: client.Streamed) -> str:
 
 
 def outcome(fault: Fault, done: list[Done], fault_at: float, cleared_at: float, until: float) -> Outcome:
-    """The requests that overlapped [fault_at, until]; recovery is from the fault to the
-    end of the first request sent after the fault cleared that succeeded."""
+    """The requests that overlapped [fault_at, until]. Recovery: from the fault to the
+    first success after the last error (0 when nothing failed), counting only requests
+    sent after the fault cleared if nothing succeeded since the last error."""
     seen = [d for d in done if d.ended >= fault_at and d.sent <= until]
     errors = Counter(d.kind for d in seen if d.kind != "ok")
     hung = sum(1 for d in seen if d.ended - d.sent > DEADLINE_S + HUNG_GRACE_S)
-    back = [d.ended for d in seen if d.kind == "ok" and d.sent >= cleared_at]
-    return Outcome(fault.name, len(seen), dict(errors), hung, min(back) - fault_at if back else None)
+    return Outcome(fault.name, len(seen), dict(errors), hung, _recovery(seen, fault_at, cleared_at))
+
+
+def _recovery(seen: list[Done], fault_at: float, cleared_at: float) -> float | None:
+    failed = [d.ended for d in seen if d.kind != "ok"]
+    if not failed:
+        return 0.0
+    last_error = max(failed)
+    back = [d.ended for d in seen if d.kind == "ok" and d.ended >= last_error and d.sent >= min(cleared_at, last_error)]
+    return min(back) - fault_at if back else None
 
 
 @dataclass
@@ -95,6 +104,7 @@ class Load:
     done: list[Done] = field(default_factory=list)
     sending: dict[int, float] = field(default_factory=dict)  # client → when its request in flight was sent
     stopping: bool = False
+    cleared_at: float | None = None  # the current fault's end, once it has ended
 
     async def run(self) -> None:
         async with client.session(timeout_s=DEADLINE_S + 2 * HUNG_GRACE_S, connections=self.concurrency) as s:
@@ -115,16 +125,17 @@ class Load:
     def succeeded_since(self, t: float) -> bool:
         return any(d.kind == "ok" and d.sent >= t for d in self.done)
 
-    async def probe_until_served(self, window_s: float) -> None:
-        """Send short requests of its own, one at a time, until one succeeds: the load's
-        clients may all be held by requests the fault broke, and sending nothing new
-        they would not see the cluster come back."""
-        deadline = time.monotonic() + window_s
+    async def probe_until_served(self, since: float, window_s: float) -> None:
+        """Send short requests of its own, one at a time, until one sent after the fault
+        cleared succeeds: the load's clients may all be held by requests the fault
+        broke, and sending nothing new they would not see the cluster come back."""
+        self.cleared_at = None
+        deadline = since + window_s
         async with client.session(timeout_s=10.0, connections=1) as s:
             while time.monotonic() < deadline:
                 result = await client.stream(s, self.url, client.completion_body(self.model, "probe", 2))
                 self.done.append(Done(result.sent_at, time.monotonic(), kind_of(result)))
-                if result.ok:
+                if result.ok and self.cleared_at is not None and result.sent_at >= self.cleared_at:
                     return
                 await asyncio.sleep(0.2)
 
@@ -193,8 +204,10 @@ async def run_scenario(load: Load, launcher_pid: int, fault: Fault, stall_s: flo
         raise RuntimeError(f"the cluster was not serving before {fault.name}")
     await asyncio.sleep(1.0)  # a second of steady load in flight
     fault_at = time.monotonic()
+    probing = asyncio.create_task(load.probe_until_served(fault_at, window_s), name="chaos probe")
     cleared_at = await inject(launcher_pid, fault, stall_s)
-    await load.probe_until_served(window_s)
+    load.cleared_at = cleared_at
+    await probing
     # Requests sent before recovery are judged too: wait for those in flight to end
     # (the clients give up on a request well after it should have, so this is bounded).
     until = time.monotonic()
