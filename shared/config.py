@@ -74,10 +74,14 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # --- end of retry and migration ---
     # The names are services/conductor/policy.py's.
     policy: Annotated[str, Meta(description="prefill scheduling policy")] = "round_robin"
-    admission: Annotated[str, Meta(description="early rejection mode")] = "none"
+    # Shedding by default: a request predicted to miss its SLOs is a 429 at once,
+    # rather than work done for a client that has given up.
+    admission: Annotated[str, Meta(description="early rejection mode")] = "predictive"
     # A request may set its own (x-yuebing-slo-ttft-ms / -tbt-ms headers).
-    slo_ttft_ms: Annotated[float, Meta(description="default TTFT SLO, ms")] = 10_000.0
-    slo_tbt_ms: Annotated[float, Meta(description="default TBT SLO, ms")] = 1_000.0
+    # 0: derived from the profile (shared/predictor.py default_slos_ms): 10x a lone
+    # full-context prefill, 5x a lone decode step at full context.
+    slo_ttft_ms: Annotated[float, Meta(description="default TTFT SLO, ms (0: 10x a full-context prefill, profiled)")] = 0.0
+    slo_tbt_ms: Annotated[float, Meta(description="default TBT SLO, ms (0: 5x a lone full-context decode step, profiled)")] = 0.0
     profile: Annotated[
         str, Meta(description="time-model profile from `yuebing profile` (empty: the shipped one)")
     ] = ""
@@ -183,8 +187,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("liveness_timeout_s must exceed heartbeat_interval_s > 0")
         if self.request_timeout_s <= 0 or self.schedule_timeout_s <= 0 or self.token_idle_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
-        if self.slo_ttft_ms <= 0 or self.slo_tbt_ms <= 0 or self.decode_time_s <= 0:
-            raise ValueError("SLOs and decode_time_s must be positive")
+        if self.slo_ttft_ms < 0 or self.slo_tbt_ms < 0 or self.decode_time_s <= 0:
+            raise ValueError("SLOs must not be negative (0: from the profile), decode_time_s must be positive")
         if self.kv_wait_s < 0:
             raise ValueError("kv_wait_s must not be negative")
         if self.max_attempts < 1 or self.prefill_timeout_s <= 0:

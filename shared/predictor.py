@@ -115,6 +115,19 @@ def load_predictor(path: str | Path, model: str | None = None) -> Predictor:
     )
 
 
+# Mooncake-style SLOs: multiples of what one request alone takes on this hardware.
+TTFT_SLO_FACTOR = 10.0
+TBT_SLO_FACTOR = 5.0
+
+
+def default_slos_ms(predictor: Predictor, max_model_len: int) -> tuple[float, float]:
+    """(TTFT, TBT) SLOs, ms, for a cluster that sets none: a full-context prompt's lone
+    prefill and a lone decode step at full context, times the factors above."""
+    ttft = TTFT_SLO_FACTOR * predictor.prefill_s(max_model_len)
+    tbt = TBT_SLO_FACTOR * predictor.decode_step_s(1, max_model_len)
+    return round(ttft * 1e3, 1), round(tbt * 1e3, 1)
+
+
 def mape(predictor: Predictor, rows: Sequence[Row]) -> float:
     """Mean absolute percentage error of the predictor on measured rows."""
     errors = [abs(predictor.predict_ms(r) - r.ms) / r.ms for r in rows]

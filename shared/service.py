@@ -7,17 +7,18 @@ import argparse
 import asyncio
 import os
 import signal
-from pathlib import Path
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import uvloop
 
-from shared.config import ClusterConfig, check_id, load_config
+from shared.config import ClusterConfig, check_id, load_config, profile_path
 from shared.identity import load_credentials
-from shared.model_identity import fingerprint
 from shared.log import setup_logging
+from shared.model_identity import fingerprint
+from shared.predictor import default_slos_ms, load_predictor
 
 Main = Callable[[ClusterConfig, argparse.Namespace, asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -49,7 +50,7 @@ def run(service: str, main: Main, args: argparse.Namespace) -> None:
         config = load_config(args.config)
         if args.nats_url:
             config = ClusterConfig(**{**_fields(config), "nats_url": args.nats_url})
-        config = with_fingerprint(config)
+        config = resolved(config)
         instance_id = check_id(args.instance_id, "instance id") if hasattr(args, "instance_id") else ""
         if hasattr(args, "node"):
             check_id(args.node, "node")
@@ -61,9 +62,14 @@ def run(service: str, main: Main, args: argparse.Namespace) -> None:
     uvloop.run(_main(main, config, args))
 
 
-def with_fingerprint(config: ClusterConfig) -> ClusterConfig:
-    """The config with its model's fingerprint, where the model folder is here to
-    compute it from (the messenger and the Conductor run without it and need none)."""
+def resolved(config: ClusterConfig) -> ClusterConfig:
+    """The config with what it leaves to be derived filled in: SLOs from the profile,
+    and the model's fingerprint where the model folder is here to compute it from
+    (the messenger and the Conductor run without it and need none)."""
+    if not config.slo_ttft_ms or not config.slo_tbt_ms:
+        ttft, tbt = default_slos_ms(load_predictor(profile_path(config)), config.max_model_len)
+        config = msgspec.structs.replace(config, slo_ttft_ms=config.slo_ttft_ms or ttft,
+                                         slo_tbt_ms=config.slo_tbt_ms or tbt)
     if config.model_fingerprint or not (Path(config.model) / "config.json").is_file():
         return config
     return msgspec.structs.replace(config, model_fingerprint=fingerprint(config.model))

@@ -36,6 +36,7 @@ from shared.config import ClusterConfig, save_config
 from shared.engine.llm import engine_environment
 from shared.model_identity import fingerprint
 from shared.private_file import read_private, write_private
+from shared.service import resolved
 from yuebing import process
 from yuebing.process import free_port
 from yuebing.restarts import RestartPolicy
@@ -168,9 +169,9 @@ class Cluster:
         shm = Path("/dev/shm")
         kv_dir = config.kv_dir or tempfile.mkdtemp(prefix="yuebing-kv-", dir=shm if shm.is_dir() else run_dir)
         self.kv_dir = Path(kv_dir)
-        # Computed once here, so every service names blocks after the same weights.
-        return msgspec.structs.replace(config, nats_url=nats_url, kv_dir=kv_dir, model_fingerprint=(
-            config.model_fingerprint or fingerprint(config.model)))
+        # Derived once here (the model's fingerprint, the SLOs), so every service agrees.
+        return resolved(msgspec.structs.replace(config, nats_url=nats_url, kv_dir=kv_dir, model_fingerprint=(
+            config.model_fingerprint or fingerprint(config.model))))
 
     def ready_state(self, config: ClusterConfig, run_dir: Path, elapsed: float) -> dict:
         """What the ready file says (tests/e2e and the live benchmarks read it)."""

@@ -23,3 +23,11 @@ def test_ids_must_be_subject_safe():
     assert check_id("prefill-0") == "prefill-0"
     with pytest.raises(ValueError):
         check_id("a.b")
+
+
+def test_a_config_that_leaves_slos_to_the_profile_gets_them_at_start():
+    from shared.service import resolved
+
+    config = resolved(ClusterConfig(max_model_len=4096))
+    assert config.admission == "predictive" and config.slo_ttft_ms > 0 and config.slo_tbt_ms > 0
+    assert resolved(ClusterConfig(slo_ttft_ms=5.0, slo_tbt_ms=7.0)).slo_ttft_ms == 5.0  # what is set stays

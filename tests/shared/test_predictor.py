@@ -34,3 +34,14 @@ def test_shipped_default_profile_loads():
     p = load_predictor(DEFAULT_PROFILE)
     assert 0 < p.prefill_s(128) < p.prefill_s(2048)
     assert 0 < p.decode_step_s(1, 512) <= p.decode_step_s(16, 16 * 512)
+
+
+def test_default_slos_are_multiples_of_a_lone_full_context_request():
+    from shared.config import DEFAULT_PROFILE
+    from shared.predictor import TBT_SLO_FACTOR, TTFT_SLO_FACTOR, default_slos_ms, load_predictor
+
+    p = load_predictor(DEFAULT_PROFILE)
+    ttft, tbt = default_slos_ms(p, 4096)
+    assert abs(ttft - TTFT_SLO_FACTOR * p.prefill_s(4096) * 1e3) < 0.1
+    assert abs(tbt - TBT_SLO_FACTOR * p.decode_step_s(1, 4096) * 1e3) < 0.1
+    assert default_slos_ms(p, 1024)[0] < ttft  # a shorter context, a tighter TTFT

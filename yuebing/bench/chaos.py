@@ -30,6 +30,19 @@ from yuebing import client
 TARGETS = ("gateway", "conductor", "messenger-0", "messenger-1", "prefill-0", "decode-0",
            "engine:prefill-0", "engine:decode-0", "nats")
 ACTIONS = ("kill", "stop")
+# What clients may see while each process is down or stalled (README, "Reliability"):
+# error kinds as `kind_of` names them. Anything else is a bug.
+EXPECTED_ERRORS: dict[str, set[str]] = {
+    "gateway": {"connection", "stream", "503"},  # the front door itself: clients retry elsewhere
+    "conductor": {"503"},
+    "nats": {"503", "stream"},
+    "messenger-0": set(),
+    "messenger-1": set(),
+    "prefill-0": {"502", "503"},
+    "decode-0": {"502", "503", "stream"},
+    "engine:prefill-0": {"502", "503"},
+    "engine:decode-0": {"502", "503", "stream"},
+}
 DEADLINE_S = 30.0  # the cluster's request timeout in this bench (`--request-timeout`)
 HUNG_GRACE_S = 5.0  # beyond its deadline, a request that has not ended is hung
 

@@ -1,0 +1,38 @@
+"""Chaos against a live `--nodes 2` cluster (two prefill and two decode instances)
+under steady streaming load: every process killed (SIGKILL), and separately stalled
+(SIGSTOP past the liveness timeout), one after another. For each: no request runs
+past its deadline, the errors clients see are only those README's Reliability table
+documents for that process, and requests succeed again (the time it took is printed).
+The same scenarios as `yuebing bench chaos`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from yuebing.bench.chaos import DEADLINE_S, EXPECTED_ERRORS, HEADER, ChaosSpec, chaos, row, scenarios
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def chaos_cluster(launcher, tmp_path_factory):
+    started = launcher(tmp_path_factory.mktemp("chaos"), "--nodes", "2", "--prefill", "2", "--decode", "2",
+                       "--request-timeout", str(DEADLINE_S))
+    yield started.wait()
+    started.stop()
+
+
+def test_no_request_hangs_and_every_process_can_die_or_stall(chaos_cluster, model_dir):
+    lines = []
+    outcomes = asyncio.run(chaos(chaos_cluster.url, model_dir.name, chaos_cluster.launcher.pid, scenarios(),
+                                 ChaosSpec(concurrency=4), lines.append))
+    print("\n".join([HEADER, *lines]))
+    problems = []
+    for o in outcomes:
+        target = o.scenario.split(" ", 1)[1]
+        unexpected = set(o.errors) - EXPECTED_ERRORS[target]
+        if o.hung or o.recovery_s is None or unexpected:
+            problems.append(f"{row(o)}  (unexpected: {sorted(unexpected) or '-'})")
+    assert not problems, "\n".join([HEADER, *problems])
