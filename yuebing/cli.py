@@ -12,6 +12,7 @@ from yuebing.commands import (
     bench_conductor,
     bench_hash,
     bench_reuse,
+    bench_soak,
     bench_transfer,
     bench_ttft,
     model,
@@ -25,7 +26,7 @@ from yuebing.commands import (
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
     model, up, secrets, profile, sim, bench_conductor, bench_hash, bench_transfer, bench_ttft, bench_reuse,
-    bench_chaos, replay,
+    bench_chaos, bench_soak, replay,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help
 

@@ -1,0 +1,51 @@
+"""`yuebing bench soak`: three times the measured capacity for five minutes on a live
+cluster: 429s rather than timeouts, flat memory, SLOs still met by what is admitted
+(yuebing/bench/soak.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from pathlib import Path
+
+from yuebing.commands import add_json_flag, write_json
+
+GROUP = "bench"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from yuebing.bench.soak import SoakSpec
+
+    p = subparsers.add_parser("soak", help="overload a live cluster for minutes: shedding, memory, SLOs")
+    p.add_argument("--overload", type=float, default=SoakSpec.overload, help="times the measured capacity")
+    p.add_argument("--minutes", type=float, default=SoakSpec.minutes, help="how long the overload lasts")
+    p.add_argument("--capacity-seconds", type=float, default=SoakSpec.capacity_s, help="each capacity run's length")
+    p.add_argument("--concurrency", type=int, default=SoakSpec.concurrency, help="clients saturating the cluster")
+    p.add_argument("--model", default="", help="model folder (default: yuebing's)")
+    p.add_argument("--work-dir", help="where the cluster's logs go (default: a temp folder)")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from shared.config import load_config
+    from yuebing.bench.soak import Driver, Slo, SoakSpec, deaths, soak
+    from yuebing.launcher import up_launcher
+    from yuebing.model import default_model_dir
+
+    model = Path(args.model or default_model_dir())
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="yuebing-soak-"))
+    work.mkdir(parents=True, exist_ok=True)
+    spec = SoakSpec(args.overload, args.minutes, args.capacity_seconds, args.concurrency)
+    with up_launcher(work, "soak", "--model", str(model), "--max-model-len", "2048") as (url, launcher):
+        config = load_config(work / "soak" / "cluster.json")
+        slo = Slo(config.slo_ttft_ms / 1e3, config.slo_tbt_ms / 1e3)
+        print(f"cluster up at {url} (logs in {work}); admission {config.admission}, "
+              f"SLOs: TTFT {config.slo_ttft_ms:.0f} ms, TBT {config.slo_tbt_ms:.0f} ms", flush=True)
+        driver = Driver(url, model.name, slo, spec, config.request_timeout_s + 10)
+        result = asyncio.run(soak(driver, launcher.pid, lambda text: print(text, flush=True)))
+        died = deaths(work / "soak.log")
+    print(f"processes that died: {died}")
+    write_json({**result, "deaths": died}, args.json)
+    return 0 if died == 0 else 1
