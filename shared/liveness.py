@@ -1,9 +1,16 @@
 """Who is alive, from heartbeats: the Conductor schedules on it, the gateway uses it
-to fail a stream fast when the instance serving it stops beating."""
+to fail a stream fast when the instance serving it stops beating.
+
+Bounded: an instance silent for `forget_s` is removed, not just shown dead, by
+`observe` itself (every `forget_s / 4` at most), so a registry that nobody calls
+`expire` on (the gateway's) does not keep every instance that ever beat. The clock
+is always passed in."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+FORGET_S = 300.0  # an instance silent this long is forgotten altogether
 
 from shared.messages import Heartbeat, Role
 
@@ -13,10 +20,17 @@ class Registry:
     timeout_s: float
     latest: dict[str, Heartbeat] = field(default_factory=dict)
     seen_at: dict[str, float] = field(default_factory=dict)
+    forget_s: float = FORGET_S
+    pruned_at: float | None = None  # when observe last forgot the long silent
+
+    def __post_init__(self) -> None:
+        # Forgetting one still within the timeout would make it look new.
+        self.forget_s = max(self.forget_s, self.timeout_s)
 
     def observe(self, hb: Heartbeat, now: float) -> bool:
         """Record a heartbeat; True when the instance is new, back from the dead, or
         restarted within the timeout (a new pid: whatever the old process held is gone)."""
+        self._prune(now)
         old = self.latest.get(hb.instance_id)
         fresh = not self.is_alive(hb.instance_id, now) or (old is not None and old.pid != hb.pid)
         self.latest[hb.instance_id] = hb
@@ -36,7 +50,15 @@ class Registry:
 
     def expire(self, now: float) -> list[str]:
         """Forget instances that stopped beating; returns their ids."""
-        gone = [iid for iid in self.latest if not self.is_alive(iid, now)]
+        return self._forget_silent(now, self.timeout_s)
+
+    def _prune(self, now: float) -> None:
+        if self.pruned_at is None or now - self.pruned_at >= self.forget_s / 4:
+            self.pruned_at = now
+            self._forget_silent(now, self.forget_s)
+
+    def _forget_silent(self, now: float, after_s: float) -> list[str]:
+        gone = [iid for iid, seen in self.seen_at.items() if now - seen > after_s]
         for iid in gone:
             del self.latest[iid]
             del self.seen_at[iid]

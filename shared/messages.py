@@ -82,6 +82,12 @@ class ScheduleRequest(Message):
     deadline: float  # unix time after which nobody should work on the request
     slo_ttft_ms: float = 0.0  # 0: the cluster default
     slo_tbt_ms: float = 0.0
+    # A retry (services/gateway/retry.py) asks again under a new request id, one per
+    # attempt: `avoid` names the instances that failed the request so far, and
+    # stage "decode" asks for a decode instance alone (the request's prefill is done:
+    # its first decode refused it, or died under it); the Placement then has no prefill.
+    avoid: list[str] = []
+    stage: Literal["full", "decode"] = "full"
 
 
 class Placement(Message):
@@ -91,7 +97,8 @@ class Placement(Message):
     ("" when no decode runs: a one-token request ends at prefill). kv_blocks: the prompt's leading full blocks whose KV prefill sends to decode's
     node (0 when no decode runs). Remote reuse: prefill first pulls the first
     `pull_blocks` prompt blocks from node `pull_from`'s pool, but for the first
-    `pull_skip`, which the prefill node's pool holds already."""
+    `pull_skip`, which the prefill node's pool holds already. prefill_id is "" when
+    only a decode instance was asked for (ScheduleRequest.stage "decode")."""
 
     prefill_id: str
     decode_id: str

@@ -15,9 +15,11 @@ from nats.aio.msg import Msg
 from services.conductor.index import PoolIndex, PrefixIndex
 from services.conductor.policy import (
     Decision,
+    DecodeDecision,
     DecodeLoad,
     Params,
     PrefillLoad,
+    Rejection,
     Request,
     Scheduler,
     decodes,
@@ -78,10 +80,10 @@ class Conductor:
         self.scheduler = Scheduler(config.policy, config.admission, predictor, params)
         self.state = ClusterState(predictor, params, PrefixIndex(config.index_capacity_blocks))
         self.registry = Registry(timeout_s=config.liveness_timeout_s)
-        self.pools = PoolIndex()
+        self.pools = PoolIndex(config.pool_index_node_blocks)
         self.messenger_nodes: dict[str, str] = {}  # messenger instance → its node
         self.deadlines: dict[str, float] = {}
-        self.counts = {"accepted": 0, "rejected": 0, "wasted_prefill": 0}
+        self.counts = {"accepted": 0, "rejected": 0, "wasted_prefill": 0, "replaced_decode": 0}
         self.view_whole_at = float("-inf")  # see listening()
 
     def listening(self, now: float) -> None:
@@ -127,6 +129,8 @@ class Conductor:
             self.pools.remove_node(node)
 
     def on_kv_event(self, event: KvEvent) -> None:
+        if event.node not in self.messenger_nodes.values():  # a departed node's late event (its snapshot covers a new one)
+            return
         if event.kind == "stored":
             self.pools.stored(event.node, event.tier, event.hashes)
         elif event.kind == "evicted":
@@ -153,15 +157,15 @@ class Conductor:
             max_tokens=ask.max_tokens,
             slo_ttft_s=(ask.slo_ttft_ms or self.config.slo_ttft_ms) / 1e3,
             slo_tbt_s=(ask.slo_tbt_ms or self.config.slo_tbt_ms) / 1e3,
+            avoid=frozenset(ask.avoid),
         )
         view = self._view(ask.block_hashes, now)
+        if ask.stage == "decode":
+            return self._schedule_decode(req, ask, view, now)
         out = self.scheduler.schedule(req, view.prefills, view.decodes, now, self.state.decode_time_s)
         log.debug("decision", request_id=req.request_id, request=req, prefills=view.prefills, decodes=view.decodes, out=out)
         if not isinstance(out, Decision):
-            self.counts["rejected"] += 1
-            return ScheduleReply(
-                request_id=req.request_id, accepted=False, rejection=out.kind, reason=out.reason, retry_after_s=out.retry_after_s
-            )
+            return self._rejected(req, out)
         self.counts["accepted"] += 1
         self.deadlines[req.request_id] = ask.deadline
         return ScheduleReply(
@@ -171,6 +175,25 @@ class Conductor:
             predicted_ttft_ms=out.prefill.ttft_s * 1e3,
             predicted_tbt_ms=out.tbt_s * 1e3,
         )
+
+    def _rejected(self, req: Request, out: Rejection) -> ScheduleReply:
+        self.counts["rejected"] += 1
+        return ScheduleReply(
+            request_id=req.request_id, accepted=False, rejection=out.kind, reason=out.reason, retry_after_s=out.retry_after_s
+        )
+
+    def _schedule_decode(self, req: Request, ask: ScheduleRequest, view: View, now: float) -> ScheduleReply:
+        """A decode instance alone, for a request retried after its prefill; its books
+        start decoding now. Counted apart: the request was accepted once already."""
+        out = self.scheduler.place_decode(req, view.decodes, now)
+        if not isinstance(out, DecodeDecision):
+            return self._rejected(req, out)
+        self.counts["replaced_decode"] += 1
+        self.deadlines[req.request_id] = ask.deadline
+        self.state.assign_decode(req, out.decode_id, now)
+        placement = Placement(prefill_id="", decode_id=out.decode_id, decode_node=view.decode_nodes[out.decode_id])
+        return ScheduleReply(request_id=req.request_id, accepted=True, placement=placement,
+                             predicted_tbt_ms=out.tbt_s * 1e3)
 
     def _view(self, hashes: list[str], now: float) -> View:
         """The live instances' loads for a request with these block hashes."""
@@ -294,6 +317,8 @@ class Wiring:
             pull_from=(placement.pull_from or None) if placement else None,
             reason=reply.reason or None,
             prompt_len=ask.prompt_len,
+            stage=ask.stage if ask.stage != "full" else None,
+            avoid=ask.avoid or None,
         )
         await msg.respond(encode(reply))
 

@@ -7,7 +7,9 @@ router does in its approximate mode; capacity per instance bounds the guess the 
 the engine's cache is bounded. The simulator uses it as the pool model too.
 
 `PoolIndex`: which node pools (DRAM and SSD tiers) hold which blocks, exactly, from
-the messengers' KV events and snapshots.
+the messengers' KV events and snapshots. Bounded per node (`max_node_blocks`, the
+oldest stored forgotten first): a lost "evicted" event must not grow it for ever.
+A departed node's blocks go with `remove_node`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 
 # A block's name: its chained hash (hex) in the cluster, a trace's hash id in the simulator.
 BlockId = Hashable
+POOL_NODE_BLOCKS = 1 << 20  # blocks indexed per node at most (ClusterConfig.pool_index_node_blocks)
 
 
 def leading_runs(hashes: Sequence[BlockId], holders: Mapping[BlockId, Collection[str]], candidates: Iterable[str]) -> dict[str, int]:
@@ -91,18 +94,30 @@ class PoolIndex:
     """Which node pools hold which blocks, and in which tiers: the cluster-wide view
     that the messengers' KV events (and, after a restart, their snapshots) build."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_node_blocks: int = POOL_NODE_BLOCKS) -> None:
+        if max_node_blocks <= 0:
+            raise ValueError("max_node_blocks must be positive")
+        self.max_node_blocks = max_node_blocks
         self._tiers: dict[BlockId, dict[str, set[str]]] = {}  # block → node → tiers
-        self._blocks: dict[str, set[BlockId]] = {}  # node → blocks
+        self._blocks: dict[str, dict[BlockId, None]] = {}  # node → blocks, least recently stored first
 
     def __len__(self) -> int:
         return len(self._tiers)
 
+    def nodes(self) -> list[str]:
+        return list(self._blocks)
+
+    def node_blocks(self, node: str) -> int:
+        return len(self._blocks.get(node, ()))
+
     def stored(self, node: str, tier: str, hashes: Iterable[BlockId]) -> None:
-        blocks = self._blocks.setdefault(node, set())
+        blocks = self._blocks.setdefault(node, {})
         for h in hashes:
             self._tiers.setdefault(h, {}).setdefault(node, set()).add(tier)
-            blocks.add(h)
+            blocks.pop(h, None)  # stored again: the most recent now
+            blocks[h] = None
+        while len(blocks) > self.max_node_blocks:
+            self._forget(next(iter(blocks)), node)
 
     def evicted(self, node: str, tier: str, hashes: Iterable[BlockId]) -> None:
         """The blocks left `tier` on `node` (they may remain in another tier)."""
@@ -140,4 +155,4 @@ class PoolIndex:
                 del self._tiers[h]
         blocks = self._blocks.get(node)
         if blocks is not None:
-            blocks.discard(h)
+            blocks.pop(h, None)

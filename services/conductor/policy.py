@@ -18,7 +18,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from shared.predictor import Predictor
 
@@ -32,6 +32,9 @@ class Request:
     max_tokens: int
     slo_ttft_s: float
     slo_tbt_s: float
+    # Instances that just failed this request (a retry, services/gateway/retry.py):
+    # never placed there again, whatever their load says.
+    avoid: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,14 @@ class Decision:
     prefill: PrefillChoice
     decode_id: str
     tbt_s: float  # predicted TBT on the decode instance once this request joins
+
+
+@dataclass(frozen=True)
+class DecodeDecision:
+    """A decode instance alone, for a request already prefilled (a retry)."""
+
+    decode_id: str
+    tbt_s: float
 
 
 @dataclass(frozen=True)
@@ -290,6 +301,7 @@ class Scheduler:
         decode_time_s: float | None = None,
     ) -> Decision | Rejection:
         """`decode_time_s`: t_d as the books now know it (default: the configured one)."""
+        prefills, decodes = usable(req, prefills), usable(req, decodes)
         if not prefills or not decodes:
             missing = "prefill" if not prefills else "decode"
             return Rejection("unavailable", f"no live {missing} instance", retry_after_s=1.0)
@@ -321,10 +333,33 @@ class Scheduler:
                 )
         return Decision(choice, decode.instance_id, tbt)
 
+    def place_decode(self, req: Request, decodes: Sequence[DecodeLoad], now: float) -> DecodeDecision | Rejection:
+        """A decode instance for a request whose prefill is done (its first decode
+        refused it or died under it): the lowest predicted TBT now, among those with
+        room. No SLO admission: the request was admitted and holds work already, and
+        the decode instance double-checks its TBT on arrival anyway."""
+        decodes = usable(req, decodes)
+        if not decodes:
+            return Rejection("unavailable", "no other live decode instance", retry_after_s=1.0)
+        decode, tbt = choose_decode(req, decodes, now, self.ctx)
+        if tbt == math.inf:
+            return Rejection("overloaded", f"decode instance {decode.instance_id} has no room for it", retry_after_s=1.0)
+        return DecodeDecision(decode.instance_id, tbt)
+
     def _decode_drain_s(self, load: DecodeLoad, t: float, now: float) -> float:
         """Until the first request decoding at t finishes: a fair time to come back."""
         ends = [i.end for i in load.items if i.start <= t < i.end]
         return max(0.0, min(ends) - now) if ends else 1.0
+
+
+L = TypeVar("L", PrefillLoad, DecodeLoad)
+
+
+def usable(req: Request, loads: Sequence[L]) -> Sequence[L]:
+    """The loads of instances the request does not avoid."""
+    if not req.avoid:
+        return loads
+    return [x for x in loads if x.instance_id not in req.avoid]
 
 
 def decodes(req: Request) -> bool:

@@ -84,9 +84,13 @@ class ClusterState:
             self.decode.setdefault(instance_id, {})
 
     def remove_instance(self, instance_id: str) -> None:
+        """A departed instance leaves every book; so do requests placed on it that no
+        live instance's book holds any more (nothing would ever finish them here)."""
         self.prefill.pop(instance_id, None)
         self.decode.pop(instance_id, None)
         self.index.remove_instance(instance_id)
+        self.placed = {rid: (p, d) for rid, (p, d) in self.placed.items()
+                       if p in self.prefill or d in self.decode}
 
     # --- views for the policies ---------------------------------------------
     def prefill_loads(self, hashes: Sequence[str], now: float, pool_prefix: Mapping[str, int] | None = None) -> list[PrefillLoad]:
@@ -131,6 +135,13 @@ class ClusterState:
         item = DecodeItem(start, start + self.decode_time_s, decode_context(req.prompt_len, req.max_tokens))
         self.decode[decision.decode_id][req.request_id] = item
         self.placed[req.request_id] = (choice.instance_id, decision.decode_id)
+
+    def assign_decode(self, req: Request, decode_id: str, now: float) -> None:
+        """A request placed on a decode instance alone (a retry after its prefill):
+        it decodes from now for t_d."""
+        item = DecodeItem(now, now + self.decode_time_s, decode_context(req.prompt_len, req.max_tokens))
+        self.decode[decode_id][req.request_id] = item
+        self.placed[req.request_id] = ("", decode_id)
 
     def prefill_done(self, request_id: str, now: float) -> None:
         self._off_prefill(request_id, now)

@@ -1,15 +1,26 @@
 """The gateway's aiohttp application: routes, auth, and the handlers that turn an
-OpenAI request into a pipeline run and its events into a response (SSE or JSON)."""
+OpenAI request into a pipeline run and its events into a response (SSE or JSON).
+
+Under load and faults (issue 16): a request first takes a serving slot
+(services/gateway/limits.py: else a 429), a large body is parsed and tokenized on a
+thread (the event loop serves every other request meanwhile), every write to a
+client is bounded (services/gateway/server.py), and any NATS error is a 503.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import contextvars
+import dataclasses
+import functools
 import os
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +28,12 @@ import orjson
 import structlog
 from aiohttp import web
 
-from services.gateway import edge, openapi, protocol
+from services.gateway import edge, openapi, protocol, server
+from services.gateway.limits import Admission, Shed
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Pipeline, Rejected, Report, Slo, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
-from services.gateway.text import TextStream, Tokenizer
+from services.gateway.text import LENGTH_SLACK, TextStream, Tokenizer
 from shared import bus, service
 from shared.config import ClusterConfig
 from shared.liveness import Registry
@@ -29,6 +41,13 @@ from shared.messages import HEARTBEAT, Heartbeat, Sampling, TokenChunk
 
 log = structlog.get_logger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# A body up to this size is parsed and tokenized on the event loop (a few ms at
+# most); a larger one on a thread, where HF tokenizers release the GIL.
+INLINE_BODY_BYTES = 16 << 10
+TOKENIZER_THREADS = 2
+# Commas a valid body may hold besides its prompt's text: token-id lists, the JSON
+# schema, stop strings, bad words, messages' punctuation (services/gateway/fields.py caps).
+BODY_COMMA_SLACK = 200_000
 
 
 @dataclass(frozen=True)
@@ -50,7 +69,7 @@ class Prepared:
 class Gateway:
     def __init__(
         self, config: ClusterConfig, tokenizer: Tokenizer, pipeline: Pipeline, api_key: str | None,
-        metrics_require_key: bool = False,
+        metrics_require_key: bool = False, metrics: GatewayMetrics | None = None,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -58,12 +77,17 @@ class Gateway:
         self.api_key = api_key
         self.metrics_require_key = metrics_require_key
         self.openapi = orjson.dumps(openapi.document())
-        self.metrics = GatewayMetrics()
+        self.metrics = metrics or GatewayMetrics()
         self.created = int(time.time())
+        self.limits = server.HttpLimits.from_config(config)
+        self.admission = Admission.from_config(config)
+        self.metrics.running.set_function(lambda: self.admission.running)
+        self.metrics.waiting.set_function(lambda: self.admission.waiting)
+        self.executor = ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix="gateway-tokenize")
 
     # --- routes -------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=16 * 1024 * 1024)
+        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=self.limits.max_body_bytes)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_page)
         app.router.add_get("/v1/models", self.models)
@@ -121,46 +145,103 @@ class Gateway:
         return web.json_response({"object": "list", "data": [model]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        parsed = protocol.parse_chat(protocol.parse_body(await edge.read_body(request)))
-        return await self._serve(request, "chat", parsed)
+        return await self._serve(request, "chat", await self._read(request))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        parsed = protocol.parse_completion(protocol.parse_body(await edge.read_body(request)))
-        return await self._serve(request, "completion", parsed)
+        return await self._serve(request, "completion", await self._read(request))
+
+    async def _read(self, request: web.Request) -> bytes:
+        try:
+            return await edge.read_body(request, self.limits.body_timeout_s)
+        except ApiError as e:
+            if e.status == 408:
+                self.metrics.http_timeouts.labels("body").inc()
+                log.info("request body too slow", timeout_s=self.limits.body_timeout_s)
+            raise
 
     # --- serving ------------------------------------------------------------
-    async def _serve(self, request: web.Request, kind: str, parsed: ChatRequest | CompletionRequest) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, kind: str, raw: bytes) -> web.StreamResponse:
         # Never the client's: its id would become a NATS subject token and a cancel key.
         request_id = uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(request_id=request_id)
+        status = "200"
         try:
             label = client_request_id(request)
             structlog.contextvars.bind_contextvars(client_request_id=label)
-            prepared = self._prepare(request_id, label, kind, parsed, slo_from_headers(request))
-        except ApiError as e:
-            self.metrics.requests.labels(kind, str(e.status)).inc()
-            log.info("request refused", status=e.status, error=e.message)
-            raise
-        log.info("request", kind=kind, prompt_len=len(prepared.prompt), max_tokens=prepared.max_tokens, stream=prepared.options.stream,
-                 user=prepared.options.user)
-        self.metrics.in_flight.inc()
-        status = "200"
-        try:
-            if prepared.options.stream:
-                return await self._stream(request, prepared)
-            return await self._complete(prepared)
+            slo = slo_from_headers(request, self.config, self.metrics.slo_clamped.inc)
+            async with self.admission.slot():
+                prepared = await self._prepare(request_id, label, kind, raw, slo)
+                return await self._respond(request, prepared)
+        except Shed as e:
+            status = "429"
+            self.metrics.shed.labels(e.reason).inc()
+            log.info("request shed", reason=e.reason, error=e.message)
+            raise e.api_error() from e
         except ApiError as e:
             status = str(e.status)
             raise
+        except server.WriteTimeout as e:
+            status = "499"  # the client stopped reading; the request is cancelled on every instance
+            self.metrics.http_timeouts.labels("write").inc()
+            log.info("client stopped reading: request cancelled", error=str(e))
+            return e.response
         except asyncio.CancelledError:
             status = "499"  # client went away; the pipeline has told the instances
             log.info("client disconnected")
             raise
         finally:
-            self.metrics.in_flight.dec()
             self.metrics.requests.labels(kind, status).inc()
 
-    def _prepare(
+    async def _respond(self, request: web.Request, prepared: Prepared) -> web.StreamResponse:
+        log.info("request", kind=prepared.kind, prompt_len=len(prepared.prompt), max_tokens=prepared.max_tokens,
+                 stream=prepared.options.stream, user=prepared.options.user)
+        self.metrics.in_flight.inc()
+        try:
+            if prepared.options.stream:
+                return await self._stream(request, prepared)
+            return await self._complete(prepared)
+        finally:
+            self.metrics.in_flight.dec()
+
+    async def _prepare(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo) -> Prepared:
+        """The body parsed, checked and tokenized: on a thread when it is large, so
+        that no single request holds the event loop."""
+        work = functools.partial(self._parse, request_id, label, kind, raw, slo)
+        if len(raw) <= INLINE_BODY_BYTES:
+            result = work()
+        else:
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self.executor, contextvars.copy_context().run, work)
+        if isinstance(result, ApiError):
+            log.info("request refused", status=result.status, error=result.message)
+            raise result
+        return result
+
+    def _parse(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo) -> Prepared | ApiError:
+        # Returns its error rather than raising it: a raised one's traceback would hold
+        # the parsed body, to be freed (millions of objects) on the event loop.
+        try:
+            self._check_size(raw)
+            body = protocol.parse_body(raw)
+            parsed = protocol.parse_chat(body) if kind == "chat" else protocol.parse_completion(body)
+            return self._build(request_id, label, kind, parsed, slo)
+        except ApiError as e:
+            return dataclasses.replace(e)
+
+    def _check_size(self, raw: bytes) -> None:
+        """Refuses, before parsing, a body with more commas than any request within
+        the context can have: commas come from the prompt's text (bounded like its
+        tokens, text.Tokenizer.too_long) and from the capped fields (BODY_COMMA_SLACK).
+        Parsing a many-MiB list of token ids holds the GIL (and so the event loop)
+        for hundreds of ms; counting its commas, a few."""
+        if len(raw) <= BODY_COMMA_SLACK:
+            return
+        most = self.config.max_model_len * self.tokenizer.max_token_chars * LENGTH_SLACK + BODY_COMMA_SLACK
+        if len(raw) > most and raw.count(b",") > most:
+            raise protocol.invalid(f"request too large for this model's context ({self.config.max_model_len} tokens): "
+                                   f"more than {most} list items or commas")
+
+    def _build(
         self, request_id: str, label: str | None, kind: str, parsed: ChatRequest | CompletionRequest, slo: Slo
     ) -> Prepared:
         options = parsed.options
@@ -176,15 +257,24 @@ class Gateway:
     def _prompt(self, parsed: ChatRequest | CompletionRequest) -> list[int]:
         o = parsed.options
         if isinstance(parsed, ChatRequest):
-            return self.tokenizer.chat_prompt(parsed.messages, parsed.add_generation_prompt, parsed.continue_final_message,
-                                              o.add_special_tokens)
+            text = self.tokenizer.chat_text(parsed.messages, parsed.add_generation_prompt, parsed.continue_final_message)
+            return self._encode(text, o.add_special_tokens, "messages")
         if isinstance(parsed.prompt, str):
-            return self.tokenizer.encode(parsed.prompt, add_special_tokens=o.add_special_tokens)
+            return self._encode(parsed.prompt, o.add_special_tokens, "prompt")
         prompt = list(parsed.prompt)
         vocab = len(self.tokenizer.hf)
         if max(prompt) >= vocab:
             raise protocol.invalid(f"token id {max(prompt)} is outside the vocabulary (size {vocab})", "prompt")
         return prompt
+
+    def _encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        limit = self.config.max_model_len
+        fewest = self.tokenizer.too_long(text, limit)
+        if fewest:  # refused untokenized: a many-MiB prompt costs no tokenizer time
+            raise protocol.invalid(
+                f"This model's maximum context length is {limit} tokens, but the prompt has at least {fewest} tokens "
+                f"({len(text)} characters).", param)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def _check_vocabulary(self, options: Options) -> None:
         vocab = len(self.tokenizer.hf)
@@ -230,18 +320,23 @@ class Gateway:
         deadline = time.time() + self.config.request_timeout_s
         try:
             chunks = self.pipeline.run(p.request_id, p.prompt, self._sampling(p), deadline, p.slo, report)
-            async for chunk in chunks:
-                self._observe(chunk, report, timing)
-                delta = text.push(chunk.token_ids)
-                finish = "stop" if text.stopped else chunk.finish_reason
-                if finish is not None:
-                    delta += text.flush()
-                yield delta, finish
-                if finish is not None:
-                    await chunks.aclose()  # a stop string ends it early: cancels the rest
-                    break
+            # Closed however this ends (a stop string, an error, a client that stops
+            # reading): the pipeline then cancels the request on every instance.
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    self._observe(chunk, report, timing)
+                    delta = text.push(chunk.token_ids)
+                    finish = "stop" if text.stopped else chunk.finish_reason
+                    if finish is not None:
+                        delta += text.flush()
+                    yield delta, finish
+                    if finish is not None:
+                        break
         except (Rejected, UpstreamError) as e:
             raise api_error(e) from e
+        except bus.BusError as e:  # the gateway's own NATS client: closed, reconnecting, buffer full
+            self.metrics.nats_errors.labels(type(e).__name__).inc()
+            raise bus_error(e) from e
         finally:
             self.metrics.e2e.observe(time.monotonic() - timing.start)
         self._done(p, len(text.token_ids), timing)
@@ -298,22 +393,37 @@ class Gateway:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **p.headers()}
         )
-        await response.prepare(request)
+        try:
+            await self._bounded(response.prepare(request))
+            await self._stream_body(response, p, text, report, _chain([first] if first is not None else [], events))
+        except server.WriteTimeout as e:
+            # The client stopped reading: cancel the request upstream, then drop the
+            # connection (its unsent bytes with it).
+            with contextlib.suppress(Exception):
+                await events.aclose()
+            server.abort(request)
+            e.response = response
+            raise
+        return response
+
+    async def _stream_body(
+        self, response: web.StreamResponse, p: Prepared, text: TextStream, report: Report, events: AsyncIterator[Any]
+    ) -> None:
         try:
             usage = self._running_usage(p, text, report)
             if p.kind == "chat":
                 role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                 await self._send(response, p, role, usage())
             sent_tokens = 0
-            async for delta, finish in _chain([first] if first is not None else [], events):
+            async for delta, finish in events:
                 choice = self._stream_choice(p, delta, finish, text.token_ids[sent_tokens:])
                 sent_tokens = len(text.token_ids)
                 if delta or finish or p.options.return_token_ids:
                     await self._send(response, p, choice, usage())
         except ApiError as e:
             # Headers are gone: the error travels in the stream, and [DONE] never comes.
-            await response.write(b"data: " + e.json() + b"\n\n")
-            await response.write_eof()
+            await self._bounded(response.write(b"data: " + e.json() + b"\n\n"))
+            await self._bounded(response.write_eof())
             raise
         if p.options.include_usage:
             usage = {
@@ -322,10 +432,12 @@ class Gateway:
                 "usage": protocol.usage(len(p.prompt), len(text.token_ids), report.cached_tokens),
                 "yuebing": yuebing_field(report, len(p.prompt), decoded=len(text.token_ids) > 1),
             }
-            await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+            await self._bounded(response.write(b"data: " + orjson.dumps(usage) + b"\n\n"))
+        await self._bounded(response.write(b"data: [DONE]\n\n"))
+        await self._bounded(response.write_eof())
+
+    async def _bounded(self, write: Awaitable[Any]) -> None:
+        await server.bounded(write, self.limits.write_timeout_s)
 
     def _text_stream(self, p: Prepared) -> TextStream:
         o = p.options
@@ -356,7 +468,7 @@ class Gateway:
         body = {**self._envelope(p, chunk=True), "choices": [choice]}
         if usage is not None:
             body["usage"] = usage
-        await response.write(b"data: " + orjson.dumps(body) + b"\n\n")
+        await self._bounded(response.write(b"data: " + orjson.dumps(body) + b"\n\n"))
 
     def _envelope(self, p: Prepared, chunk: bool) -> dict[str, Any]:
         if p.kind == "chat":
@@ -386,6 +498,15 @@ def api_error(e: Rejected | UpstreamError) -> ApiError:
     return ApiError(503, f"cluster unavailable: {e.reply.reason}", "server_error", code="unavailable", headers=retry)
 
 
+def bus_error(e: Exception) -> ApiError:
+    """What the client sees when the gateway's own NATS client fails it (closed and
+    being remade, reconnecting with a full buffer, ...): a 503 to retry, never a 500."""
+    name = type(e).__name__
+    log.warning("request failed: message bus", error=name, detail=str(e))
+    return ApiError(503, f"cluster unreachable: the gateway's message bus failed ({name}); retry shortly",
+                    "server_error", code="bus_unavailable", headers={"Retry-After": "1"})
+
+
 def yuebing_field(report: Report, prompt_tokens: int, decoded: bool) -> dict[str, Any]:
     """Yuebing's extension of a response: where it ran, and how much of the prompt
     decode loaded from prefill's KV rather than computed (None: no decode ran)."""
@@ -397,6 +518,9 @@ def yuebing_field(report: Report, prompt_tokens: int, decoded: bool) -> dict[str
         "kv_blocks": report.kv_blocks if report.kv_blocks >= 0 else None,
         "decode_kv_loaded_tokens": report.kv_loaded_tokens if decoded else None,
         "decode_computed_prompt_tokens": prompt_tokens - report.kv_loaded_tokens if decoded else None,
+        # placements it went through (1: no retry) and decodes continued after dying mid-stream
+        "attempts": report.attempts,
+        "migrations": report.migrations,
     }
 
 
@@ -427,8 +551,11 @@ def client_request_id(request: web.Request) -> str | None:
 SLO_HEADERS = {"ttft_ms": "x-yuebing-slo-ttft-ms", "tbt_ms": "x-yuebing-slo-tbt-ms"}
 
 
-def slo_from_headers(request: web.Request) -> Slo:
-    """A request's own SLOs, from `x-yuebing-slo-ttft-ms` / `x-yuebing-slo-tbt-ms`."""
+def slo_from_headers(request: web.Request, config: ClusterConfig, clamped: Callable[[], Any] = lambda: None) -> Slo:
+    """A request's own SLOs, from `x-yuebing-slo-ttft-ms` / `x-yuebing-slo-tbt-ms`:
+    they may only tighten the cluster's; a looser one is held to the cluster's
+    (`clamped` counts it), so no client can buy itself slack the others pay for."""
+    ceilings = {"ttft_ms": config.slo_ttft_ms, "tbt_ms": config.slo_tbt_ms}
     values = {}
     for field_name, header in SLO_HEADERS.items():
         raw = request.headers.get(header)
@@ -440,6 +567,9 @@ def slo_from_headers(request: web.Request) -> Slo:
             value = -1.0
         if not 0 < value < float("inf"):
             raise protocol.invalid(f"header {header} must be a positive number of milliseconds", header)
+        if 0 < ceilings[field_name] < value:  # 0: the cluster's SLO is not known here (service.run derives it)
+            value = ceilings[field_name]
+            clamped()
         values[field_name] = value
     return Slo(**values)
 
@@ -466,22 +596,36 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     except (OSError, ValueError) as e:
         raise SystemExit(f"gateway: API key: {e}") from e
     tokenizer = Tokenizer(config.model)
-    nc = await bus.connect(config.nats_url, "gateway", args.nats_credentials)
+    metrics = GatewayMetrics()
     registry = Registry(timeout_s=config.liveness_timeout_s)
+    link = await connect_link(config, args, registry, metrics)
+    gateway = Gateway(config, tokenizer, Pipeline(link, config, registry), api_key, args.metrics_require_key, metrics)
+    gateway.pipeline.retries.register(metrics.registry)  # yuebing_gateway_retries_total etc. on /metrics
+    runner = server.GatewayRunner(gateway.app(), server.Guard(gateway.limits, metrics))
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    lag = asyncio.create_task(server.LagMonitor(metrics).run())
+    log.info("gateway ready", url=f"http://{args.host}:{args.port}", model=config.served_model_name)
+    await stop.wait()
+    log.info("gateway stopping")
+    lag.cancel()
+    await runner.cleanup()
+    gateway.executor.shutdown(wait=False, cancel_futures=True)
+    await link.close()
+
+
+async def connect_link(config: ClusterConfig, args: argparse.Namespace, registry: Registry,
+                       metrics: GatewayMetrics) -> bus.Link:
+    """The gateway's NATS link: remade after any close, heartbeats subscribed on
+    each client it makes, its events counted."""
 
     async def on_heartbeat(hb: Heartbeat, _msg: Any) -> None:
         registry.observe(hb, time.monotonic())
 
-    await bus.subscribe(nc, HEARTBEAT, Heartbeat, on_heartbeat)
-    gateway = Gateway(config, tokenizer, Pipeline(nc, config, registry), api_key, args.metrics_require_key)
-    # handler_cancellation: a client that disconnects cancels its handler, which
-    # cancels the pipeline, which tells the instances to abort.
-    runner = edge.GatewayRunner(gateway.app(), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
-    log.info("gateway ready", url=f"http://{args.host}:{args.port}", model=config.served_model_name)
-    await stop.wait()
-    log.info("gateway stopping")
-    await runner.cleanup()
-    await bus.close(nc)
+    async def on_connect(nc: Any) -> None:
+        await bus.subscribe(nc, HEARTBEAT, Heartbeat, on_heartbeat)
+
+    link = bus.Link(config.nats_url, "gateway", args.nats_credentials, on_connect=on_connect,
+                    on_event=lambda kind: metrics.nats_events.labels(kind).inc())
+    return await link.start()

@@ -5,6 +5,7 @@ as OpenAI-style JSON like every other error."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 from typing import Any
@@ -22,13 +23,17 @@ API_KEY_ENV = "YUEBING_API_KEY"
 API_KEY_FILE_ENV = "YUEBING_API_KEY_FILE"
 
 
-async def read_body(request: web.Request) -> bytes:
+async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The request's body, decompressed as its Content-Encoding says; a body that
-    cannot be read (bad gzip, a broken chunked encoding) is the client's 400."""
+    cannot be read (bad gzip, a broken chunked encoding) is the client's 400, one that
+    takes longer than `timeout_s` to arrive a 408 (a slow body holds no connection)."""
     try:
-        return await request.read()
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
     except (HttpProcessingError, RequestPayloadError) as e:  # the latter wraps a bad gzip/deflate stream
         raise invalid(f"request body could not be read: {type(e).__name__}") from e
+    except TimeoutError as e:
+        raise ApiError(408, f"request body not received within {timeout_s:g} s", code="body_timeout") from e
 
 
 def load_api_key(path: str | None) -> str | None:
@@ -72,14 +77,3 @@ class JsonErrorHandler(RequestHandler):
 class JsonErrorServer(web.Server):
     def __call__(self) -> RequestHandler:
         return JsonErrorHandler(self, loop=self._loop, **self._kwargs)
-
-
-class GatewayRunner(web.AppRunner):
-    """An AppRunner whose connections answer low-level errors in JSON."""
-
-    async def _make_server(self) -> web.Server:
-        plain = await super()._make_server()
-        return JsonErrorServer(
-            plain.request_handler, request_factory=plain.request_factory,
-            handler_cancellation=plain.handler_cancellation, loop=plain._loop, **plain._kwargs,
-        )

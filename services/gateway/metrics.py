@@ -1,10 +1,13 @@
-"""The gateway's Prometheus metrics, in a registry the app owns."""
+"""The gateway's Prometheus metrics, in a registry the app owns: requests and their
+latencies, and what the gateway does under faults and overload (shedding, HTTP
+timeouts and the connection cap, NATS clients lost and remade, event-loop lag)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 class GatewayMetrics:
@@ -22,6 +25,26 @@ class GatewayMetrics:
         self.ttft = Histogram("yuebing_gateway_ttft_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
         self.slo = Counter("yuebing_gateway_slo", "Completed requests by SLO verdict", ["verdict"], registry=r)
         self.e2e = Histogram("yuebing_gateway_e2e_seconds", "Request latency", buckets=LATENCY_BUCKETS, registry=r)
+        self._faults(r)
+
+    def _faults(self, r: CollectorRegistry) -> None:
+        """Overload and fault counters (issue 16)."""
+        self.running = Gauge("yuebing_gateway_requests_running", "Requests holding a serving slot", registry=r)
+        self.waiting = Gauge("yuebing_gateway_requests_waiting", "Requests queued for a serving slot", registry=r)
+        self.shed = Counter("yuebing_gateway_shed", "Requests the gateway turned away with 429, by reason", ["reason"],
+                            registry=r)
+        self.slo_clamped = Counter("yuebing_gateway_slo_headers_clamped",
+                                   "SLO headers looser than the cluster's, held to the cluster's", registry=r)
+        self.connections = Gauge("yuebing_gateway_http_connections", "Open HTTP connections", registry=r)
+        self.refused = Counter("yuebing_gateway_http_connections_refused", "Connections over the cap, answered 503",
+                               registry=r)
+        self.http_timeouts = Counter("yuebing_gateway_http_timeouts", "Connections or requests cut by a timeout, by phase",
+                                     ["phase"], registry=r)  # header | body | write
+        self.nats_events = Counter("yuebing_gateway_nats_events", "NATS client events", ["event"], registry=r)
+        self.nats_errors = Counter("yuebing_gateway_nats_errors", "Requests failed with 503 by a NATS error, by error",
+                                   ["error"], registry=r)
+        self.loop_lag = Histogram("yuebing_gateway_loop_lag_seconds", "Event-loop lag, sampled by a ticker",
+                                  buckets=LAG_BUCKETS, registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -4,7 +4,10 @@ stream the tokens back. The gateway executes the Conductor's placement; it never
 places anything itself.
 
 Every wait is bounded by the request's deadline and by the liveness of the instance
-being waited on, so a dead instance fails the request within a few heartbeats.
+being waited on, so a dead instance fails the attempt within a few heartbeats; the
+request is then placed again elsewhere, within max_attempts and its deadline
+(services/gateway/retry.py: a new prefill, another decode, or a continuation of the
+stream on another decode).
 """
 
 from __future__ import annotations
@@ -15,11 +18,22 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import msgspec
 import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
+from services.gateway.retry import (
+    Attempt,
+    DecodeOrder,
+    NotContinuable,
+    RetryMetrics,
+    Stage,
+    Tries,
+    continuation,
+    with_decode,
+)
 from shared import bus
 from shared.block_hash import hex_hashes
 from shared.config import ClusterConfig
@@ -49,6 +63,8 @@ from shared.messages import (
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+# A prefill is taken for stalled after max(prefill_timeout_s, this x its predicted TTFT).
+PREDICTED_TTFT_SLACK = 4.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,8 @@ class Report:
     cached_tokens: int = 0  # prompt tokens prefill did not compute
     kv_blocks: int = -1  # prompt blocks prefill's pool took and sent toward decode (-1: not known)
     kv_loaded_tokens: int = 0  # prompt tokens whose KV decode loaded rather than computed
+    attempts: int = 0  # placements it went through (services/gateway/retry.py); 1: no retry
+    migrations: int = 0  # decodes that died mid-stream and were continued on another
 
 
 class Rejected(Exception):
@@ -113,67 +131,181 @@ class Pipeline:
         self.config = config
         self.registry = registry
         self.started = time.monotonic()
+        self.retries = RetryMetrics()
 
     async def run(
         self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo = Slo(),
         report: Report | None = None,
     ) -> AsyncIterator[TokenChunk]:
-        """The request's tokens, the first from prefill, the rest from decode."""
+        """The request's tokens, the first from prefill, the rest from decode; placed
+        again (within max_attempts and the deadline) when an instance fails it."""
         report = report if report is not None else Report()
         # The one place the prompt is hashed: the Conductor and prefill take these.
         hashes = hex_hashes(prompt, self.config.block_size, self.config.model_salt)
         job = Job(request_id, prompt, hashes, sampling, deadline, slo)
-        placement = await self._schedule(job)
-        report.placement = placement
-        update = RequestUpdate(request_id=request_id, kind="finished")
-        finished = False
+        tries = Tries(request_id, self.config.max_attempts, self.retries)
+        whole = True  # no continuation: the last attempt decoded the whole output
         try:
-            async for chunk in self._serve(job, placement, report):
-                finished = chunk.finish_reason is not None
+            async for chunk in self._serve(job, tries, report):
+                whole = whole and not report.migrations
                 yield chunk
         except DecodeRefused as e:
-            update = RequestUpdate(request_id=request_id, kind="decode_refused", instance_id=placement.decode_id)
             raise Rejected(ScheduleReply(request_id=request_id, accepted=False, rejection="overloaded", reason=str(e),
                                          retry_after_s=1.0)) from e
         finally:
-            if not finished:  # cancelled, failed or abandoned: free the instances' slots
-                await self._publish(CANCEL, Cancel(request_id=request_id, reason="abandoned by gateway"))
-            elif update.kind == "finished":
-                update = RequestUpdate(request_id=request_id, kind="finished", completed=True)
-            await self._publish(REQUEST_UPDATES, update)  # the Conductor closes its books
+            report.attempts = tries.count
+            if tries.current is not None:
+                await self._close(tries.current, whole)
 
-    async def _serve(self, job: Job, placement: Placement, report: Report) -> AsyncIterator[TokenChunk]:
-        result = await self._prefill(job, placement)
+    async def _serve(self, job: Job, tries: Tries, report: Report) -> AsyncIterator[TokenChunk]:
+        result = await self._prefilled(job, tries, report)
         report.cached_tokens, report.kv_blocks = result.num_cached_tokens, result.kv_blocks
         first = TokenChunk(request_id=job.request_id, seq=0, token_ids=[result.first_token_id],
                            finish_reason=result.finish_reason)
+        attempt = self._current(tries)
         if result.finish_reason is not None:
+            attempt.finished = True
             yield first
             return
+        placement = attempt.placement
         kv_blocks = kv_expected(placement.kv_blocks, result.kv_blocks)
         if kv_blocks < placement.kv_blocks:
             log.info("kv blocks not coming: decode computes them", planned=placement.kv_blocks, kv_blocks=kv_blocks)
+        base = DecodeOrder(job.prompt, result.first_token_id, job.sampling, job.block_hashes, placement.decode_node,
+                           kv_blocks)
+        async for chunk in self._decoded(job, tries, base, first, report):
+            yield chunk
+
+    async def _prefilled(self, job: Job, tries: Tries, report: Report) -> PrefillResult:
+        """The prompt's first token, from the placed prefill instance or, when that one
+        dies, stalls or fails first, from another."""
+        attempt = await self._place(job, tries, None)
+        while True:
+            report.placement = attempt.placement
+            try:
+                return await self._prefill(job, attempt)
+            except UpstreamError as e:
+                attempt = await self._again(job, tries, e, "prefill", attempt.placement.prefill_id, None)
+
+    async def _decoded(
+        self, job: Job, tries: Tries, base: DecodeOrder, first: TokenChunk, report: Report
+    ) -> AsyncIterator[TokenChunk]:
+        """Every token after prefill's: from the placed decode instance, or another
+        one after a refusal, or a continuation on another one after it died."""
+        streamed: list[int] = []  # what the client has, in order
+        order: DecodeOrder | None = base
+        while order is not None:
+            attempt = self._current(tries)
+            try:
+                async for chunk in self._decode_once(job, attempt, order, first, streamed, report):
+                    yield chunk
+                return
+            except (DecodeRefused, UpstreamError) as e:
+                stage: Stage = "migration" if streamed else "decode"  # the client has tokens, or not yet
+                order = self._continuation(job, tries, base, streamed, e, stage)
+                if order is None:
+                    break
+                await self._again(job, tries, e, stage, attempt.placement.decode_id, order)
+                report.placement = with_decode(report.placement, self._current(tries).placement)
+                report.migrations += stage == "migration"
+        # Every token the request may have is out, but its end never came: it ends here.
+        self._current(tries).finished = True
+        yield TokenChunk(request_id=job.request_id, seq=0, token_ids=[], finish_reason="length")
+
+    def _continuation(self, job: Job, tries: Tries, base: DecodeOrder, streamed: list[int], error: Exception,
+                      stage: Stage) -> DecodeOrder | None:
+        """What the next decode is asked after `error` (see retry.continuation); a
+        stream that cannot be continued exactly ends with a clean 503."""
+        try:
+            return continuation(base, streamed, self.config.block_size, self.config.model_salt)
+        except NotContinuable as e:
+            if bus.remaining(job.deadline) <= 0:  # it could not have gone on anyway: the deadline is the news
+                raise error from None
+            tries.give_up(stage, "history_dependent", error)
+            raise UpstreamError(503, f"{error}; not continued on another decode instance: {e}") from error
+
+    async def _decode_once(
+        self, job: Job, attempt: Attempt, order: DecodeOrder, first: TokenChunk, streamed: list[int], report: Report
+    ) -> AsyncIterator[TokenChunk]:
+        """One decode instance's share of the output, each token added to `streamed`."""
         # Decode must accept before the first token goes out, so that a refusal
         # can still be a clean 429 rather than an error in the middle of a stream.
-        sub = await self._start_decode(job, placement.decode_id, result.first_token_id, kv_blocks)
+        sub = await self._start_decode(job, attempt, order)
         try:
-            if not job.sampling.history_dependent:  # else decode makes the first token again, with its history
+            if not streamed and not job.sampling.history_dependent:  # else decode makes the first token again, with its history
+                streamed.extend(first.token_ids)
                 yield first
-            async for chunk in self._tokens(sub, placement.decode_id, job.deadline):
+            async for chunk in self._tokens(sub, attempt.placement.decode_id, job.deadline):
+                if order.continued:  # it loaded (or computed) KV for a prompt that holds output: not prefill's
+                    chunk = msgspec.structs.replace(chunk, kv_loaded_tokens=0)
                 report.kv_loaded_tokens = report.kv_loaded_tokens or chunk.kv_loaded_tokens
+                streamed.extend(chunk.token_ids)
+                attempt.finished = chunk.finish_reason is not None
                 yield chunk
         finally:
             await sub.unsubscribe()
 
-    async def _schedule(self, job: Job) -> Placement:
+    @staticmethod
+    def _current(tries: Tries) -> Attempt:
+        assert tries.current is not None, "an attempt is placed before anything runs"
+        return tries.current
+
+    async def _place(self, job: Job, tries: Tries, order: DecodeOrder | None) -> Attempt:
+        """A new attempt, placed by the Conductor: the whole request, or (`order`) a decode alone."""
+        attempt_id = tries.next_id()
+        reply = await self._schedule(job, attempt_id, tries.avoid, order)
+        assert reply.placement is not None
+        # Current before anything else awaits: whatever ends the request from here closes it.
+        tries.current = Attempt(attempt_id, reply.placement, reply.predicted_ttft_ms)
+        return tries.current
+
+    async def _again(
+        self, job: Job, tries: Tries, error: Exception, stage: Stage, failed: str, order: DecodeOrder | None
+    ) -> Attempt:
+        """Place the request again after `error`, avoiding the instance that failed
+        it, once the failed attempt is closed; raises `error` when out of attempts or
+        time, or when the Conductor has nowhere else to put it."""
+        old = self._current(tries)
+        # A decode refusal that ends the request wasted its prefill: the Conductor counts it.
+        wasted = RequestUpdate(request_id=old.id, kind="decode_refused", instance_id=failed) \
+            if isinstance(error, DecodeRefused) else None
+        if not tries.may_retry(stage, error, job.deadline):
+            old.update = wasted
+            raise error
+        tries.retrying(stage, error, failed)
+        # Closed first, so that the Conductor's books no longer count it when it places the next.
+        tries.current = None
+        await self._close(old, whole=False)
+        try:
+            return await self._place(job, tries, order)
+        except (Rejected, UpstreamError) as e:
+            tries.give_up(stage, "no_instance", e)
+            if wasted is not None:
+                await self._publish(REQUEST_UPDATES, wasted)
+            raise error from e
+
+    async def _close(self, attempt: Attempt, whole: bool) -> None:
+        """An attempt ends: free its instances' slots unless it ran to its end, and
+        let the Conductor close its books."""
+        if not attempt.finished:  # cancelled, failed or abandoned
+            await self._publish(CANCEL, Cancel(request_id=attempt.id, reason="abandoned by gateway"))
+        await self._publish(REQUEST_UPDATES, attempt.closing(whole))
+
+    async def _schedule(
+        self, job: Job, attempt_id: str, avoid: list[str], order: DecodeOrder | None
+    ) -> ScheduleReply:
+        prompt, hashes, sampling = (job.prompt, job.block_hashes, job.sampling) if order is None else \
+            (order.prompt, order.block_hashes, order.sampling)
         ask = ScheduleRequest(
-            request_id=job.request_id,
-            prompt_len=len(job.prompt),
-            block_hashes=job.block_hashes,
-            max_tokens=job.sampling.max_tokens,
+            request_id=attempt_id,
+            prompt_len=len(prompt),
+            block_hashes=hashes,
+            max_tokens=sampling.max_tokens,
             deadline=job.deadline,
             slo_ttft_ms=job.slo.ttft_ms,
             slo_tbt_ms=job.slo.tbt_ms,
+            avoid=list(avoid),
+            stage="full" if order is None else "decode",
         )
         timeout = min(self.config.schedule_timeout_s, bus.remaining(job.deadline))
         try:
@@ -182,12 +314,20 @@ class Pipeline:
             raise UpstreamError(503, f"conductor unavailable: {e}") from e
         if not reply.accepted or reply.placement is None:
             raise Rejected(reply)
-        log.info("scheduled", prefill=reply.placement.prefill_id, decode=reply.placement.decode_id)
-        return reply.placement
+        log.info("scheduled", attempt=attempt_id, prefill=reply.placement.prefill_id or None,
+                 decode=reply.placement.decode_id)
+        return reply
 
-    async def _prefill(self, job: Job, placement: Placement) -> PrefillResult:
+    def _prefill_timeout(self, attempt: Attempt, deadline: float) -> float:
+        """How long to wait for a prefill's first token before placing it elsewhere: a
+        stall is far beyond the predicted TTFT, a long queue is not."""
+        stall = max(self.config.prefill_timeout_s, PREDICTED_TTFT_SLACK * attempt.predicted_ttft_ms / 1e3)
+        return min(stall, bus.remaining(deadline))
+
+    async def _prefill(self, job: Job, attempt: Attempt) -> PrefillResult:
+        placement = attempt.placement
         ask = PrefillRequest(
-            request_id=job.request_id,
+            request_id=attempt.id,
             prompt_token_ids=job.prompt,
             block_hashes=job.block_hashes,
             sampling=job.sampling,
@@ -195,27 +335,30 @@ class Pipeline:
             placement=placement,
         )
         asked = bus.request(self.nc, prefill_subject(placement.prefill_id), ask, PrefillResult,
-                            timeout=bus.remaining(job.deadline))
+                            timeout=self._prefill_timeout(attempt, job.deadline))
         result = await self._watch(placement.prefill_id, asked, job.deadline)
         if not result.ok:
             raise UpstreamError(502, f"prefill on {placement.prefill_id} failed: {result.error}")
         return result
 
-    async def _start_decode(self, job: Job, decode_id: str, first: int, kv_blocks: int) -> Subscription:
+    async def _start_decode(self, job: Job, attempt: Attempt, order: DecodeOrder) -> Subscription:
         """Hand the request to its decode instance; returns the subscription its tokens
         will arrive on (the caller unsubscribes)."""
         # Subscribe before asking, so no chunk can be published before we listen.
-        sub = await self.nc.subscribe(stream_subject(job.request_id))
+        # The subject is the attempt's own: a dead attempt's late chunk never lands here.
+        subject = stream_subject(attempt.id)
+        sub = await self.nc.subscribe(subject)
+        decode_id = attempt.placement.decode_id
         ask = DecodeRequest(
-            request_id=job.request_id,
-            prompt_token_ids=job.prompt,
-            first_token_id=first,
-            sampling=job.sampling,
+            request_id=attempt.id,
+            prompt_token_ids=order.prompt,
+            first_token_id=order.first_token_id,
+            sampling=order.sampling,
             deadline=job.deadline,
-            stream_subject=stream_subject(job.request_id),
+            stream_subject=subject,
             slo_tbt_ms=job.slo.tbt_ms or self.config.slo_tbt_ms,
-            block_hashes=job.block_hashes,
-            kv_blocks=kv_blocks,
+            block_hashes=order.block_hashes,
+            kv_blocks=order.kv_blocks_on(attempt.placement.decode_node),
         )
         timeout = min(self.config.schedule_timeout_s * 2, bus.remaining(job.deadline))
         try:

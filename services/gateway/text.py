@@ -13,6 +13,7 @@ from services.gateway.stops import StopMatcher
 # may span before it is released as it is: a UTF-8 character is at most 4 bytes, and
 # an unbounded window would make every later token re-decode all of it.
 MAX_PENDING_TOKENS = 16
+LENGTH_SLACK = 4
 
 
 class Tokenizer:
@@ -22,6 +23,17 @@ class Tokenizer:
         from transformers import AutoTokenizer  # heavy import, paid once at start
 
         self.hf: Any = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        # No token spans more characters than its longest vocabulary entry (byte-level
+        # entries are one character a byte, so this bounds decoded text too).
+        self.max_token_chars = max((len(t) for t in self.hf.get_vocab()), default=1)
+
+    def too_long(self, text: str, max_tokens: int) -> int:
+        """Whether `text` surely has more than `max_tokens` tokens, known without
+        tokenizing it (so a many-MiB prompt costs no tokenizer time): the fewest
+        tokens it can have, or 0 when it may fit. The slack covers normalizers that
+        shorten text (NFKC composing a character with its accent)."""
+        fewest = len(text) // (self.max_token_chars * LENGTH_SLACK)
+        return fewest if fewest > max_tokens else 0
 
     def chat_prompt(
         self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True, continue_final_message: bool = False,
@@ -29,14 +41,19 @@ class Tokenizer:
     ) -> list[int]:
         # As vLLM's server does: render the template to text, then tokenize it (by
         # default without adding special tokens again: the template has them).
+        text = self.chat_text(messages, add_generation_prompt, continue_final_message)
+        return self.encode(text, add_special_tokens=add_special_tokens)
+
+    def chat_text(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True, continue_final_message: bool = False,
+    ) -> str:
         try:
-            text = self.hf.apply_chat_template(
+            return self.hf.apply_chat_template(
                 list(messages), add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, tokenize=False,
             )
         except Exception as e:  # jinja2's TemplateError, or the template's own raise_exception
             raise invalid(f"the chat template could not render these messages: {str(e)[:300]}", "messages") from e
-        return self.encode(text, add_special_tokens=add_special_tokens)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import itertools
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -189,6 +190,7 @@ class MessengerService:
 
     async def _tick_once(self) -> None:
         await asyncio.sleep(TICK_S)
+        self.messenger.upkeep(time.monotonic())
         self.messenger.node.block_event("tick", self.messenger.pool.pool_id, [])
 
     async def _flush_events(self) -> None:
@@ -201,7 +203,7 @@ class MessengerService:
 
     async def on_heartbeat(self, hb: Heartbeat, _msg: object) -> None:
         if hb.role == "messenger":
-            self.messenger.node.meet(hb.node, hb.endpoint)
+            self.messenger.node.meet(hb.node, hb.endpoint, time.monotonic())
 
     async def on_command(self, cmd: MessengerCommand, msg: Msg) -> None:
         try:
@@ -245,6 +247,8 @@ def pool_options(config: ClusterConfig, args: argparse.Namespace) -> PoolOptions
         ssd_path=ssd_path,
         ssd_bytes=args.ssd_bytes if args.ssd_bytes is not None else config.ssd_bytes,
         stream_layers=config.kv_stream_layers,
+        lease_s=config.kv_pin_lease_s,
+        ssd_queue_bytes=config.ssd_queue_bytes,
     )
 
 
@@ -252,12 +256,12 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     transport = ZmqTransport(args.host, args.port, args.advertise_host, keys=cluster_keys(args),
                              security=args.kv_security)
     messenger = Messenger(args.node, config.kv_root, pool_options(config, args), transport,
-                          fault_injection=args.fault_injection)
+                          fault_injection=args.fault_injection, peer_forget_s=config.kv_peer_forget_s)
     sockets = LocalSockets(config.kv_root, args.node)
     svc = MessengerService(messenger, sockets)
     svc.start()
     if args.metrics_port:
-        metrics.serve(messenger.stats, messenger.security, args.metrics_port, args.host)
+        metrics.serve(messenger.stats, messenger.security, args.metrics_port, args.host, upkeep=messenger.upkeep_stats)
     nc = await bus.connect(config.nats_url, args.instance_id, args.nats_credentials)
     svc.nc = nc
     instance = Instance("messenger", args.instance_id, args.node, config, nc)

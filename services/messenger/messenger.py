@@ -3,30 +3,35 @@
 `Messenger` is what app.py's loops and NATS handlers call: it routes the engines'
 calls and notes and other messengers' layers to the pool, which is `Unattached`
 until the first engine's Hello carves it (services/messenger/node_pool.py), and
-reports the node's counters. Every call is synchronous and quick.
+reports the node's counters. Every call is synchronous and quick. `upkeep`, on
+every tick, lets go of what nobody holds any more: pins whose lease lapsed, and
+peers that stopped beating.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import msgspec
 import structlog
 
-from services.messenger.node import Faults, Node, SecurityStats
+from services.messenger.node import Faults, Node, SecurityStats, Upkeep
 from services.messenger.node_pool import NodePool, PoolOptions, SsdRead, Unattached
 from services.messenger.transport import Transport
 from shared.kv.pool_file import PoolFile, owner_only_dir
-from shared.kv.wire import Control, Hello, Note, Release, Reply, frame_decoder, pool_path
+from shared.kv.wire import Bye, Control, Hello, Note, Release, Renew, Reply, frame_decoder, pool_path
 from shared.messages import KvSnapshot, MessengerAck, MessengerStats
 
 log = structlog.get_logger(__name__)
+PEER_FORGET_S = 60.0  # a peer messenger silent this long has its socket closed
 
 
 class Messenger:
     def __init__(self, node: str, kv_dir: str, options: PoolOptions, transport: Transport,
-                 fault_injection: bool = False) -> None:
+                 fault_injection: bool = False, peer_forget_s: float = PEER_FORGET_S) -> None:
         self.node = Node(node, transport, MessengerStats(node=node), faults=Faults(enabled=fault_injection))
+        self.peer_forget_s = peer_forget_s
         owner_only_dir(Path(kv_dir))  # the pool file is the node's KV cache: ours alone
         file = PoolFile(pool_path(kv_dir, node), options.pool_bytes, create=True)
         self.pool: Unattached | NodePool = Unattached(file, options, self.node)
@@ -44,8 +49,17 @@ class Messenger:
     def note(self, note: Note) -> None:
         if isinstance(note, Release):
             self.pool.release(note.owner)
+        elif isinstance(note, Renew):
+            self.pool.renew(note)
+        elif isinstance(note, Bye):
+            self.pool.engine_gone(note.engine)
         else:
             self.pool.written(note)
+
+    def upkeep(self, now: float) -> None:
+        """Release lapsed pins and close quiet peers (`now`: time.monotonic())."""
+        self.pool.expire(now)
+        self.node.forget_quiet(now, self.peer_forget_s)
 
     def ssd_reads(self, owner: str, hashes: list[bytes]) -> list[SsdRead]:
         return self.pool.ssd_reads(owner, hashes)
@@ -78,6 +92,10 @@ class Messenger:
             no_room_pending=node.faults.no_room_next,
             **self.pool.gauges(),
         )
+
+    def upkeep_stats(self) -> Upkeep:
+        """What was let go to stay bounded (a copy: the page reads it on another thread)."""
+        return dataclasses.replace(self.node.upkeep)
 
     def security(self) -> SecurityStats:
         node = self.node

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from services.messenger.node import SecurityStats
+from services.messenger.node import SecurityStats, Upkeep
 from shared.messages import MessengerStats
 
 COUNTERS = {
@@ -41,6 +41,11 @@ SECURITY_COUNTERS = {
     "stale_notes": "Engine notes dropped: they named a slot that holds another block by now",
     "fault_commands_refused": "Fault commands refused: fault injection is off",
 }
+UPKEEP_COUNTERS = {
+    "leases_lapsed": "Requests whose pins were released because their engine stopped renewing them",
+    "peers_closed": "Peer messenger sockets closed: the peer went quiet or came back on another endpoint",
+    "spills_skipped": "Evicted blocks not spilled to SSD: the writer's queue was full",
+}
 SECURITY_GAUGES = {
     "kv_authenticated": "1 when only holders of the cluster's KV key may send blocks here",
     "fault_injection_enabled": "1 when this messenger obeys fault commands (tests and drills)",
@@ -49,15 +54,26 @@ SECURITY_GAUGES = {
 
 class StatsCollector:
     def __init__(
-        self, stats: Callable[[], MessengerStats], security: Callable[[], SecurityStats] | None = None
+        self, stats: Callable[[], MessengerStats], security: Callable[[], SecurityStats] | None = None,
+        upkeep: Callable[[], Upkeep] | None = None,
     ) -> None:
         self.stats = stats
         self.security = security
+        self.upkeep = upkeep
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._stats()
+        s = self.stats()
+        yield from self._stats(s)
         if self.security is not None:
             yield from self._security(self.security())
+        if self.upkeep is not None:
+            yield from self._upkeep(s.node, self.upkeep())
+
+    def _upkeep(self, node: str, u: Upkeep) -> Iterator[Metric]:
+        for name, doc in UPKEEP_COUNTERS.items():
+            family = CounterMetricFamily(f"yuebing_messenger_{name}", doc, labels=["node"])
+            family.add_metric([node], getattr(u, name))
+            yield family
 
     def _security(self, s: SecurityStats) -> Iterator[Metric]:
         for name, doc in SECURITY_COUNTERS.items():
@@ -69,8 +85,7 @@ class StatsCollector:
             family.add_metric([s.node], int(getattr(s, name)))
             yield family
 
-    def _stats(self) -> Iterator[Metric]:
-        s = self.stats()
+    def _stats(self, s: MessengerStats) -> Iterator[Metric]:
         hits = CounterMetricFamily("yuebing_messenger_hits", "Pinned blocks found, by tier", labels=["node", "tier"])
         hits.add_metric([s.node, "dram"], s.hits_dram)
         hits.add_metric([s.node, "ssd"], s.hits_ssd)
@@ -86,8 +101,8 @@ class StatsCollector:
 
 
 def serve(stats: Callable[[], MessengerStats], security: Callable[[], SecurityStats], port: int,
-          host: str = "127.0.0.1") -> None:
+          host: str = "127.0.0.1", upkeep: Callable[[], Upkeep] | None = None) -> None:
     """Serve /metrics on a background thread (prometheus_client's own server)."""
     registry = CollectorRegistry()
-    registry.register(StatsCollector(stats, security))
+    registry.register(StatsCollector(stats, security, upkeep))
     start_http_server(port, addr=host, registry=registry)

@@ -1,7 +1,10 @@
 """What the parts of one node's messenger share, whether or not its pool is carved
 yet: its peers and the transport to them, its counters, the faults armed on it,
 and what it has to tell the node's engines and the Conductor (app.py sends those
-from its loops)."""
+from its loops).
+
+Peers are bounded: one whose heartbeats stopped for `forget_quiet`'s while, or that
+came back on another endpoint, has its socket closed; a heartbeat brings it back."""
 
 from __future__ import annotations
 
@@ -38,6 +41,15 @@ class Refusals:
     fault_commands: int = 0  # fault commands while fault injection is off
 
 
+@dataclass
+class Upkeep:
+    """What the messenger let go to stay bounded, beside MessengerStats (its metrics page shows them)."""
+
+    leases_lapsed: int = 0  # owners whose pins were released because their lease ran out
+    peers_closed: int = 0  # peer sockets closed: the peer went quiet or moved
+    spills_skipped: int = 0  # evicted blocks not spilled: the SSD writer's queue was full
+
+
 @dataclass(frozen=True)
 class SecurityStats:
     """The messenger's guard, for its metrics page."""
@@ -57,18 +69,43 @@ class Node:
     counters: MessengerStats  # the counters; Messenger.stats() adds the gauges
     faults: Faults = field(default_factory=Faults)
     refusals: Refusals = field(default_factory=Refusals)
+    upkeep: Upkeep = field(default_factory=Upkeep)
     peers: dict[str, str] = field(default_factory=dict)  # node → transport endpoint
+    heard: dict[str, float] = field(default_factory=dict)  # node → its last heartbeat (monotonic)
     events: list[BlockEvent] = field(default_factory=list)  # for the node's engines
     kv_events: list[KvEvent] = field(default_factory=list)  # for NATS: the Conductor's index
 
-    def meet(self, node: str, endpoint: str) -> bool:
-        """A peer messenger's endpoint, from its heartbeat; True when it is news."""
-        if node == self.name or not endpoint or self.peers.get(node) == endpoint:
+    def meet(self, node: str, endpoint: str, now: float = 0.0) -> bool:
+        """A peer messenger's endpoint, from its heartbeat at `now`; True when it is news.
+        A peer back on a new endpoint (it restarted) has its old socket closed."""
+        if node == self.name or not endpoint:
             return False
-        log.info("peer messenger", node=node, endpoint=endpoint)
+        self.heard[node] = now
+        old = self.peers.get(node)
+        if old == endpoint:
+            return False
+        log.info("peer messenger", node=node, endpoint=endpoint, was=old)
         self.peers[node] = endpoint
+        if old is not None:
+            self._close(old)
         self.transport.connect(endpoint)
         return True
+
+    def forget_quiet(self, now: float, after_s: float) -> list[str]:
+        """Close the sockets of peers not heard from for `after_s`; returns their nodes."""
+        quiet = [node for node, seen in self.heard.items() if now - seen > after_s]
+        for node in quiet:
+            del self.heard[node]
+            endpoint = self.peers.pop(node, None)
+            if endpoint is not None:
+                log.info("peer messenger quiet: its socket closed", node=node, endpoint=endpoint)
+                self._close(endpoint)
+        return quiet
+
+    def _close(self, endpoint: str) -> None:
+        if endpoint not in self.peers.values():  # another node's name for the same messenger keeps it
+            self.transport.disconnect(endpoint)
+            self.upkeep.peers_closed += 1
 
     def send(self, dest: str, header: bytes, payload: memoryview | bytes) -> None:
         """One layer to `dest`'s messenger, never waiting: a layer that cannot go is

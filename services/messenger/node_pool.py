@@ -23,8 +23,8 @@ import msgspec
 import structlog
 
 from services.messenger.node import Node
-from services.messenger.pool import BlockPool, Slot, State
-from services.messenger.ssd import SsdTier
+from services.messenger.pool import DEFAULT_LEASE_S, BlockPool, Slot, State
+from services.messenger.ssd import DEFAULT_QUEUE_BYTES, SsdTier
 from shared.kv.leading import leading_run
 from shared.kv.pool_file import Header, PoolFile, PoolSlots, checksum, model_id
 from shared.kv.wire import (
@@ -36,6 +36,7 @@ from shared.kv.wire import (
     Hello,
     LayerFrame,
     Pin,
+    Renew,
     Reply,
     Reserve,
     Snapshot,
@@ -54,6 +55,8 @@ class PoolOptions:
     ssd_path: str = ""  # empty: no SSD tier
     ssd_bytes: int = 0
     stream_layers: bool = True
+    lease_s: float = DEFAULT_LEASE_S  # an engine's pins lapse this long after its last renewal
+    ssd_queue_bytes: int = DEFAULT_QUEUE_BYTES  # spills waiting for the disk, at most
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,15 @@ class Unattached:
         return Reply(ok=False, error="no engine has attached this node's pool yet")
 
     def release(self, owner: str) -> None:
+        pass
+
+    def renew(self, r: Renew) -> None:
+        pass
+
+    def engine_gone(self, engine: str) -> None:
+        pass
+
+    def expire(self, now: float) -> None:
         pass
 
     def written(self, w: Written) -> None:
@@ -133,10 +145,12 @@ class NodePool:
         self.options = options
         self.node = node
         self.pool_id = uuid.uuid4().hex[:12]
-        self.blocks = BlockPool(self.slots.count, hello.geometry.layers, eviction=options.eviction)
+        self.blocks = BlockPool(self.slots.count, hello.geometry.layers, eviction=options.eviction,
+                                lease_s=options.lease_s)
         self.ssd: SsdTier | None = None
         if options.ssd_path:
-            self.ssd = SsdTier(Path(options.ssd_path), options.ssd_bytes, hello.geometry, model_id(hello.model))
+            self.ssd = SsdTier(Path(options.ssd_path), options.ssd_bytes, hello.geometry, model_id(hello.model),
+                               queue_bytes=options.ssd_queue_bytes)
             node.kv_event("stored", "ssd", self.ssd.hashes())
         self._failed: dict[bytes, float] = {}  # blocks given up on, and when
         log.info("pool carved", path=str(file.path), slots=self.slots.count, block_bytes=hello.geometry.slot_bytes,
@@ -149,10 +163,15 @@ class NodePool:
     def control(self, message: Control) -> Reply:
         if isinstance(message, Hello):
             return self._hello(message)
+        lease_s = self.options.lease_s
         if isinstance(message, Reserve):
-            return Reply(pool_id=self.pool_id, slots=self._reserve(message))
+            slots = self._reserve(message)
+            self.blocks.lease(message.owner, message.engine, time.monotonic())
+            return Reply(pool_id=self.pool_id, slots=slots, lease_s=lease_s)
         if isinstance(message, Pin):
-            return Reply(pool_id=self.pool_id, slots=self._pin(message.owner, message.hashes))
+            slots = self._pin(message.owner, message.hashes)
+            self.blocks.lease(message.owner, message.engine, time.monotonic())
+            return Reply(pool_id=self.pool_id, slots=slots, lease_s=lease_s)
         if isinstance(message, Snapshot):
             dram, ssd = self.held()
             return Reply(pool_id=self.pool_id, ready=dram + [h for h in ssd if h not in self.blocks.by_hash])
@@ -162,7 +181,8 @@ class NodePool:
         if hello.geometry != self.slots.geometry or hello.model != self.model:
             return Reply(ok=False, error=f"this node's pool holds {self.model} blocks of {self.slots.geometry}, "
                                          f"not {hello.model} blocks of {hello.geometry}")
-        return Reply(pool_id=self.pool_id, pool_path=str(self.slots.file.path), pool_slots=self.slots.count)
+        return Reply(pool_id=self.pool_id, pool_path=str(self.slots.file.path), pool_slots=self.slots.count,
+                     lease_s=self.options.lease_s)
 
     def _reserve(self, r: Reserve) -> list[int]:
         now = time.monotonic()
@@ -218,6 +238,9 @@ class NodePool:
         reads: list[SsdRead] = []
         if self.ssd is not None:
             leading_run(hashes, partial(self._claim_read, owner, reads))
+            # A read whose pin or send never comes (cancelled) must not pin for ever;
+            # a Pin's own lease, under its engine, replaces this one.
+            self.blocks.lease(owner, "", time.monotonic())
         return reads
 
     def _claim_read(self, owner: str, reads: list[SsdRead], block_hash: bytes) -> bool:
@@ -335,6 +358,21 @@ class NodePool:
     def release(self, owner: str) -> None:
         self.blocks.unpin(owner)
 
+    def renew(self, r: Renew) -> None:
+        self.blocks.renew(r.engine, r.owners, time.monotonic())
+
+    def engine_gone(self, engine: str) -> None:
+        owners = self.blocks.engine_gone(engine)
+        if owners:
+            log.info("engine gone: its pins released", engine=engine, owners=len(owners))
+
+    def expire(self, now: float) -> None:
+        """Release the pins whose lease lapsed: their engine died, or lost its Release notes."""
+        lapsed = self.blocks.expire(now)
+        if lapsed:
+            self.node.upkeep.leases_lapsed += len(lapsed)
+            log.warning("pin leases lapsed: pins released", owners=len(lapsed), first=lapsed[0])
+
     def written(self, w: Written) -> None:
         if w.pool_id != self.pool_id:
             log.warning("written note for another pool dropped", pool_id=w.pool_id)
@@ -398,9 +436,13 @@ class NodePool:
             if self.ssd is None:
                 gone.append(block_hash)
                 continue
+            dropped = self.ssd.put(block_hash, self.slots.slot(index))
+            if dropped is None:  # the writer is behind: this block is not kept
+                self.node.upkeep.spills_skipped += 1
+                gone.append(block_hash)
+                continue
             self.node.counters.spills += 1
             self.node.kv_event("stored", "ssd", [block_hash])
-            dropped = self.ssd.put(block_hash, self.slots.slot(index))
             if dropped:
                 self.node.kv_event("removed", "ssd", dropped)
                 gone.extend(h for h in dropped if h not in self.blocks.by_hash)

@@ -7,6 +7,11 @@ checksum). Only READY blocks are visible: lookups, pins and events never see a
 torn block. Pinned blocks are never reused; among the rest, the least recently used
 ready block goes first, and a FILLING slot whose writer went silent is reclaimed
 after `fill_timeout_s`.
+
+Pins an engine asked for are leases (`Leases`): they lapse `lease_s` after their
+owner was last renewed, and all of an engine's go when it says it is gone, so an
+engine that crashed mid-request cannot leave the pool full of pinned slots. Time is
+always passed in (`now`): the pool never reads a clock.
 """
 
 from __future__ import annotations
@@ -41,10 +46,56 @@ class Slot:
 
 
 Arrival = Literal["partial", "ready", "failed", "ignored"]
+DEFAULT_LEASE_S = 30.0
+
+
+class Leases:
+    """Until when each owner's pins hold, and which engine holds them. Owners are
+    renewed together by their engine's notes; one not renewed in `lease_s` lapses."""
+
+    def __init__(self, lease_s: float = DEFAULT_LEASE_S) -> None:
+        if lease_s <= 0:
+            raise ValueError(f"lease_s must be positive, got {lease_s}")
+        self.lease_s = lease_s
+        self.until: dict[str, float] = {}  # owner → when its pins lapse
+        self.engine_of: dict[str, str] = {}  # owner → the engine that asked for its pins
+
+    def __len__(self) -> int:
+        return len(self.until)
+
+    def hold(self, owner: str, engine: str, now: float) -> None:
+        self.until[owner] = now + self.lease_s
+        self.engine_of[owner] = engine
+
+    def renew(self, engine: str, owners: list[str], now: float) -> None:
+        """Only owners held for this engine: a renewal never creates a lease (an owner
+        already released or lapsed stays so), nor takes another engine's."""
+        for owner in owners:
+            if owner in self.until and self.engine_of[owner] == engine:
+                self.until[owner] = now + self.lease_s
+
+    def lapsed(self, now: float) -> list[str]:
+        """Owners whose lease ran out, forgotten here."""
+        out = [owner for owner, until in self.until.items() if until <= now]
+        for owner in out:
+            self.drop(owner)
+        return out
+
+    def of_engine(self, engine: str) -> list[str]:
+        """Every owner `engine` holds, forgotten here."""
+        out = [owner for owner, e in self.engine_of.items() if e == engine]
+        for owner in out:
+            self.drop(owner)
+        return out
+
+    def drop(self, owner: str) -> None:
+        self.until.pop(owner, None)
+        self.engine_of.pop(owner, None)
 
 
 class BlockPool:
-    def __init__(self, slots: int, layers: int, fill_timeout_s: float = 30.0, eviction: str = "lru") -> None:
+    def __init__(self, slots: int, layers: int, fill_timeout_s: float = 30.0, eviction: str = "lru",
+                 lease_s: float = DEFAULT_LEASE_S) -> None:
         if eviction not in EVICTION_POLICIES:
             raise ValueError(f"eviction must be one of {', '.join(EVICTION_POLICIES)}, got {eviction!r}")
         self.eviction = eviction
@@ -56,6 +107,7 @@ class BlockPool:
         self.free = list(range(slots - 1, -1, -1))
         self.owned: dict[str, set[int]] = {}
         self.evicted: list[tuple[bytes, int]] = []  # (hash, slot) of ready blocks reused since take_evicted()
+        self.leases = Leases(lease_s)
 
     # --- lookups -------------------------------------------------------------------
     def get(self, block_hash: bytes) -> Slot | None:
@@ -129,8 +181,32 @@ class BlockPool:
         return slot.index
 
     def unpin(self, owner: str) -> None:
+        self.leases.drop(owner)
         for index in self.owned.pop(owner, set()):
             self.slots[index].owners.discard(owner)
+
+    # --- leases --------------------------------------------------------------------
+    def lease(self, owner: str, engine: str, now: float) -> None:
+        """`owner`'s pins (if it holds any) lapse unless renewed within the lease."""
+        if owner in self.owned:
+            self.leases.hold(owner, engine, now)
+
+    def renew(self, engine: str, owners: list[str], now: float) -> None:
+        self.leases.renew(engine, owners, now)
+
+    def expire(self, now: float) -> list[str]:
+        """Release the pins of every owner whose lease lapsed; returns those owners."""
+        lapsed = self.leases.lapsed(now)
+        for owner in lapsed:
+            self.unpin(owner)
+        return lapsed
+
+    def engine_gone(self, engine: str) -> list[str]:
+        """Release every pin `engine` held; returns their owners."""
+        owners = self.leases.of_engine(engine)
+        for owner in owners:
+            self.unpin(owner)
+        return owners
 
     def take_evicted(self) -> list[tuple[bytes, int]]:
         """Blocks evicted since the last call, with the slot that held them: the slot's

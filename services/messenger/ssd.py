@@ -11,6 +11,10 @@ heartbeats). A spill copies the slot first, since DRAM reuses it at once, and a 
 whose write is still queued is served from that copy. A read goes from the file
 straight into its DRAM slot (`load`, which the messenger runs on a thread).
 
+The writer's queue is bounded (`queue_bytes` of copies waiting for the disk): a
+spill that finds it full is skipped (counted in `skipped`) and its block is simply
+evicted, so a slow disk costs cache hits, never unbounded memory.
+
 The folder is owner-only (0700) and its files 0600, created with O_EXCL|O_NOFOLLOW
 and read with O_NOFOLLOW: a block file is KV cache, as sensitive as the pool.
 """
@@ -30,10 +34,12 @@ from shared.kv.pool_file import HEADER_BYTES, Geometry, Header, checksum, new_pr
 
 log = structlog.get_logger(__name__)
 SUFFIX = ".blk"
+DEFAULT_QUEUE_BYTES = 256 << 20
 
 
 class SsdTier:
-    def __init__(self, path: Path, capacity_bytes: int, geometry: Geometry, model: int) -> None:
+    def __init__(self, path: Path, capacity_bytes: int, geometry: Geometry, model: int,
+                 queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
         if capacity_bytes < geometry.slot_bytes:
             raise ValueError(f"ssd capacity {capacity_bytes} holds no block of {geometry.slot_bytes} bytes")
         self.path = path
@@ -42,6 +48,9 @@ class SsdTier:
         self.model = model
         self.lru: OrderedDict[bytes, None] = OrderedDict()
         self.dropped = 0  # files that failed verification
+        self.skipped = 0  # spills not made: the writer's queue was full
+        self.queue_bytes = queue_bytes
+        self.queued_bytes = 0  # copies handed to the writer and not written yet (under _lock)
         # Spilled blocks whose file is not written yet; the writer thread removes them.
         self.pending: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
@@ -59,11 +68,18 @@ class SsdTier:
     def hashes(self) -> list[bytes]:
         return list(self.lru)
 
-    def put(self, block_hash: bytes, slot: memoryview) -> list[bytes]:
-        """Write a block (its whole slot); returns the blocks removed to make room."""
+    def put(self, block_hash: bytes, slot: memoryview) -> list[bytes] | None:
+        """Write a block (its whole slot); returns the blocks removed to make room, or
+        None when the writer's queue is full and the block is not kept. One spill is
+        always let in, however big, so a tiny bound never turns the tier off."""
         if block_hash in self.lru:
             self.lru.move_to_end(block_hash)
             return []
+        with self._lock:
+            if self.queued_bytes and self.queued_bytes + len(slot) > self.queue_bytes:
+                self.skipped += 1
+                return None
+            self.queued_bytes += len(slot)
         data = bytes(slot)  # the DRAM slot gets a new block as soon as this returns
         with self._lock:
             self.pending[block_hash] = data
@@ -85,6 +101,13 @@ class SsdTier:
         self._writer.shutdown(wait=True)
 
     def _write(self, block_hash: bytes, data: bytes) -> None:
+        try:
+            self._write_file(block_hash, data)
+        finally:
+            with self._lock:
+                self.queued_bytes -= len(data)
+
+    def _write_file(self, block_hash: bytes, data: bytes) -> None:
         target = self._file(block_hash)
         tmp = target.with_suffix(".tmp")
         try:

@@ -51,6 +51,9 @@ class Transport(Protocol):
     def connect(self, endpoint: str) -> None:
         """Open the path to a peer early, so its first transfer does not pay for it."""
 
+    def disconnect(self, endpoint: str) -> None:
+        """Close the path to a peer that is gone (whatever is still queued for it is dropped)."""
+
     def send(self, endpoint: str, header: bytes, payload: memoryview | bytes) -> bool:
         """Queue one (header, payload) message for a peer; False if it cannot be queued."""
 
@@ -188,6 +191,11 @@ class ZmqTransport:
                 sock.curve_publickey, sock.curve_secretkey = self.keys.public, self.keys.secret
             sock.connect(endpoint)
             self._peers[endpoint] = sock
+
+    def disconnect(self, endpoint: str) -> None:
+        sock = self._peers.pop(endpoint, None)
+        if sock is not None:
+            sock.close(0)
 
     def send(self, endpoint: str, header: bytes, payload: memoryview | bytes) -> bool:
         self.connect(endpoint)

@@ -8,11 +8,17 @@ vLLM's hooks, in the order a request meets them (v1/core/sched/scheduler.py):
 effects (so it may be asked again, or its answer dropped when there is no room);
 `update_state_after_alloc` once the step has allocated its blocks, where the claimed
 blocks are pinned; `build_connector_meta` once a step; `request_finished`.
+
+Pins are leases (shared/kv/wire.py): `build_connector_meta`, once a step, renews the
+pins of every request still tracked with one non-blocking note (at most every
+`RENEW_S`, or a quarter of the messenger's lease if shorter), and `shutdown` says
+Bye, so a crashed or stopped engine's pins do not outlive it for long.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -32,7 +38,7 @@ from shared.kv.plan import (
     take_reserved,
     track,
 )
-from shared.kv.wire import Control, Pin, Release, Reserve
+from shared.kv.wire import Bye, Control, Pin, Release, Renew, Reserve
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -40,6 +46,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = structlog.get_logger(__name__)
+RENEW_S = 1.0  # how often the pins of running requests are renewed, at most
 
 
 class ConnectorScheduler:
@@ -53,6 +60,9 @@ class ConnectorScheduler:
         self.next_meta = YuebingMeta()  # loads pinned since the last step
         self.pool_id = ""  # the pool the last pin or reservation was made in
         self.kv_cache_manager: KVCacheManager | None = None
+        self.engine = uuid.uuid4().hex[:12]  # names this engine's pins to the messenger
+        self.renew_s = RENEW_S  # shortened to a quarter of the messenger's lease if that is shorter
+        self.renewed_at = float("-inf")
 
     def on_new_request(self, request: Request) -> None:
         t = track(request.kv_transfer_params, list(request.prompt_token_ids or []), self.opts.block_size,
@@ -78,7 +88,8 @@ class ConnectorScheduler:
         m, t.match = t.match, None
         n = claimed(m, num_external_tokens, self.opts.block_size)
         block_ids = list(blocks.get_block_ids()[0][m.first : m.first + n])
-        pinned = self._slots(Pin(owner=request.request_id, hashes=t.hashes[m.first : m.first + n])) if n else []
+        pin = Pin(owner=request.request_id, hashes=t.hashes[m.first : m.first + n], engine=self.engine)
+        pinned = self._slots(pin) if n else []
         load, failed = plan_load(request.request_id, block_ids, pinned or [])
         if load is not None:
             self.next_meta.loads.append(load)
@@ -105,7 +116,15 @@ class ConnectorScheduler:
         for req_id, t, done in saves_due(self.tracked, computed, scheduled, self.opts.block_size):
             meta.saves.extend(self._reserve(req_id, t, done))
         meta.pool_id = self.pool_id
+        self._renew(time.monotonic())
         return meta
+
+    def _renew(self, now: float) -> None:
+        """Keep the pins of the requests still here (a fire-and-forget note: never waits)."""
+        if not self.tracked or now - self.renewed_at < self.renew_s:
+            return
+        self.renewed_at = now
+        self.client.note(Renew(engine=self.engine, owners=list(self.tracked)))
 
     def _reserve(self, req_id: str, t: Tracked, done: int) -> list[Save]:
         """Pool slots for the blocks that are complete after this step."""
@@ -113,7 +132,7 @@ class ConnectorScheduler:
         start = t.send.saved
         block_ids = self.kv_cache_manager.get_block_ids(req_id)[0][start:done]
         # No messenger: nothing to save into, and decode computes these blocks.
-        reserve = Reserve(owner=req_id, hashes=t.hashes[start:done], dest=t.send.kv_dest)
+        reserve = Reserve(owner=req_id, hashes=t.hashes[start:done], dest=t.send.kv_dest, engine=self.engine)
         slots = self._slots(reserve) if self.follower.alive else None
         return take_reserved(t.send, done, list(block_ids), reserve.hashes, slots)
 
@@ -123,6 +142,8 @@ class ConnectorScheduler:
         if reply is None or not reply.ok:
             return None
         self.pool_id = reply.pool_id
+        if reply.lease_s > 0:
+            self.renew_s = min(RENEW_S, reply.lease_s / 4)
         return reply.slots
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -137,5 +158,6 @@ class ConnectorScheduler:
         return False, finished_params(t)
 
     def shutdown(self) -> None:
+        self.client.note(Bye(engine=self.engine))  # our pins go now, not at lease expiry
         self.follower.close()
         self.client.close()

@@ -3,9 +3,15 @@ between messengers (ZeroMQ TCP): schemas and endpoint names.
 
 Three local sockets per node, all bound by the messenger:
 - control (REQ → ROUTER): hello, reserve, pin, snapshot; always answered;
-- notes (PUSH → PULL): "layer i of these slots is in the pool", "release my pins";
+- notes (PUSH → PULL): "layer i of these slots is in the pool", "release my pins",
+  "these requests of mine are still running" (lease renewal), "this engine is gone";
 - events (PUB → SUB): blocks that became ready or failed, and a tick that tells the
-  engines the messenger is alive.
+  engines the messenger is alive and which pool it holds ("" until an engine's Hello
+  carves one: a restarted messenger's engines say hello again when they see that).
+
+Pins are leases: a pin made by a Reserve or Pin lapses `Reply.lease_s` seconds after
+its owner was last renewed, so an engine that crashes (its Release notes never
+sent) cannot fill the pool with pinned slots.
 Between messengers a transfer is a stream of two-frame messages, (LayerFrame, bytes),
 one per layer of a block, so a layer can leave as soon as prefill has computed it.
 Everything here is msgpack (msgspec); block hashes travel as raw 16-byte digests.
@@ -58,11 +64,13 @@ class Hello(msgspec.Struct, tag="hello", kw_only=True):
 
 class Reserve(msgspec.Struct, tag="reserve", kw_only=True):
     """Slots for blocks prefill is about to save, pinned for `owner`; `dest` is the
-    node whose messenger should receive them ("" or our own node: nowhere)."""
+    node whose messenger should receive them ("" or our own node: nowhere).
+    `engine` names the engine holding the pins (its Renew notes keep them)."""
 
     owner: str
     hashes: list[bytes]
     dest: str = ""
+    engine: str = ""
 
 
 class Pin(msgspec.Struct, tag="pin", kw_only=True):
@@ -70,6 +78,7 @@ class Pin(msgspec.Struct, tag="pin", kw_only=True):
 
     owner: str
     hashes: list[bytes]
+    engine: str = ""
 
 
 class Snapshot(msgspec.Struct, tag="snapshot", kw_only=True):
@@ -87,6 +96,7 @@ class Reply(msgspec.Struct, kw_only=True):
     pool_slots: int = 0
     slots: list[int] = []
     ready: list[bytes] = []
+    lease_s: float = 0.0  # pins lapse this long after their last renewal (0: unknown)
 
 
 # --- notes: engine → messenger, never answered (so never waited for) ------------------
@@ -109,7 +119,21 @@ class Release(msgspec.Struct, tag="release", kw_only=True):
     owner: str
 
 
-Note = Written | Release
+class Renew(msgspec.Struct, tag="renew", kw_only=True):
+    """`engine` is alive and these owners (its in-flight requests) still need their
+    pins: their leases start again. An owner not renewed for the lease lapses."""
+
+    engine: str
+    owners: list[str]
+
+
+class Bye(msgspec.Struct, tag="bye", kw_only=True):
+    """`engine` is shutting down: every pin it holds goes now, not at lease expiry."""
+
+    engine: str
+
+
+Note = Written | Release | Renew | Bye
 
 
 # --- events: messenger → engines ------------------------------------------------------

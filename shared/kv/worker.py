@@ -5,6 +5,10 @@ soon as the model has computed it and tell the messenger, which streams it on.
 
 A load that cannot complete (the pool is gone, a copy fails, a claimed block was
 never pinned) is reported through `load_errors`, and vLLM computes those blocks.
+
+A messenger that restarts holds no pool until an engine says hello: a `HelloWatch`
+says it again as soon as the new messenger ticks, and the first step that names the
+new pool maps its (new) file here.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 import structlog
 import torch
 
-from shared.kv.client import MessengerClient
+from shared.kv.client import HelloWatch, MessengerClient
 from shared.kv.meta import YuebingMeta
 from shared.kv.options import Options
 from shared.kv.plan import Load
@@ -76,12 +80,25 @@ class ConnectorWorker:
         self.load_errors: set[int] = set()
         self._load_thread: threading.Thread | None = None
         self._layer_loaded: list[threading.Event] = []
+        self.watch: HelloWatch | None = None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         for index, (name, cache) in enumerate(kv_caches.items()):
             self.layers[name] = index
             self.caches.append(blocks_first(cache, self.num_blocks))
         self._map_pool()
+        self.watch = HelloWatch(self.opts.kv_dir, self.opts.node, self._hello)
+
+    def _hello(self) -> bool:
+        """Carve the node's pool with our geometry if nobody has (its messenger restarted);
+        mapping it waits for a step that names it, on the worker's own thread."""
+        reply = self.client.call(Hello(geometry=geometry_of(self.caches), model=self.opts.model))
+        if reply is None or not reply.ok:
+            log.warning("hello to the messenger unanswered", node=self.opts.node,
+                        error=reply.error if reply else "no answer")
+            return False
+        log.info("node pool carved again", node=self.opts.node, pool_id=reply.pool_id)
+        return True
 
     def _map_pool(self) -> bool:
         """Say hello to the messenger and map the pool it answers with."""
@@ -176,4 +193,6 @@ class ConnectorWorker:
         return errors
 
     def shutdown(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
         self.client.close()

@@ -2,6 +2,8 @@
 
 import time
 
+import msgspec
+
 from services.conductor.app import Conductor
 from shared.config import ClusterConfig
 from shared.messages import Heartbeat, RequestUpdate, ScheduleRequest
@@ -18,8 +20,15 @@ def ask(rid: str, hashes: list[str], slo_ttft_ms: float = 0.0) -> ScheduleReques
     )
 
 
+def config(**kw) -> ClusterConfig:
+    """A config for these tests: no admission and loose SLOs unless a test asks (the
+    cluster's defaults are predictive admission with SLOs derived from the profile,
+    which a service resolves at start: shared/service.py)."""
+    return ClusterConfig(**{"model": "/m/tiny", "admission": "none", "slo_ttft_ms": 10_000.0, "slo_tbt_ms": 1_000.0, **kw})
+
+
 def conductor(**kw) -> Conductor:
-    c = Conductor(ClusterConfig(model="/m/tiny", policy="cache_aware", **kw))
+    c = Conductor(config(policy="cache_aware", **kw))
     for iid, role in [("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")]:
         c.on_heartbeat(hb(iid, role), now=0.0)
     return c
@@ -38,7 +47,7 @@ def test_cache_aware_sends_a_shared_prefix_back_to_its_holder():
 
 
 def test_the_reply_carries_the_whole_placement_the_gateway_executes():
-    c = Conductor(ClusterConfig(model="/m/tiny", policy="round_robin", block_size=128))
+    c = Conductor(config(policy="round_robin", block_size=128))
     c.on_heartbeat(Heartbeat(instance_id="p0", role="prefill", node="node-0", pid=1, seq=1, sent_at=0.0), now=0.0)
     c.on_heartbeat(Heartbeat(instance_id="d0", role="decode", node="node-1", pid=1, seq=1, sent_at=0.0), now=0.0)
     placement = c.schedule(ask("r1", ["a", "b"]), now=0.0).placement
@@ -82,7 +91,7 @@ def test_a_decode_engine_reporting_a_full_kv_cache_gets_no_new_request():
 def test_pool_index_from_kv_events_routes_and_pulls_and_forgets_a_silent_node():
     from shared.messages import KvEvent, KvSnapshot
 
-    c = Conductor(ClusterConfig(model="/m/tiny", policy="round_robin"))
+    c = Conductor(config(policy="round_robin"))
     beats = [Heartbeat(instance_id=i, role=r, node=n, pid=1, seq=1, sent_at=0.0)
              for i, r, n in [("p0", "prefill", "node-0"), ("p1", "prefill", "node-1"), ("d0", "decode", "node-2"),
                              ("m0", "messenger", "node-0"), ("m1", "messenger", "node-1")]]
@@ -113,7 +122,7 @@ def test_pool_index_from_kv_events_routes_and_pulls_and_forgets_a_silent_node():
 
 
 def test_a_just_started_conductor_waits_to_hear_the_cluster_before_calling_it_unavailable():
-    c = Conductor(ClusterConfig(model="/m/tiny", policy="cache_aware", heartbeat_interval_s=0.5))
+    c = Conductor(config(policy="cache_aware", heartbeat_interval_s=0.5))
     c.listening(now=100.0)
     assert c.hearing_instances(now=100.1)  # nothing heard yet: wait, do not refuse
     c.on_heartbeat(hb("p0", "prefill"), now=100.2)
@@ -121,7 +130,33 @@ def test_a_just_started_conductor_waits_to_hear_the_cluster_before_calling_it_un
     c.on_heartbeat(hb("d0", "decode"), now=100.3)
     assert not c.hearing_instances(now=100.3)
     assert c.schedule(ask("r1", ["a"]), now=100.3).accepted
-    empty = Conductor(ClusterConfig(model="/m/tiny", policy="cache_aware", heartbeat_interval_s=0.5))
+    empty = Conductor(config(policy="cache_aware", heartbeat_interval_s=0.5))
     empty.listening(now=0.0)
     assert not empty.hearing_instances(now=1.0)  # a whole round of heartbeats: nobody is there
     assert empty.schedule(ask("r2", ["a"]), now=1.0).rejection == "unavailable"
+
+
+def test_a_retry_is_placed_away_from_the_instances_that_failed_it():
+    c = conductor()
+    first = c.schedule(ask("r1", ["a", "b"]), now=0.0).placement
+    again = c.schedule(msgspec.structs.replace(ask("r1-a2", ["a", "b"]), avoid=[first.prefill_id]), now=0.1)
+    assert again.accepted and again.placement.prefill_id not in ("", first.prefill_id)
+    nowhere = c.schedule(msgspec.structs.replace(ask("r1-a3", ["a", "b"]), avoid=["p0", "p1"]), now=0.2)
+    assert not nowhere.accepted and nowhere.rejection == "unavailable"
+
+
+def test_a_decode_alone_is_placed_and_booked_until_its_attempt_finishes():
+    c = conductor()
+    c.on_heartbeat(hb("d1", "decode"), now=0.0)
+    alone = msgspec.structs.replace(ask("r1-a2", ["a", "b"]), avoid=["d0"], stage="decode")
+    reply = c.schedule(alone, now=0.1)
+    assert reply.accepted
+    assert (reply.placement.prefill_id, reply.placement.decode_id, reply.placement.decode_node) == ("", "d1", "node-0")
+    assert c.counts == {"accepted": 0, "rejected": 0, "wasted_prefill": 0, "replaced_decode": 1}
+    assert not any(load.active_blocks for load in c.state.prefill_loads(["a", "b"], now=0.1))  # no prefill booked
+    [d1] = [x for x in c.state.decode_loads(now=0.1) if x.instance_id == "d1"]
+    assert len(d1.items) == 1 and d1.items[0].start == 0.1  # decoding from now
+    c.on_update(RequestUpdate(request_id="r1-a2", kind="finished"), now=0.5)
+    assert all(not load.items for load in c.state.decode_loads(now=0.5))
+    none_left = c.schedule(msgspec.structs.replace(alone, request_id="r1-a3", avoid=["d0", "d1"]), now=0.6)
+    assert not none_left.accepted and none_left.rejection == "unavailable"

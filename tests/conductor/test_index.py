@@ -45,3 +45,28 @@ def test_pool_index_prefix_by_node_across_tiers():
     assert idx.prefix_blocks(["z"], ["n1"]) == {"n1": 1}
     idx.remove_node("n1")
     assert len(idx) == 1
+
+
+def test_pool_index_is_bounded_per_node_oldest_stored_first():
+    from services.conductor.index import PoolIndex
+
+    idx = PoolIndex(max_node_blocks=3)
+    idx.stored("n0", "dram", ["a", "b", "c"])
+    idx.stored("n0", "ssd", ["a"])  # stored again: the most recent now
+    idx.stored("n0", "dram", ["d"])  # b goes, the oldest
+    assert idx.node_blocks("n0") == 3
+    assert idx.prefix_blocks(["a"], ["n0"]) == {"n0": 1} and idx.prefix_blocks(["b"], ["n0"]) == {"n0": 0}
+    idx.stored("n1", "dram", ["x", "y", "z"])  # another node's bound is its own
+    assert idx.node_blocks("n1") == 3 and len(idx) == 6
+    with pytest.raises(ValueError):
+        PoolIndex(0)
+
+
+def test_a_departed_node_leaves_the_pool_index_whole():
+    from services.conductor.index import PoolIndex
+
+    idx = PoolIndex()
+    idx.stored("n0", "dram", ["a", "b"])
+    idx.stored("n1", "ssd", ["a"])
+    idx.remove_node("n0")
+    assert idx.nodes() == ["n1"] and len(idx) == 1 and idx.node_blocks("n0") == 0

@@ -1,10 +1,13 @@
 """Each policy's defining behaviour, on constructed states."""
 
+from dataclasses import replace
+
 import pytest
 
 from services.conductor.policy import (
     PREFILL_POLICIES,
     Decision,
+    DecodeDecision,
     DecodeItem,
     DecodeLoad,
     Params,
@@ -185,3 +188,34 @@ def test_pool_pull_names_the_node_with_the_longest_prefix_beyond_the_chosen():
     assert pool_pull("n0", 2, {"n0": 2, "n1": 5, "n2": 5}) == ("n1", 5)
     assert pool_pull("n0", 5, {"n0": 5, "n1": 5}) == ("", 0)
     assert pool_pull("n0", 6, {"n0": 1, "n1": 5}) == ("", 0)  # its engine cache already has more
+
+
+# --- retries: instances that failed a request are avoided ---------------------
+@pytest.mark.parametrize("policy", sorted(PREFILL_POLICIES))
+def test_every_policy_avoids_the_instances_that_failed_the_request(policy):
+    r = replace(req(8192), avoid=frozenset({"holder", "d0"}))
+    # The avoided prefill holds the whole prompt and is idle; the avoided decode is idle.
+    loads = [p("holder", prefix=64), p("other", queue_s=5.0)]
+    decodes = [DecodeLoad("d0", ()), DecodeLoad("d1", (DecodeItem(0.0, 100.0, 4000),))]
+    out = sched(policy).schedule(r, loads, decodes, now=0.0)
+    assert isinstance(out, Decision), out
+    assert (out.prefill.instance_id, out.decode_id) == ("other", "d1")
+
+
+def test_a_request_avoiding_every_instance_is_unavailable():
+    r = replace(req(), avoid=frozenset({"p0"}))
+    out = sched().schedule(r, [p("p0")], IDLE_DECODE, now=0.0)
+    assert isinstance(out, Rejection) and out.kind == "unavailable"
+
+
+def test_a_decode_alone_goes_to_the_least_loaded_one_not_avoided_with_room():
+    busy = DecodeLoad("d1", (DecodeItem(0.0, 100.0, 4000),))
+    s = sched(admission="predictive")  # a decode alone is not judged against SLOs: it was admitted
+    r = replace(req(slo_tbt_s=1e-6), avoid=frozenset({"d0"}))
+    out = s.place_decode(r, [DecodeLoad("d0", ()), busy, DecodeLoad("d2", ())], now=0.0)
+    assert out == DecodeDecision("d2", PRED.decode_step_s(1, 8192))
+    assert s.place_decode(r, [DecodeLoad("d0", ()), busy], now=0.0).decode_id == "d1"
+    none_left = s.place_decode(r, [DecodeLoad("d0", ())], now=0.0)
+    assert isinstance(none_left, Rejection) and none_left.kind == "unavailable"
+    full = s.place_decode(r, [DecodeLoad("d1", busy.items, capacity=1)], now=0.0)
+    assert isinstance(full, Rejection) and full.kind == "overloaded"

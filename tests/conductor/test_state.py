@@ -91,3 +91,15 @@ def test_t_d_is_learned_from_completed_decodes_only():
     fixed.prefill_done("r", now=1.0)
     fixed.finished("r", now=2.0, completed=True)
     assert fixed.decode_time_s == 5.0
+
+
+def test_a_departed_instance_leaves_every_book_and_the_requests_only_it_held():
+    s = state()
+    s.add_instance("prefill", "p1")
+    assign(s, "r1", now=0.0)  # on p0 and d0
+    s.remove_instance("p0")
+    assert "p0" not in s.prefill and s.index.used_blocks("p0") == 0
+    assert "r1" in s.placed  # d0 still holds it: its finish must find it
+    s.remove_instance("d0")
+    assert s.placed == {} and s.decode == {}
+    s.finished("r1", now=1.0)  # a late event for it is harmless

@@ -80,13 +80,14 @@ def test_killing_the_decode_nodes_messenger_mid_transfer(cluster, client, refere
             assert got.status_code >= 500 and got.message
         else:
             assert got == expected
-    # The cluster goes on without node-1's pool: decode computes whole prompts.
+    # The cluster goes on: decode computes whole prompts until the launcher has the
+    # messenger back and decode's engine has re-attached to its new pool, then loads KV again.
     start = time.monotonic()
     ids = [rnd.randrange(32, 127) for _ in range(500)]
     r = client.completions.create(model="yuebing-tiny", prompt=ids, max_tokens=8, temperature=0,
                                   extra_body={"return_token_ids": True})
     assert r.choices[0].model_extra["token_ids"] == reference.greedy([ids], 8)[0]
-    assert r.model_extra["yuebing"]["decode_kv_loaded_tokens"] == 0
+    assert r.model_extra["yuebing"]["decode_kv_loaded_tokens"] in (0, len(ids) // BLOCK * BLOCK)
     assert time.monotonic() - start < 10
 
 

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, event, given, settings
 
-from services.gateway import edge
+from services.gateway import edge, server
 from services.gateway.app import Gateway, parser
 from services.gateway.protocol import CHAT, COMPLETION
 from services.gateway.text import Tokenizer
@@ -61,7 +61,7 @@ class Served:
         self.url = f"http://127.0.0.1:{port}"
 
     async def _start(self):
-        runner = edge.GatewayRunner(self.gateway.app(), handler_cancellation=True, access_log=None)
+        runner = server.GatewayRunner(self.gateway.app(), server.Guard(self.gateway.limits, self.gateway.metrics))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

@@ -24,8 +24,13 @@ class Recorder:
     authenticated: bool = True
     rejected: int = 0
 
+    closed: list[str] = field(default_factory=list)
+
     def connect(self, endpoint: str) -> None:
         pass
+
+    def disconnect(self, endpoint: str) -> None:
+        self.closed.append(endpoint)
 
     def send(self, endpoint: str, header: bytes, payload) -> bool:
         self.sent.append((endpoint, header, bytes(payload)))

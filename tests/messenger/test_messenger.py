@@ -9,7 +9,7 @@ import pytest
 
 from shared.kv.pool_file import Geometry
 from shared.kv.wire import Hello, Pin, Reserve, Snapshot, Written, control_encoder, frame_decoder, pool_path
-from tests.messenger.nodes import GEOMETRY, HELLO, deliver, h, pool, sent, start, store, write_layer
+from tests.messenger.nodes import GEOMETRY, HELLO, Recorder, deliver, h, pool, sent, start, store, write_layer
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -138,3 +138,18 @@ def test_a_late_note_for_a_slot_that_went_to_another_block_is_dropped_and_counte
     assert pool(a).blocks.slots[slot].checksums == {} and a.security().stale_notes == 1
     write_layer(a, slot, 0, 2)  # block 2's own note counts
     assert list(pool(a).blocks.slots[slot].checksums) == [0] and a.security().stale_notes == 1
+
+
+def test_a_quiet_peer_has_its_socket_closed_and_a_moved_one_its_old_socket(tmp_path):
+    m = start(tmp_path, "n", transport=Recorder("tcp://n"))
+    node, transport = m.node, m.node.transport
+    node.peers = {}
+    assert node.meet("b", "tcp://b:1", now=0.0) and node.meet("c", "tcp://c:1", now=0.0)
+    assert not node.meet("b", "tcp://b:1", now=50.0)  # b beats on; c went quiet
+    assert node.forget_quiet(now=70.0, after_s=60.0) == ["c"]
+    assert node.peers == {"b": "tcp://b:1"} and transport.closed == ["tcp://c:1"]
+    assert node.meet("b", "tcp://b:2", now=71.0)  # b restarted on another port
+    assert transport.closed == ["tcp://c:1", "tcp://b:1"] and m.upkeep_stats().peers_closed == 2
+    assert node.meet("c", "tcp://c:1", now=72.0)  # a heartbeat brings c back
+    m.upkeep(now=72.0)  # upkeep uses the messenger's own forget time (60 s): both stay
+    assert set(node.peers) == {"b", "c"}

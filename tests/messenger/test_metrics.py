@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.messenger.metrics import StatsCollector
-from services.messenger.node import SecurityStats
+from services.messenger.node import SecurityStats, Upkeep
 from shared.messages import MessengerStats
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -36,3 +36,14 @@ def test_a_scrape_shows_what_changed_and_nothing_else():
 
 def test_every_sample_names_its_node():
     assert {dict(labels)["node"] for _, labels in page(MessengerStats(node="n")).keys()} == {"n"}
+
+
+def test_what_was_let_go_to_stay_bounded_is_counted_on_the_page():
+    registry = CollectorRegistry()
+    upkeep = Upkeep(leases_lapsed=3, peers_closed=1, spills_skipped=2)
+    registry.register(StatsCollector(lambda: MessengerStats(node="n"), upkeep=lambda: upkeep))
+    text = generate_latest(registry).decode()
+    samples = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples["yuebing_messenger_leases_lapsed_total"] == 3
+    assert samples["yuebing_messenger_peers_closed_total"] == 1
+    assert samples["yuebing_messenger_spills_skipped_total"] == 2

@@ -4,8 +4,9 @@ restart, damaged files). Real pool and SSD files in a temp folder; no transport.
 from __future__ import annotations
 
 import threading
+import time
 
-from shared.kv.wire import Pin, Release, Reserve, Snapshot
+from shared.kv.wire import NO_ROOM, Bye, Pin, Release, Renew, Reserve, Snapshot
 from tests.messenger.nodes import GEOMETRY, content, h, pool, start, store
 
 
@@ -113,3 +114,73 @@ def test_a_spill_leaves_the_event_loop_and_is_served_while_its_write_is_queued(t
     disk.set()
     pool(m).ssd.flush()
     assert (tmp_path / "ssd" / f"{h(1).hex()}.blk").exists() and not pool(m).ssd.pending
+
+
+# --- leases over the engines' wire -------------------------------------------------
+def test_a_crashed_engines_pins_lapse_and_its_blocks_are_evictable_again(tmp_path):
+    """An engine pins both blocks then dies without a Release: the pool refuses new
+    blocks until the lease lapses, then takes them."""
+    m = start(tmp_path, lease_s=5.0)
+    store(m, 1)
+    store(m, 2)
+    now = time.monotonic()
+    reply = m.control(Pin(owner="r", hashes=[h(1), h(2)], engine="e"))
+    assert reply.lease_s == 5.0 and len(reply.slots) == 2
+    assert m.control(Reserve(owner="w3", hashes=[h(3)])).slots == [NO_ROOM]
+    m.upkeep(now + 4.0)
+    assert m.stats().pinned == 2  # still within its lease
+    m.upkeep(now + 5.5)
+    assert m.stats().pinned == 0 and m.upkeep_stats().leases_lapsed == 1
+    assert m.control(Reserve(owner="w3", hashes=[h(3)])).slots[0] >= 0
+
+
+def test_renew_notes_keep_pins_and_bye_releases_them(tmp_path):
+    m = start(tmp_path, lease_s=5.0)
+    store(m, 1)
+    m.control(Pin(owner="r", hashes=[h(1)], engine="e"))
+    for _ in range(3):
+        m.note(Renew(engine="e", owners=["r"]))  # renewed at about now: lapses after now + 5
+    m.upkeep(time.monotonic() + 4.0)
+    assert m.stats().pinned == 1
+    m.note(Bye(engine="e"))
+    assert m.stats().pinned == 0
+
+
+def test_an_unattached_pool_takes_lease_notes_and_upkeep_quietly(tmp_path):
+    m = start(tmp_path, attach=False)
+    m.note(Renew(engine="e", owners=["r"]))
+    m.note(Bye(engine="e"))
+    m.upkeep(time.monotonic())
+    assert m.stats().pinned == 0
+
+
+# --- the SSD writer's queue is bounded ----------------------------------------------
+def test_spills_beyond_the_writers_queue_are_skipped_and_counted(tmp_path):
+    m = start(tmp_path, ssd_path=str(tmp_path / "ssd"), ssd_bytes=10 * GEOMETRY.slot_bytes,
+              ssd_queue_bytes=GEOMETRY.slot_bytes)  # one spill waits at most
+    ssd = pool(m).ssd
+    disk = threading.Event()
+    real_write = ssd._write_file
+    ssd._write_file = lambda block_hash, data: (disk.wait(5), real_write(block_hash, data))
+    for i in (1, 2, 3, 4):  # evicts 1 (queued, the writer stuck on it), then 2 (skipped)
+        store(m, i)
+    assert ssd.hashes() == [h(1)] and ssd.skipped == 1 and m.upkeep_stats().spills_skipped == 1
+    assert ("stored", "ssd", [h(2).hex()]) not in kinds(m)
+    assert m.stats().spills == 1
+    disk.set()
+    ssd.flush()
+    assert ssd.queued_bytes == 0
+    store(m, 5)  # the queue has room again: 3 goes to SSD
+    assert h(3) in ssd
+
+
+def test_blocks_read_back_for_a_pin_that_never_comes_are_not_pinned_for_ever(tmp_path):
+    m = start(tmp_path, ssd_path=str(tmp_path / "ssd"), ssd_bytes=10 * GEOMETRY.slot_bytes, lease_s=5.0)
+    for i in (1, 2, 3):
+        store(m, i)  # block 1 on SSD only
+    pool(m).ssd.flush()
+    (read,) = m.ssd_reads("r", [h(1)])  # then the request is cancelled: no Pin, no Release
+    read.finish(read.load())
+    assert m.stats().pinned == 1
+    m.upkeep(time.monotonic() + 6.0)
+    assert m.stats().pinned == 0

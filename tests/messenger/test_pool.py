@@ -81,3 +81,55 @@ def test_receiving_a_block_already_complete_is_ignored():
     pool = BlockPool(slots=2, layers=1)
     fill(pool, 1)
     assert pool.begin_receive(h(1), now=0.0) is None
+
+
+# --- leases: a pin lasts only while its engine renews it --------------------------
+def leased(lease_s: float = 10.0) -> BlockPool:
+    """A pool whose block 1 is pinned by request "r" of engine "e", leased at t=0."""
+    pool = BlockPool(slots=2, layers=1, lease_s=lease_s)
+    fill(pool, 1)
+    pool.unpin("w")
+    pool.pin_one("r", h(1))
+    pool.lease("r", "e", now=0.0)
+    return pool
+
+
+def test_a_pin_whose_lease_is_not_renewed_is_released_when_it_lapses():
+    pool = leased(lease_s=10.0)
+    assert pool.expire(now=9.9) == [] and pool.counts()["pinned"] == 1
+    assert pool.expire(now=10.0) == ["r"]
+    assert pool.counts()["pinned"] == 0 and "r" not in pool.owned
+    assert pool.expire(now=100.0) == []  # forgotten: lapses once
+    fill(pool, 2)
+    fill(pool, 3)  # block 1's slot may be reused now
+    assert pool.get(h(1)) is None
+
+
+def test_renewals_keep_a_pin_and_only_its_own_engine_renews_it():
+    pool = leased(lease_s=10.0)
+    for now in (8.0, 16.0, 24.0):
+        pool.renew("e", ["r", "never-pinned"], now)
+        assert pool.expire(now + 9.0) == []
+    pool.renew("other-engine", ["r"], 30.0)  # not its engine: no effect
+    assert pool.expire(now=34.0) == ["r"]
+    assert len(pool.leases) == 0  # a renewal never created a lease for "never-pinned"
+
+
+def test_an_engine_that_is_gone_loses_every_pin_at_once():
+    pool = leased()
+    pool.pin_one("r2", h(1))
+    pool.lease("r2", "e", now=0.0)
+    pool.pin_one("mine", h(1))
+    pool.lease("mine", "f", now=0.0)
+    assert sorted(pool.engine_gone("e")) == ["r", "r2"]
+    assert pool.slots[pool.get(h(1)).index].owners == {"mine"}
+    assert pool.engine_gone("e") == []
+
+
+def test_a_released_pin_drops_its_lease_and_an_owner_without_pins_gets_none():
+    pool = leased()
+    pool.unpin("r")
+    assert len(pool.leases) == 0
+    pool.lease("nobody", "e", now=0.0)  # holds no pin: nothing to lease
+    assert len(pool.leases) == 0
+    assert pool.expire(now=1e9) == []

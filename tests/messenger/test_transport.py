@@ -134,3 +134,16 @@ async def test_an_insecure_messenger_takes_plaintext_blocks_and_says_so(tmp_path
         await eventually("block 4 arrives", lambda: holds(b, 4))
         close()
         assert page(b.stats(), b.security())[("yuebing_messenger_kv_authenticated", (("node", "b"),))] == 0
+
+
+def test_a_peer_disconnected_has_its_socket_closed_and_a_send_opens_it_again():
+    t = ZmqTransport(keys=KEYS)
+    try:
+        t.connect("tcp://127.0.0.1:9")
+        t.disconnect("tcp://127.0.0.1:9")
+        t.disconnect("tcp://127.0.0.1:9")  # twice: nothing left to close
+        assert t._peers == {}
+        t.send("tcp://127.0.0.1:9", b"h", b"p")  # queued on a fresh socket
+        assert list(t._peers) == ["tcp://127.0.0.1:9"]
+    finally:
+        t.close()

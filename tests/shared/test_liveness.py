@@ -29,3 +29,24 @@ def test_alive_filters_by_role_in_stable_order():
         r.observe(hb(iid, role), now=0.0)
     assert [h.instance_id for h in r.alive("prefill", now=1.0)] == ["p1", "p2"]
     assert [h.instance_id for h in r.alive("decode", now=5.0)] == []
+
+
+def test_an_instance_silent_for_long_is_removed_by_observe_alone():
+    """The gateway never calls expire: its registry must still forget the long dead."""
+    r = Registry(timeout_s=2.0, forget_s=100.0)
+    r.observe(hb("p1"), now=0.0)
+    r.observe(hb("p2"), now=0.0)
+    for t in range(10, 101, 10):  # p2 beats on, p1 went silent at 0
+        r.observe(hb("p2"), now=float(t))
+    assert "p1" in r.latest  # dead, not yet forgotten
+    r.observe(hb("p2"), now=125.0)
+    assert set(r.latest) == {"p2"} and set(r.seen_at) == {"p2"}
+    assert r.observe(hb("p1"), now=126.0) is True  # beating again: new
+
+
+def test_forgetting_never_comes_before_the_timeout():
+    r = Registry(timeout_s=5.0, forget_s=1.0)
+    assert r.forget_s == 5.0
+    r.observe(hb("p1"), now=0.0)
+    r.observe(hb("p2"), now=4.0)
+    assert r.is_alive("p1", now=4.0)

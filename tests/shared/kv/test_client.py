@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from shared.kv.client import PoolFollower
+from shared.kv.client import HelloWatch, PoolFollower
 from shared.kv.wire import FAILED_MEMORY_S, BlockEvent, Reply, Snapshot
 
 
@@ -52,3 +52,24 @@ def test_the_messenger_is_dead_when_its_ticks_stop(tmp_path):
     assert f.alive
     f.last_tick -= f.dead_after_s
     assert not f.alive
+
+
+def test_the_hello_watch_says_hello_to_a_messenger_holding_no_pool_at_most_once_a_retry(tmp_path):
+    hellos: list[float] = []
+    w = HelloWatch(str(tmp_path), "n", lambda: hellos.append(1), retry_s=1.0)
+    w.close()  # its thread reads nothing here: the test hands it the events
+    assert not w.saw(BlockEvent(kind="tick", pool_id="p1"), now=0.0)  # a carved pool: nothing to do
+    assert w.saw(BlockEvent(kind="tick", pool_id=""), now=0.0)  # restarted, unattached
+    assert not w.saw(BlockEvent(kind="tick", pool_id=""), now=0.5)  # asked already
+    assert not w.saw(BlockEvent(kind="ready", pool_id=""), now=2.0)  # only ticks say so
+    assert w.saw(BlockEvent(kind="tick", pool_id=""), now=2.0)
+    assert len(hellos) == 2
+
+
+def test_a_failing_hello_does_not_stop_the_watch(tmp_path):
+    def refuse() -> None:
+        raise RuntimeError("no")
+
+    w = HelloWatch(str(tmp_path), "n", refuse)
+    w.close()
+    assert w.saw(BlockEvent(kind="tick", pool_id=""), now=0.0)

@@ -10,7 +10,7 @@ from shared.block_hash import block_hashes
 from shared.kv.options import Options
 from shared.kv.plan import Load, Save
 from shared.kv.scheduler import ConnectorScheduler
-from shared.kv.wire import NO_ROOM, Pin, Release, Reply, Reserve
+from shared.kv.wire import NO_ROOM, Bye, Pin, Release, Renew, Reply, Reserve
 
 OPTS = Options(kv_dir="/nowhere", node="n", block_size=4, salt=b"s", model="m")
 PROMPT = list(range(13))  # three full blocks and a token
@@ -23,12 +23,14 @@ class Messenger:
     reserved: list[int] = field(default_factory=list)  # slots a reservation answers with
     calls: list[object] = field(default_factory=list)
     notes: list[object] = field(default_factory=list)
+    lease_s: float = 0.0  # what its replies say pins last (0: not said)
 
     def call(self, message: object) -> Reply:
         self.calls.append(message)
         if isinstance(message, Pin):
-            return Reply(pool_id="p", slots=list(range(20, 20 + min(self.pinned, len(message.hashes)))))
-        return Reply(pool_id="p", slots=self.reserved)
+            return Reply(pool_id="p", slots=list(range(20, 20 + min(self.pinned, len(message.hashes)))),
+                         lease_s=self.lease_s)
+        return Reply(pool_id="p", slots=self.reserved, lease_s=self.lease_s)
 
     def note(self, message: object) -> bool:
         self.notes.append(message)
@@ -49,6 +51,7 @@ class Pool:
 
 def scheduler(messenger: Messenger) -> ConnectorScheduler:
     s = ConnectorScheduler(OPTS, client=messenger, follower=Pool())  # type: ignore[arg-type]
+    s.engine = "e"
     s.kv_cache_manager = SimpleNamespace(get_block_ids=lambda _rid: ([100, 101, 102, 103],))
     return s
 
@@ -75,7 +78,7 @@ def test_matching_asks_nobody_and_the_allocated_claim_is_pinned():
         assert s.get_num_new_matched_tokens(request(), 0) == (12, False)
     assert messenger.calls == []
     s.update_state_after_alloc(request(), allocated([7, 8, 9, 10]), num_external_tokens=12)
-    assert messenger.calls == [Pin(owner="r", hashes=HASHES)]
+    assert messenger.calls == [Pin(owner="r", hashes=HASHES, engine="e")]
     meta = s.build_connector_meta(step(12, 1))
     assert (meta.pool_id, meta.loads, meta.failed) == ("p", [Load("r", [7, 8, 9], [20, 21, 22])], [])
 
@@ -97,7 +100,36 @@ def test_prefill_saves_what_each_step_completes_and_reports_the_run_sent():
     s.update_state_after_alloc(request(), allocated([100, 101, 102, 103]), num_external_tokens=0)
     assert messenger.calls == []  # nothing claimed, nothing pinned
     meta = s.build_connector_meta(step(0, 8))
-    assert messenger.calls == [Reserve(owner="r", hashes=HASHES[:2], dest="d")]
+    assert messenger.calls == [Reserve(owner="r", hashes=HASHES[:2], dest="d", engine="e")]
     assert meta.saves == [Save(100, 5, HASHES[0])]
     assert s.request_finished(request(), []) == (False, {"kv_blocks": 1})
-    assert messenger.notes == [Release(owner="r")]
+    assert messenger.notes == [Renew(engine="e", owners=["r"]), Release(owner="r")]
+
+
+def test_running_requests_renew_their_pins_each_step_at_most_every_quarter_lease(monkeypatch):
+    messenger = Messenger(lease_s=2.0)  # renewals every 0.5 s at most
+    s = scheduler(messenger)
+    clock = [100.0]
+    monkeypatch.setattr("shared.kv.scheduler.time.monotonic", lambda: clock[0])
+    s.build_connector_meta(step(0, 1))
+    assert messenger.notes == []  # nothing tracked: nothing to renew
+    s.on_new_request(request(kv_blocks=3))
+    s.get_num_new_matched_tokens(request(), 0)
+    s.update_state_after_alloc(request(), allocated([7, 8, 9, 10]), num_external_tokens=12)
+    assert s.renew_s == 0.5  # learnt from the pin's reply
+    for _ in range(4):  # steps at 100.0, .2, .4, .6: renewals at the first and the last
+        s.build_connector_meta(step(12, 1))
+        clock[0] += 0.2
+    assert messenger.notes == [Renew(engine="e", owners=["r"])] * 2  # at 100.0 and at 100.6
+    s.request_finished(request(), [])
+    clock[0] += 1.0
+    s.build_connector_meta(step(12, 1))  # gone from the books: no longer renewed
+    assert messenger.notes[-1] == Release(owner="r")
+
+
+def test_an_engine_that_stops_says_bye_so_its_pins_go_at_once():
+    messenger = Messenger()
+    s = scheduler(messenger)
+    s.client.close = lambda: None  # the stub has no sockets
+    s.shutdown()
+    assert messenger.notes == [Bye(engine="e")]

@@ -1,0 +1,168 @@
+"""Retry and migration on a live cluster with two prefill and two decode instances
+(services/gateway/retry.py): a decode service SIGKILLed in the middle of a long
+greedy stream hands the request to the other decode, and the client's stream goes
+on with no token missing or repeated, equal to the reference engine's greedy
+output; a prefill service stopped (SIGSTOP) before its first token has its
+requests placed on the other prefill."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import random
+import re
+import signal
+import time
+
+import httpx
+import nats.errors
+import psutil
+import pytest
+
+from shared.messages import HEARTBEAT, Heartbeat, decode
+from tests.e2e.ops import admin, eventually
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "yuebing-tiny"
+PROMPT_TOKENS = 400  # three full 128-token blocks: the continuation loads them from the node pool
+MAX_TOKENS = 500  # the prompt and all of it fit in the test clusters' 1024-token context
+KILL_AFTER = 40  # tokens the client has when its decode service is killed
+
+
+@pytest.fixture(scope="module")
+def two_of_each(launcher, tmp_path_factory):
+    started = launcher(tmp_path_factory.mktemp("migration"), "--prefill", "2", "--decode", "2")
+    yield started.wait()
+    started.stop()
+
+
+def heartbeats(cluster, seconds: float = 1.2) -> dict[str, Heartbeat]:
+    """Every instance's latest heartbeat, heard for `seconds`."""
+    async def listen() -> dict[str, Heartbeat]:
+        nc = await admin(cluster)
+        sub = await nc.subscribe(HEARTBEAT)
+        seen: dict[str, Heartbeat] = {}
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            try:
+                hb = decode((await sub.next_msg(timeout=left)).data, Heartbeat)
+            except nats.errors.TimeoutError:
+                break
+            seen[hb.instance_id] = hb
+        await nc.close()
+        return seen
+
+    return asyncio.run(listen())
+
+
+def retries(cluster, stage: str) -> float:
+    page = httpx.get(f"{cluster.url}/metrics", timeout=10).text
+    found = re.search(rf'^yuebing_gateway_retries_total\{{stage="{stage}"\}} (\S+)$', page, re.MULTILINE)
+    assert found, f"no retry counter for {stage} on the gateway's /metrics"
+    return float(found.group(1))
+
+
+def sse(lines) -> object:
+    """The data payloads of an SSE stream, up to [DONE]."""
+    for line in lines:
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            return
+        yield json.loads(line[len("data: "):])
+
+
+def log_events(cluster, name: str, event: str) -> list[dict]:
+    events = []
+    for line in cluster.log(name).splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == event:
+            events.append(record)
+    return events
+
+
+def greedy_to_the_end(reference, prompt: list[int], max_tokens: int) -> list[int]:
+    """The reference engine's greedy output past any EOS, as a stream with ignore_eos
+    asks (Reference.greedy stops at EOS: the tiny model's comes early)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    [out] = reference.llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    return list(out.outputs[0].token_ids)
+
+
+def complete(cluster, prompt: list[int]) -> list[int]:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+    r = httpx.post(f"{cluster.api}/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["token_ids"]
+
+
+@pytest.mark.destructive
+def test_a_prefill_stopped_before_its_first_token_has_its_requests_placed_on_the_other(two_of_each, reference):
+    cluster = two_of_each
+    rnd = random.Random(61)
+    prompts = [[rnd.randrange(32, 127) for _ in range(200)] for _ in range(4)]
+    eventually(lambda: heartbeats(cluster), lambda seen: {"prefill-0", "prefill-1"} <= set(seen), "both prefills beating")
+    before = retries(cluster, "prefill")
+    stopped = psutil.Process(cluster.pids["prefill-0"])
+    # Requests sent at once, while the cluster still counts prefill-0 alive: round
+    # robin gives it half of them, and it never answers them.
+    stopped.suspend()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            start = time.monotonic()
+            results = list(pool.map(lambda p: complete(cluster, p), prompts))
+        took = time.monotonic() - start
+    finally:
+        stopped.resume()
+    assert results == reference.greedy(prompts, 8)
+    assert retries(cluster, "prefill") >= before + 1
+    assert took < 20  # a few heartbeats to notice, far from the 60 s deadline or the prefill timeout
+    assert any(e.get("failed_instance") == "prefill-0" for e in log_events(cluster, "gateway", "retrying"))
+
+
+@pytest.mark.destructive
+def test_a_decode_killed_mid_stream_hands_the_stream_to_another_that_finishes_it_exactly(two_of_each, reference):
+    cluster = two_of_each
+    prompt = [random.Random(16).randrange(32, 127) for _ in range(PROMPT_TOKENS)]
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+    before = retries(cluster, "migration")
+    tokens: list[int] = []
+    with httpx.stream("POST", f"{cluster.api}/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        request_id = r.headers["x-yuebing-request-id"]
+        events = sse(r.iter_lines())
+        while len(tokens) < KILL_AFTER:
+            tokens += next(events)["choices"][0]["token_ids"]
+        serving = [iid for iid, hb in heartbeats(cluster).items() if hb.role == "decode" and hb.num_running]
+        assert len(serving) == 1, f"one decode instance serves the only request: {serving}"
+        os.kill(cluster.pids[serving[0]], signal.SIGKILL)
+        killed_at = len(tokens)
+        usage = None
+        for event in events:
+            if event["choices"]:
+                tokens += event["choices"][0]["token_ids"]
+            else:
+                usage = event
+    assert killed_at < MAX_TOKENS - 100, "the stream was nearly over when its decode died: make it longer"
+    # No token missing or repeated: the whole output is the plain engine's greedy one.
+    assert tokens == greedy_to_the_end(reference, prompt, MAX_TOKENS)
+    (other,) = {"decode-0", "decode-1"} - set(serving)
+    where = usage["yuebing"]
+    assert (where["decode_instance"], where["migrations"], where["attempts"]) == (other, 1, 2)
+    assert retries(cluster, "migration") == before + 1
+    # Each attempt logged with the request's id; the continuation's decode loaded the
+    # prompt's blocks from the node pool (one node here) and computed only the rest.
+    assert [e["stage"] for e in log_events(cluster, "gateway", "retrying") if e.get("request_id") == request_id] == [
+        "migration"]
+    continued = eventually(lambda: [e for e in log_events(cluster, other, "decode kv")
+                                    if e.get("request_id") == f"{request_id}-a2"], bool, "the continuation's decode")
+    assert continued[0]["loaded_tokens"] == PROMPT_TOKENS // 128 * 128
