@@ -186,6 +186,9 @@ class PrefillResult(Message):
     # (a block it had no room for never reaches decode); -1: not known.
     kv_blocks: int = -1
     error: str = ""
+    # The engine refused the request itself (vLLM's client errors): the client's 400,
+    # and no use asking another instance.
+    invalid: bool = False
 
 
 class DecodeRequest(Message):

@@ -106,6 +106,13 @@ class UpstreamError(Exception):
         self.status = status
 
 
+class InvalidRequest(UpstreamError):
+    """The engine refused the request itself: a 400, never retried elsewhere."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message)
+
+
 def kv_expected(planned: int, sent: int) -> int:
     """The blocks decode waits for: the planned ones, but no more than prefill says are
     on their way (`sent` < 0: it did not say). A block prefill's pool had no room for
@@ -184,6 +191,8 @@ class Pipeline:
             report.placement = attempt.placement
             try:
                 return await self._prefill(job, attempt)
+            except InvalidRequest:
+                raise
             except UpstreamError as e:
                 attempt = await self._again(job, tries, e, "prefill", attempt.placement.prefill_id, None)
 
@@ -337,6 +346,8 @@ class Pipeline:
         asked = bus.request(self.nc, prefill_subject(placement.prefill_id), ask, PrefillResult,
                             timeout=self._prefill_timeout(attempt, job.deadline))
         result = await self._watch(placement.prefill_id, asked, job.deadline)
+        if result.invalid:
+            raise InvalidRequest(result.error)
         if not result.ok:
             raise UpstreamError(502, f"prefill on {placement.prefill_id} failed: {result.error}")
         return result

@@ -30,6 +30,14 @@ log = structlog.get_logger(__name__)
 PULL_ASK_TIMEOUT_S = 1.0  # a holder that does not answer this fast is not worth waiting for
 
 
+def is_client_error(e: Exception) -> bool:
+    """vLLM's own verdict that the request is at fault (e.g. a schema its grammar
+    backend cannot take), as its OpenAI server would answer with a 400."""
+    from vllm.exceptions import VLLMClientError
+
+    return isinstance(e, VLLMClientError)
+
+
 class Prefiller(Handler):
     ROLE = "prefill"
     REQUEST = PrefillRequest
@@ -53,8 +61,9 @@ class Prefiller(Handler):
             log.info("prefill cancelled")
             raise
         except Exception as e:
-            log.exception("prefill failed")
-            result = PrefillResult(request_id=req.request_id, ok=False, error=f"prefill failed: {e}")
+            invalid = is_client_error(e)
+            log.warning("prefill refused the request", error=str(e)) if invalid else log.exception("prefill failed")
+            result = PrefillResult(request_id=req.request_id, ok=False, error=f"prefill failed: {e}", invalid=invalid)
         log.info("prefill done", ok=result.ok, cached=result.num_cached_tokens, kv_blocks=result.kv_blocks,
                  error=result.error or None)
         await msg.respond(encode(result))

@@ -223,3 +223,24 @@ async def test_a_live_decode_that_goes_quiet_fails_the_request_long_before_its_d
         await run(pipeline, "r6")  # a 10 s deadline
     assert quiet.value.status == 504 and "no token from d0" in str(quiet.value)
     assert time.monotonic() - started < 2.0
+
+
+async def test_a_request_the_engine_refuses_as_invalid_is_a_400_and_not_retried(connected):
+    nc, pipeline = connected
+    cluster = Cluster(nc)
+    await cluster.start()
+    asked: list[str] = []
+
+    async def refuses(ask: PrefillRequest, msg) -> None:
+        asked.append(ask.request_id)
+        await msg.respond(encode(PrefillResult(request_id=ask.request_id, ok=False, invalid=True,
+                                               error="prefill failed: grammar backend cannot take the schema")))
+
+    await bus.subscribe(nc, prefill_subject("p1"), PrefillRequest, refuses)
+    cluster.placement = Placement(prefill_id="p1", decode_id="d0", decode_node="node-1", kv_blocks=2)
+    pipeline.registry.observe(Heartbeat(instance_id="p1", role="prefill", node="node-1", pid=2, seq=1, sent_at=0.0),
+                              time.monotonic())
+    with pytest.raises(UpstreamError) as failed:
+        await run(pipeline, "r9")
+    assert failed.value.status == 400 and "schema" in str(failed.value)
+    assert asked == ["r9"]  # nobody else was asked
