@@ -41,12 +41,14 @@ LINGERING_S = 2.0
 
 @dataclass(frozen=True)
 class HttpLimits:
-    max_connections: int = 1000
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 20.0
-    keepalive_timeout_s: float = 15.0
-    write_timeout_s: float = 10.0
-    max_body_bytes: int = 16 << 20
+    """The config's gateway_* HTTP settings (declared, with their defaults, there)."""
+
+    max_connections: int
+    header_timeout_s: float
+    body_timeout_s: float
+    keepalive_timeout_s: float
+    write_timeout_s: float
+    max_body_bytes: int
 
     @classmethod
     def from_config(cls, c: ClusterConfig) -> HttpLimits:

@@ -22,8 +22,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """--model and --work-dir, for a benchmark that starts its own cluster."""
+    parser.add_argument("--model", default="", help="model folder (default: yuebing's)")
+    parser.add_argument("--work-dir", help="where the cluster's logs go (default: a temp folder)")
+
+
+def cluster_paths(args: argparse.Namespace, name: str) -> tuple[Path, Path]:
+    """(the model folder, the work folder, made) from `add_cluster_flags`' flags."""
+    from yuebing.model import default_model_dir
+
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix=f"yuebing-{name}-"))
+    work.mkdir(parents=True, exist_ok=True)
+    return Path(args.model or default_model_dir()), work
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 from dataclasses import asdict
-from pathlib import Path
 
-from yuebing.commands import add_json_flag, write_json
+from yuebing.commands import add_cluster_flags, add_json_flag, cluster_paths, write_json
 
 GROUP = "bench"
 
@@ -25,8 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--stall", type=float, default=ChaosSpec.stall_s, help="seconds a stopped process stays stopped")
     p.add_argument("--prefill", type=int, default=2, help="prefill instances")
     p.add_argument("--decode", type=int, default=2, help="decode instances")
-    p.add_argument("--model", default="", help="model folder (default: yuebing's)")
-    p.add_argument("--work-dir", help="where the cluster's logs go (default: a temp folder)")
+    add_cluster_flags(p)
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -34,11 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from yuebing.bench.chaos import DEADLINE_S, HEADER, ChaosSpec, chaos, scenarios
     from yuebing.launcher import up_launcher
-    from yuebing.model import default_model_dir
 
-    model = Path(args.model or default_model_dir())
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="yuebing-chaos-"))
-    work.mkdir(parents=True, exist_ok=True)
+    model, work = cluster_paths(args, "chaos")
     spec = ChaosSpec(args.concurrency, args.stall)
     flags = ("--model", str(model), "--nodes", "2", "--prefill", str(args.prefill), "--decode", str(args.decode),
              "--request-timeout", str(DEADLINE_S))

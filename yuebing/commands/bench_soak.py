@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
-from pathlib import Path
 
-from yuebing.commands import add_json_flag, write_json
+from yuebing.commands import add_cluster_flags, add_json_flag, cluster_paths, write_json
 
 GROUP = "bench"
 
@@ -22,8 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--minutes", type=float, default=SoakSpec.minutes, help="how long the overload lasts")
     p.add_argument("--capacity-seconds", type=float, default=SoakSpec.capacity_s, help="each capacity run's length")
     p.add_argument("--concurrency", type=int, default=SoakSpec.concurrency, help="clients saturating the cluster")
-    p.add_argument("--model", default="", help="model folder (default: yuebing's)")
-    p.add_argument("--work-dir", help="where the cluster's logs go (default: a temp folder)")
+    add_cluster_flags(p)
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -32,11 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from shared.config import load_config
     from yuebing.bench.soak import Driver, Slo, SoakSpec, deaths, soak
     from yuebing.launcher import up_launcher
-    from yuebing.model import default_model_dir
 
-    model = Path(args.model or default_model_dir())
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="yuebing-soak-"))
-    work.mkdir(parents=True, exist_ok=True)
+    model, work = cluster_paths(args, "soak")
     spec = SoakSpec(args.overload, args.minutes, args.capacity_seconds, args.concurrency)
     with up_launcher(work, "soak", "--model", str(model), "--max-model-len", "2048") as (url, launcher):
         config = load_config(work / "soak" / "cluster.json")
