@@ -205,6 +205,10 @@ async def subscribe(
     return await nc.subscribe(subject, queue=queue, cb=on_msg)
 
 
+class NoResponders(TimeoutError):
+    """Nobody subscribes the subject right now (a service restarting, say)."""
+
+
 async def request(nc: Client | Link, subject: str, message: Message, reply: type[M], timeout: float) -> M:
     """Request/reply with a schema-checked answer. Raises TimeoutError or MessageError."""
     if timeout <= 0:
@@ -212,7 +216,7 @@ async def request(nc: Client | Link, subject: str, message: Message, reply: type
     try:
         msg = await nc.request(subject, encode(message), timeout=timeout)
     except nats.errors.NoRespondersError as e:
-        raise TimeoutError(f"nobody serves {subject}") from e
+        raise NoResponders(f"nobody serves {subject}") from e
     except nats.errors.TimeoutError as e:
         raise TimeoutError(f"{subject} did not answer within {timeout:.1f}s") from e
     return decode(msg.data, reply)

@@ -63,6 +63,7 @@ from shared.messages import (
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+NO_CONDUCTOR_POLL_S = 0.1  # while no Conductor answers at all, how often to ask again
 # A prefill is taken for stalled after max(prefill_timeout_s, this x its predicted TTFT).
 PREDICTED_TTFT_SLACK = 4.0
 
@@ -316,9 +317,8 @@ class Pipeline:
             avoid=list(avoid),
             stage="full" if order is None else "decode",
         )
-        timeout = min(self.config.schedule_timeout_s, bus.remaining(job.deadline))
         try:
-            reply = await bus.request(self.nc, SCHEDULE, ask, ScheduleReply, timeout)
+            reply = await self._ask_conductor(ask, min(self.config.schedule_timeout_s, bus.remaining(job.deadline)))
         except (TimeoutError, MessageError) as e:
             raise UpstreamError(503, f"conductor unavailable: {e}") from e
         if not reply.accepted or reply.placement is None:
@@ -326,6 +326,18 @@ class Pipeline:
         log.info("scheduled", attempt=attempt_id, prefill=reply.placement.prefill_id or None,
                  decode=reply.placement.decode_id)
         return reply
+
+    async def _ask_conductor(self, ask: ScheduleRequest, timeout: float) -> ScheduleReply:
+        """The Conductor's answer within `timeout`; while no Conductor is subscribed (one
+        restarting after a crash takes a second or two), ask again until then."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                return await bus.request(self.nc, SCHEDULE, ask, ScheduleReply, end - time.monotonic())
+            except bus.NoResponders:
+                if end - time.monotonic() < NO_CONDUCTOR_POLL_S:
+                    raise
+                await asyncio.sleep(NO_CONDUCTOR_POLL_S)
 
     def _prefill_timeout(self, attempt: Attempt, deadline: float) -> float:
         """How long to wait for a prefill's first token before placing it elsewhere: a

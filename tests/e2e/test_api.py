@@ -157,12 +157,14 @@ def test_clients_ids_are_labels_duplicates_never_cross_and_a_hostile_one_is_refu
     # request a 400, and the API stays up.
     prompts = [PROMPTS[1], PROMPTS[2]]
     hostile = {"model": "yuebing-tiny", "prompt": "x", "max_tokens": 2}
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    hostile_ids = ["*" + "x" * 7999, "a b", "*", ">", "yb.v1.>", "tab\there"]
+    with concurrent.futures.ThreadPoolExecutor(2 + len(hostile_ids)) as pool:
         streams = [pool.submit(_streamed_text, cluster, p, "same-id") for p in prompts]
-        refused = pool.submit(httpx.post, f"{cluster.api}/completions", json=hostile,
-                              headers={"x-request-id": "*" + "x" * 7999}, timeout=60)
+        refused = [pool.submit(httpx.post, f"{cluster.api}/completions", json=hostile, headers={"x-request-id": h},
+                               timeout=60) for h in hostile_ids]
         (text_a, id_a), (text_b, id_b) = (s.result() for s in streams)
-    assert refused.result().status_code == 400 and refused.result().json()["error"]["param"] == "x-request-id"
+    for r in (f.result() for f in refused):
+        assert r.status_code == 400 and r.json()["error"]["param"] == "x-request-id"
     assert id_a != id_b
     for prompt, text in zip(prompts, (text_a, text_b)):
         alone = client.completions.create(model="yuebing-tiny", prompt=prompt, max_tokens=16, temperature=0)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import psutil
 
 from yuebing import client
@@ -142,7 +143,6 @@ class Load:
         """Send short requests of its own, one at a time, until one sent after the fault
         cleared succeeds: the load's clients may all be held by requests the fault
         broke, and sending nothing new they would not see the cluster come back."""
-        self.cleared_at = None
         deadline = since + window_s
         async with client.session(timeout_s=10.0, connections=1) as s:
             while time.monotonic() < deadline:
@@ -210,13 +210,35 @@ async def inject(launcher_pid: int, fault: Fault, stall_s: float) -> float:
     return time.monotonic()
 
 
-async def run_scenario(load: Load, launcher_pid: int, fault: Fault, stall_s: float, window_s: float) -> Outcome:
-    """Steady state first (a request sent now succeeds), then the fault, then watch."""
+async def instances(url: str) -> set[str]:
+    """The instances the gateway sees alive (its /health)."""
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            body = await r.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return set()
+    return {i for ids in (body.get("instances") or {}).values() for i in ids}
+
+
+async def settle(load: Load, everyone: set[str], window_s: float) -> bool:
+    """Every instance back (the last scenario's restarts done) and a request served."""
+    deadline = time.monotonic() + window_s
+    while not everyone <= await instances(load.url):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.5)
     settled = time.monotonic()
-    if not await wait_until(lambda: load.succeeded_since(settled), window_s):
-        raise RuntimeError(f"the cluster was not serving before {fault.name}")
+    return await wait_until(lambda: load.succeeded_since(settled), max(1.0, deadline - settled))
+
+
+async def run_scenario(load: Load, launcher_pid: int, fault: Fault, stall_s: float, window_s: float,
+                       everyone: set[str]) -> Outcome:
+    """Steady state first (everyone alive, a request sent now succeeds), then the fault, then watch."""
+    if not await settle(load, everyone, window_s):
+        raise RuntimeError(f"the cluster was not whole and serving before {fault.name}")
     await asyncio.sleep(1.0)  # a second of steady load in flight
     fault_at = time.monotonic()
+    load.cleared_at = None
     probing = asyncio.create_task(load.probe_until_served(fault_at, window_s), name="chaos probe")
     cleared_at = await inject(launcher_pid, fault, stall_s)
     load.cleared_at = cleared_at
@@ -233,10 +255,11 @@ async def chaos(url: str, model: str, launcher_pid: int, faults: list[Fault], sp
     """Every fault in turn, under one steady load."""
     load = Load(url, model, spec.concurrency)
     runner = asyncio.create_task(load.run(), name="chaos load")
+    everyone = await instances(url)
     outcomes = []
     try:
         for fault in faults:
-            result = await run_scenario(load, launcher_pid, fault, spec.stall_s, spec.window_s)
+            result = await run_scenario(load, launcher_pid, fault, spec.stall_s, spec.window_s, everyone)
             say(row(result))
             outcomes.append(result)
     finally:
