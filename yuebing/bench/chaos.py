@@ -220,12 +220,19 @@ async def instances(url: str) -> set[str]:
     return {i for ids in (body.get("instances") or {}).values() for i in ids}
 
 
+SETTLED_S = 3.0  # longer than the liveness timeout: an instance about to drop out has
+
+
 async def settle(load: Load, everyone: set[str], window_s: float) -> bool:
-    """Every instance back (the last scenario's restarts done) and a request served."""
+    """Every instance back and seen alive for SETTLED_S without a break (the last
+    scenario's restarts done, engines up), and a request served."""
     deadline = time.monotonic() + window_s
-    while not everyone <= await instances(load.url):
+    whole_since: float | None = None
+    while whole_since is None or time.monotonic() - whole_since < SETTLED_S:
         if time.monotonic() > deadline:
             return False
+        whole = everyone <= await instances(load.url)
+        whole_since = (whole_since or time.monotonic()) if whole else None
         await asyncio.sleep(0.5)
     settled = time.monotonic()
     return await wait_until(lambda: load.succeeded_since(settled), max(1.0, deadline - settled))
