@@ -25,8 +25,8 @@ def test_a_request_far_past_its_deadline_is_hung():
     assert outcome(FAULT, done, fault_at=10.0, cleared_at=10.0, until=20.0).hung == 1
 
 
-def test_no_success_after_the_last_error_is_no_recovery_and_no_error_is_none_needed():
-    done = [Done(9.0, 12.0, "ok"), Done(11.0, 13.0, "504")]
+def test_no_success_sent_after_the_fault_cleared_is_no_recovery_and_no_error_needs_none():
+    done = [Done(9.0, 16.0, "ok"), Done(11.0, 13.0, "504")]  # the success was sent during the stall
     assert outcome(Fault("nats", "stop"), done, fault_at=10.0, cleared_at=15.0, until=20.0).recovery_s is None
     assert outcome(Fault("nats", "stop"), done[:1], fault_at=10.0, cleared_at=15.0, until=20.0).recovery_s == 0.0
 

@@ -34,15 +34,16 @@ ACTIONS = ("kill", "stop")
 # What clients may see while each process is down or stalled (README, "Reliability"):
 # error kinds as `kind_of` names them. Anything else is a bug.
 EXPECTED_ERRORS: dict[str, set[str]] = {
-    "gateway": {"connection", "stream", "503"},  # the front door itself: clients retry elsewhere
-    "conductor": {"503"},
-    "nats": {"503", "stream"},
+    "gateway": {"connection", "stream"},  # the front door itself: clients retry, or another gateway serves
+    "conductor": {"503"},  # a stalled one: its schedule timeout; a restart: a request or two at most
+    "nats": {"503", "504", "stream"},  # streams in flight lose chunks (504: the token idle timeout)
+    # Everything else is retried, or continued on another instance, within the deadline.
     "messenger-0": set(),
     "messenger-1": set(),
-    "prefill-0": {"502", "503"},
-    "decode-0": {"502", "503", "stream"},
-    "engine:prefill-0": {"502", "503"},
-    "engine:decode-0": {"502", "503", "stream"},
+    "prefill-0": set(),
+    "decode-0": set(),
+    "engine:prefill-0": set(),
+    "engine:decode-0": set(),
 }
 DEADLINE_S = 30.0  # the cluster's request timeout in this bench (`--request-timeout`)
 HUNG_GRACE_S = 5.0  # beyond its deadline, a request that has not ended is hung
@@ -89,9 +90,9 @@ def kind_of(result: client.Streamed) -> str:
 
 
 def outcome(fault: Fault, done: list[Done], fault_at: float, cleared_at: float, until: float) -> Outcome:
-    """The requests that overlapped [fault_at, until]. Recovery: from the fault to the
-    first success after the last error (0 when nothing failed), counting only requests
-    sent after the fault cleared if nothing succeeded since the last error."""
+    """The requests that overlapped [fault_at, until]. Recovery: 0 when nothing failed,
+    else from the fault to the first success of a request sent once it had cleared
+    (requests in flight at the fault may still fail after that: they count as errors)."""
     seen = [d for d in done if d.ended >= fault_at and d.sent <= until]
     errors = Counter(d.kind for d in seen if d.kind != "ok")
     hung = sum(1 for d in seen if d.ended - d.sent > DEADLINE_S + HUNG_GRACE_S)
@@ -99,11 +100,9 @@ def outcome(fault: Fault, done: list[Done], fault_at: float, cleared_at: float, 
 
 
 def _recovery(seen: list[Done], fault_at: float, cleared_at: float) -> float | None:
-    failed = [d.ended for d in seen if d.kind != "ok"]
-    if not failed:
+    if all(d.kind == "ok" for d in seen):
         return 0.0
-    last_error = max(failed)
-    back = [d.ended for d in seen if d.kind == "ok" and d.ended >= last_error and d.sent >= min(cleared_at, last_error)]
+    back = [d.ended for d in seen if d.kind == "ok" and d.sent >= cleared_at]
     return min(back) - fault_at if back else None
 
 
