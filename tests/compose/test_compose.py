@@ -117,3 +117,10 @@ def test_engines_wait_for_the_model_and_their_messenger():
     for name in ("prefill-0", "decode-0"):
         assert {"nats", "model-init"} <= set(spec[name]["depends_on"])
         assert any(dep.startswith("messenger-") for dep in spec[name]["depends_on"])
+
+
+def test_every_service_restarts_and_the_gateway_is_healthy_only_while_serving():
+    spec = _compose()["services"]
+    assert all(s["restart"] == "unless-stopped" for name, s in spec.items() if name != "model-init")
+    check = spec["gateway"]["healthcheck"]["test"]
+    assert "/health" in check[-1] and check[:2] == ["CMD", "python"]
