@@ -6,7 +6,7 @@ A ticker on the server's loop measures how late a 5 ms sleep wakes while the
 gateway takes many-MiB prompts: a completion and a chat message far past the
 context (refused before any tokenizer time), one just under the character bound
 (tokenized on a thread, then refused for length), and a list of token ids. The
-figures are printed (`pytest -s`); the bound asserted is LAG_BOUND_S."""
+figures are printed (`pytest -s`); the bound asserted is lag_bound_s() over the idle lag."""
 
 from __future__ import annotations
 
@@ -21,13 +21,9 @@ from shared.config import ClusterConfig
 from tests.gateway.served import MODEL, EndlessPipeline, Served, read_reply, request_bytes
 
 pytestmark = pytest.mark.skipif(not (MODEL / "tokenizer.json").exists(), reason="no tiny model (make test writes it)")
-# The issue's target, 100 ms, holds on this 2-core box when it is otherwise idle
-# (measured: 5-21 ms). Under other load (an e2e cluster beside the tests) any
-# thread, the loop's included, waits for a core, so the bound loosens to 0.5 s,
-# still far from the 2 s liveness limit and from the seconds that tokenizing these
-# prompts on the loop would take. Each case prints its figure (`pytest -s`).
-QUIET = os.getloadavg()[0] < (os.cpu_count() or 1)
-LAG_BOUND_S = 0.1 if QUIET else 0.5
+# Each case prints its figure (`pytest -s`).
+# The lag is judged against the same ticker's lag with no request, measured just
+# after for as long: what the machine's other load costs the loop is not the gateway's.
 MIB = 1 << 20
 
 
@@ -66,9 +62,28 @@ def lag_while(served: Served, path: str, body: dict) -> tuple[int, float, float]
     s.close()
     served.loop.call_soon_threadsafe(ticker.stop.set)
     done.result(10)
+    baseline = idle_lag(served, took)
     print(f"\n{path} {len(raw) / MIB:.1f} MiB: {status} in {took * 1e3:.0f} ms, "
-          f"event-loop lag at most {ticker.max_lag_s * 1e3:.1f} ms (bound {LAG_BOUND_S * 1e3:.0f} ms)")
-    return status, ticker.max_lag_s, took
+          f"event-loop lag at most {ticker.max_lag_s * 1e3:.1f} ms (idle: {baseline * 1e3:.1f} ms, "
+          f"bound {lag_bound_s() * 1e3:.0f} ms over it)")
+    return status, ticker.max_lag_s - baseline, took
+
+
+def idle_lag(served: Served, seconds: float) -> float:
+    """The ticker's worst lag over `seconds` with no request in flight."""
+    ticker = served.call(_ticker())
+    done = asyncio.run_coroutine_threadsafe(ticker.run(), served.loop)
+    time.sleep(max(0.2, seconds))
+    served.loop.call_soon_threadsafe(ticker.stop.set)
+    done.result(10)
+    return ticker.max_lag_s
+
+
+def lag_bound_s() -> float:
+    """The issue's 100 ms on an otherwise idle machine (measured: 5-21 ms); under other
+    load (an e2e cluster beside the tests) any thread waits for a core, so 0.5 s, still
+    far from the 2 s liveness limit and the seconds tokenizing on the loop would take."""
+    return 0.1 if os.getloadavg()[0] < (os.cpu_count() or 1) else 0.5
 
 
 async def _ticker() -> Ticker:
@@ -83,7 +98,7 @@ async def _ticker() -> Ticker:
 def test_a_many_mib_prompt_never_holds_the_loop(served, path, body):
     status, lag, _ = lag_while(served, path, body)
     assert status == 400  # far past the 512-token context
-    assert lag < LAG_BOUND_S, f"the event loop stalled {lag * 1e3:.0f} ms"
+    assert lag < lag_bound_s(), f"the event loop stalled {lag * 1e3:.0f} ms more than when idle"
 
 
 def test_a_prompt_just_under_the_character_bound_is_tokenized_off_the_loop(served):
@@ -92,7 +107,7 @@ def test_a_prompt_just_under_the_character_bound_is_tokenized_off_the_loop(serve
     assert not tokenizer.too_long("x" * chars, 512)
     status, lag, _ = lag_while(served, "/v1/completions", {"model": "yuebing-tiny", "prompt": "ab " * (chars // 3)})
     assert status == 400
-    assert lag < LAG_BOUND_S, f"the event loop stalled {lag * 1e3:.0f} ms"
+    assert lag < lag_bound_s(), f"the event loop stalled {lag * 1e3:.0f} ms more than when idle"
 
 
 @pytest.mark.parametrize("mib", [2, 12])
@@ -102,4 +117,4 @@ def test_a_long_list_of_token_ids_never_holds_the_loop(served, mib):
     prompt = list(range(1000, 1000 + mib * MIB // 7))
     status, lag, _ = lag_while(served, "/v1/completions", {"model": "yuebing-tiny", "prompt": prompt})
     assert status == 400
-    assert lag < LAG_BOUND_S, f"the event loop stalled {lag * 1e3:.0f} ms"
+    assert lag < lag_bound_s(), f"the event loop stalled {lag * 1e3:.0f} ms more than when idle"
