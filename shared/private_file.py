@@ -11,13 +11,18 @@ import os
 import stat
 from pathlib import Path
 
+import structlog
+
+log = structlog.get_logger(__name__)
+
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
 
 
-def private_dir(path: str | os.PathLike[str]) -> Path:
+def private_dir(path: str | os.PathLike[str], repair: bool = False) -> Path:
     """Create `path` (and its parents) owner-only, or accept it if it already is ours
-    and owner-only; a folder of another user, or open to others, is refused."""
+    and owner-only. A folder of another user, or a symlink, is refused; one of ours
+    open to others is refused too, or with `repair` closed (made before this check)."""
     p = Path(path)
     try:
         p.mkdir(mode=PRIVATE_DIR, parents=True)
@@ -26,8 +31,31 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
     info = p.lstat()
     if not stat.S_ISDIR(info.st_mode):
         raise PermissionError(f"{p} exists and is not a folder (a symlink is not followed)")
+    if repair and info.st_uid == os.getuid() and info.st_mode & 0o077:
+        _close_to_others(p, info)
+        return p
     _check_owner_only(p, info)
     return p
+
+
+def _close_to_others(path: Path, info: os.stat_result) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, PRIVATE_DIR)  # O_NOFOLLOW: never the target of a symlink put there since
+    finally:
+        os.close(fd)
+    log.warning("folder was open to others: made owner-only", path=str(path), mode=oct(stat.S_IMODE(info.st_mode)))
+
+
+def new_private_file(path: str | os.PathLike[str], flags: int = os.O_RDWR) -> int:
+    """A new owner-only file at `path`, open (a descriptor). What was there goes first,
+    and is never truncated: engines may still map an old pool file, and they keep its
+    inode, unharmed. A symlink or file planted after the unlink fails the open."""
+    try:
+        os.unlink(path)  # a symlink itself goes, not its target
+    except FileNotFoundError:
+        pass
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
 
 
 def write_private(path: str | os.PathLike[str], data: bytes) -> Path:

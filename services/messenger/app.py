@@ -31,7 +31,6 @@ from shared import bus, service
 from shared.config import ClusterConfig
 from shared.instance import Instance
 from shared.kv.keys import KEY_FILE_ENV, ClusterKeys, load_keys
-from shared.kv.pool_file import owner_only_dir
 from shared.kv.wire import (
     Pin,
     Reply,
@@ -53,6 +52,7 @@ from shared.messages import (
     messenger_faults_subject,
     messenger_subject,
 )
+from shared.private_file import private_dir
 
 log = structlog.get_logger(__name__)
 TICK_S = 0.25  # how often engines hear that we are alive
@@ -99,7 +99,7 @@ class LocalSockets:
     """The three IPC sockets the node's engines talk to (see shared/kv/wire.py)."""
 
     def __init__(self, kv_dir: str, node: str) -> None:
-        owner_only_dir(Path(kv_dir))  # nobody else may connect to these sockets
+        private_dir(kv_dir, repair=True)  # nobody else may connect to these sockets
         self.ctx = zmq.asyncio.Context()
         self.control = self._bind(zmq.ROUTER, control_endpoint(kv_dir, node))
         self.written = self._bind(zmq.PULL, written_endpoint(kv_dir, node))

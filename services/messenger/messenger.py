@@ -11,7 +11,6 @@ peers that stopped beating.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import msgspec
 import structlog
@@ -19,9 +18,10 @@ import structlog
 from services.messenger.node import Faults, Node, SecurityStats, Upkeep
 from services.messenger.node_pool import NodePool, PoolOptions, SsdRead, Unattached
 from services.messenger.transport import Transport
-from shared.kv.pool_file import PoolFile, owner_only_dir
+from shared.kv.pool_file import PoolFile
 from shared.kv.wire import Bye, Control, Hello, Note, Release, Renew, Reply, frame_decoder, pool_path
 from shared.messages import KvSnapshot, MessengerAck, MessengerStats
+from shared.private_file import private_dir
 
 log = structlog.get_logger(__name__)
 PEER_FORGET_S = 60.0  # a peer messenger silent this long has its socket closed
@@ -32,7 +32,7 @@ class Messenger:
                  fault_injection: bool = False, peer_forget_s: float = PEER_FORGET_S) -> None:
         self.node = Node(node, transport, MessengerStats(node=node), faults=Faults(enabled=fault_injection))
         self.peer_forget_s = peer_forget_s
-        owner_only_dir(Path(kv_dir))  # the pool file is the node's KV cache: ours alone
+        private_dir(kv_dir, repair=True)  # the pool file is the node's KV cache: ours alone
         file = PoolFile(pool_path(kv_dir, node), options.pool_bytes, create=True)
         self.pool: Unattached | NodePool = Unattached(file, options, self.node)
         log.info("pool file created", path=str(file.path), pool_bytes=options.pool_bytes)

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import structlog
 
-from shared.kv.pool_file import HEADER_BYTES, Geometry, Header, checksum, new_private_file, owner_only_dir
+from shared.kv.pool_file import HEADER_BYTES, Geometry, Header, checksum
+from shared.private_file import new_private_file, private_dir
 
 log = structlog.get_logger(__name__)
 SUFFIX = ".blk"
@@ -56,7 +57,7 @@ class SsdTier:
         self._lock = threading.Lock()
         # One thread: files are written and unlinked in the order they were asked for.
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="ssd-writer")
-        owner_only_dir(path)
+        private_dir(path, repair=True)
         self._scan()
 
     def __contains__(self, block_hash: object) -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ import msgspec
 import structlog
 import xxhash
 
-from shared.private_file import PRIVATE_DIR, PRIVATE_FILE, private_dir
+from shared.private_file import new_private_file
 
 log = structlog.get_logger(__name__)
 
@@ -163,37 +162,6 @@ class PoolFile:
             self._map.close()
         except BufferError:  # a zero-copy frame still holds a view; the OS unmaps at exit
             pass
-
-
-def new_private_file(path: Path, flags: int = os.O_RDWR) -> int:
-    """A new owner-only file at `path`, open. What was there goes first, and is never
-    truncated: engines may still map an old pool file, and they keep its inode, unharmed.
-    O_EXCL|O_NOFOLLOW: a symlink or file planted at the path after the unlink fails the
-    open instead of being written through."""
-    try:
-        os.unlink(path)  # a symlink itself goes, not its target
-    except FileNotFoundError:
-        pass
-    return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
-
-
-def owner_only_dir(path: Path) -> Path:
-    """`path` as an owner-only folder: created 0700; one of ours left open to others
-    (made before this check) is closed; another user's, or a symlink, is refused
-    (PermissionError)."""
-    try:
-        return private_dir(path)
-    except PermissionError:
-        info = path.lstat()
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            raise
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.fchmod(fd, PRIVATE_DIR)  # O_NOFOLLOW: never the target of a symlink put there since
-    finally:
-        os.close(fd)
-    log.warning("folder was open to others: made owner-only", path=str(path), mode=oct(stat.S_IMODE(info.st_mode)))
-    return path
 
 
 class PoolSlots:

@@ -42,3 +42,10 @@ def test_private_dir_is_made_owner_only_and_a_loose_one_is_refused(tmp_path):
     os.chmod(loose, 0o755)
     with pytest.raises(PermissionError):
         private_dir(loose)
+
+
+def test_with_repair_a_loose_folder_of_ours_is_closed_to_others(tmp_path):
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o755)
+    assert stat.S_IMODE(private_dir(loose, repair=True).stat().st_mode) == 0o700
