@@ -34,7 +34,6 @@ from msgspec import Meta
 
 from shared.config import ClusterConfig, save_config
 from shared.engine.llm import engine_environment
-from shared.model_identity import fingerprint
 from shared.private_file import read_private, write_private
 from shared.service import resolved
 from yuebing import process
@@ -170,8 +169,7 @@ class Cluster:
         kv_dir = config.kv_dir or tempfile.mkdtemp(prefix="yuebing-kv-", dir=shm if shm.is_dir() else run_dir)
         self.kv_dir = Path(kv_dir)
         # Derived once here (the model's fingerprint, the SLOs), so every service agrees.
-        return resolved(msgspec.structs.replace(config, nats_url=nats_url, kv_dir=kv_dir, model_fingerprint=(
-            config.model_fingerprint or fingerprint(config.model))))
+        return resolved(msgspec.structs.replace(config, nats_url=nats_url, kv_dir=kv_dir))
 
     def ready_state(self, config: ClusterConfig, run_dir: Path, elapsed: float) -> dict:
         """What the ready file says (tests/e2e and the live benchmarks read it)."""
