@@ -35,15 +35,6 @@ class Tokenizer:
         fewest = len(text) // (self.max_token_chars * LENGTH_SLACK)
         return fewest if fewest > max_tokens else 0
 
-    def chat_prompt(
-        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True, continue_final_message: bool = False,
-        add_special_tokens: bool = False,
-    ) -> list[int]:
-        # As vLLM's server does: render the template to text, then tokenize it (by
-        # default without adding special tokens again: the template has them).
-        text = self.chat_text(messages, add_generation_prompt, continue_final_message)
-        return self.encode(text, add_special_tokens=add_special_tokens)
-
     def chat_text(
         self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True, continue_final_message: bool = False,
     ) -> str:
