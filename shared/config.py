@@ -91,6 +91,17 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     learn_decode_time: Annotated[
         bool, Meta(description="learn t_d from the decodes that complete, starting at decode_time_s")
     ] = True
+    # Each instance's predictions times how much slower than its profile it runs
+    # now (shared/calibration.py): the profile was measured on an idle machine.
+    calibrate_time_model: Annotated[
+        bool, Meta(description="correct the time model by each instance's observed over predicted times")
+    ] = True
+    # Under overload admission holds every queue at the edge of its SLO: predictions
+    # there must be an upper quantile of the time to come, not its mean, for the
+    # admitted requests to meet their SLOs this often.
+    slo_attainment: Annotated[
+        float, Meta(description="share of admitted requests that calibrated predictions aim to keep within their SLOs")
+    ] = 0.95
     index_capacity_blocks: Annotated[
         int, Meta(description="blocks the Conductor assumes each prefill engine's prefix cache holds")
     ] = 2048
@@ -111,6 +122,11 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kv_stream_layers: Annotated[
         bool, Meta(description="send each layer as prefill computes it (off: send a block after its last layer)")
     ] = True
+    # "mooncake": Mooncake's Transfer Engine moves the bytes (TCP, RDMA where the NICs
+    # are), ZeroMQ only the sealed notes around them (services/messenger/mooncake_transport.py).
+    kv_transport: Annotated[
+        str, Meta(description="how messengers move KV between nodes: zmq (ZeroMQ TCP) or mooncake (Transfer Engine)")
+    ] = "zmq"
     # Off, every reuse goes through the node pools (what `yuebing bench reuse` measures).
     engine_prefix_caching: Annotated[bool, Meta(description="vLLM's own prefix cache in each engine")] = True
     # --- KV store: pin leases and bounded state (issue 16; services/messenger, services/conductor/index.py) ---
@@ -191,6 +207,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("SLOs must not be negative (0: from the profile), decode_time_s must be positive")
         if self.kv_wait_s < 0:
             raise ValueError("kv_wait_s must not be negative")
+        if not 0.5 <= self.slo_attainment < 1:
+            raise ValueError("slo_attainment must be at least 0.5 and below 1")
         if self.max_attempts < 1 or self.prefill_timeout_s <= 0:
             raise ValueError("max_attempts must be at least 1 and prefill_timeout_s positive")
 

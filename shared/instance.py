@@ -8,13 +8,14 @@ import asyncio
 import os
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from nats.aio.client import Client
 
 from shared import bus
+from shared.calibration import Calibration, quantile_z
 from shared.config import ClusterConfig
 from shared.messages import CANCEL, HEARTBEAT, Cancel, Heartbeat, Role
 
@@ -28,6 +29,9 @@ class EngineLoad:
 
     num_waiting: int = 0
     kv_usage: float = 0.0
+    # Its steps' observed over predicted time, fed by the role that can judge them
+    # (decode: the gap between a request's tokens against the predicted step).
+    calibration: Calibration = field(default_factory=Calibration)
 
 
 class Instance:
@@ -95,6 +99,7 @@ class Instance:
             served_total=self.served_total,
             aborted_total=self.aborted_total,
             endpoint=self.endpoint,
+            slowdown=self.load.calibration.pace(time.monotonic(), quantile_z(self.config.slo_attainment)),
         )
 
     async def beat(self) -> None:

@@ -71,6 +71,8 @@ class Heartbeat(Message):
     served_total: int = 0
     aborted_total: int = 0
     endpoint: str = ""  # messengers: where other messengers send blocks
+    # Decode: its steps' observed time over the time model's (shared/calibration.py).
+    slowdown: float = 1.0
 
 
 # --- scheduling ---------------------------------------------------------------
@@ -128,6 +130,8 @@ class ConductorStats(Message):
     pool_blocks: int  # distinct blocks in the cluster-wide pool index
     pool_nodes: list[str]  # nodes whose pools it indexes
     decode_time_ms: float = 0.0  # t_d its books use now (learned from completed decodes)
+    # Per live instance, what its predicted times are multiplied by now (shared/calibration.py).
+    slowdown: dict[str, float] = {}
 
 
 # --- generation ---------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,6 +29,7 @@ from services.conductor.policy import (
 )
 from services.conductor.state import ClusterState
 from shared import bus, service
+from shared.calibration import quantile_z
 from shared.config import ClusterConfig, profile_path
 from shared.liveness import Registry
 from shared.messages import (
@@ -53,6 +55,7 @@ from shared.messages import (
 from shared.predictor import load_predictor
 
 log = structlog.get_logger(__name__)
+SLOWDOWN_RANGE = (0.1, 100.0)  # a reported slowdown outside it is a bug, clamped rather than obeyed
 KV_FULL = 0.98  # share of a decode engine's KV cache in use beyond which it has no room
 HEARING_POLL_S = 0.05  # how often a request held by a just-started Conductor looks again
 
@@ -69,6 +72,12 @@ class View:
     node_prefix: dict[str, int]
 
 
+def plausible_slowdown(reported: float) -> float:
+    if not math.isfinite(reported):
+        return 1.0
+    return min(max(reported, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
+
+
 class Conductor:
     """The live Conductor's logic, on the wall clock (time.monotonic)."""
 
@@ -78,7 +87,8 @@ class Conductor:
         params = Params(block_size=config.block_size, decode_time_s=config.decode_time_s,
                         learn_decode_time=config.learn_decode_time)
         self.scheduler = Scheduler(config.policy, config.admission, predictor, params)
-        self.state = ClusterState(predictor, params, PrefixIndex(config.index_capacity_blocks))
+        self.state = ClusterState(predictor, params, PrefixIndex(config.index_capacity_blocks),
+                                  calibration_z=quantile_z(config.slo_attainment) if config.calibrate_time_model else None)
         self.registry = Registry(timeout_s=config.liveness_timeout_s)
         self.pools = PoolIndex(config.pool_index_node_blocks)
         self.messenger_nodes: dict[str, str] = {}  # messenger instance → its node
@@ -142,12 +152,17 @@ class Conductor:
         self.pools.replace_node(snap.node, {"dram": snap.dram, "ssd": snap.ssd})
         log.info("pool index rebuilt", node=snap.node, dram=len(snap.dram), ssd=len(snap.ssd), blocks=len(self.pools))
 
-    def stats(self) -> ConductorStats:
+    def stats(self, now: float) -> ConductorStats:
         return ConductorStats(
             accepted=self.counts["accepted"], rejected=self.counts["rejected"], wasted_prefill=self.counts["wasted_prefill"],
             pool_blocks=len(self.pools), pool_nodes=sorted(set(self.messenger_nodes.values())),
             decode_time_ms=self.state.decode_time_s * 1e3,
+            slowdown=self.slowdowns(now),
         )
+
+    def slowdowns(self, now: float) -> dict[str, float]:
+        view = self._view([], now)
+        return {x.instance_id: round(x.slowdown, 3) for x in (*view.prefills, *view.decodes)}
 
     def schedule(self, ask: ScheduleRequest, now: float) -> ScheduleReply:
         req = Request(
@@ -202,7 +217,7 @@ class Conductor:
         node_prefix = self.pools.prefix_blocks(hashes, set(self.messenger_nodes.values()))
         pool_prefix = {iid: node_prefix.get(node, 0) for iid, node in prefill_nodes.items()}
         prefills = [x for x in self.state.prefill_loads(hashes, now, pool_prefix) if x.instance_id in prefill_nodes]
-        decodes = [self._with_room(x, live_decode[x.instance_id]) for x in self.state.decode_loads(now)
+        decodes = [self._as_reported(x, live_decode[x.instance_id]) for x in self.state.decode_loads(now)
                    if x.instance_id in live_decode]
         decode_nodes = {iid: hb.node for iid, hb in live_decode.items()}
         return View(prefills, decodes, prefill_nodes, decode_nodes, node_prefix)
@@ -229,13 +244,13 @@ class Conductor:
             pull_skip=min(view.node_prefix.get(chosen_node, 0), pull_blocks),
         )
 
-    @staticmethod
-    def _with_room(load: DecodeLoad, hb: Heartbeat) -> DecodeLoad:
-        """A decode engine that reports its KV cache full takes nobody new, whatever
-        the books say (they only know what this Conductor sent it)."""
-        if hb.kv_usage >= KV_FULL:
-            return DecodeLoad(load.instance_id, load.items, capacity=min(load.capacity, len(load.items)))
-        return load
+    def _as_reported(self, load: DecodeLoad, hb: Heartbeat) -> DecodeLoad:
+        """The books' load, with what only the instance knows: a decode engine that
+        reports its KV cache full takes nobody new, whatever the books say (they only
+        know what this Conductor sent it), and its steps run at the pace it measures."""
+        capacity = min(load.capacity, len(load.items)) if hb.kv_usage >= KV_FULL else load.capacity
+        slowdown = plausible_slowdown(hb.slowdown) if self.config.calibrate_time_model else 1.0
+        return replace(load, capacity=capacity, slowdown=slowdown)
 
     def on_update(self, update: RequestUpdate, now: float) -> None:
         if update.kind == "prefill_done":
@@ -298,7 +313,7 @@ class Wiring:
         self.conductor.on_kv_event(event)
 
     async def on_stats(self, msg: Msg) -> None:
-        await msg.respond(encode(self.conductor.stats()))
+        await msg.respond(encode(self.conductor.stats(time.monotonic())))
 
     async def on_update(self, update: RequestUpdate, _msg: Any) -> None:
         self.conductor.on_update(update, time.monotonic())

@@ -48,6 +48,7 @@ class PrefillLoad:
     hit_ratio: float = 0.0  # recent share of prompt tokens it served from cache
     window_load_s: float = 0.0  # prefill seconds assigned to it over the recent window
     free_blocks: int = 1 << 30  # cache room before it must evict
+    slowdown: float = 1.0  # its times observed over predicted (shared/calibration.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,7 @@ class DecodeLoad:
     instance_id: str
     items: tuple[DecodeItem, ...]  # running now, or joining when their prefill ends
     capacity: int = 1 << 30  # requests its KV cache can hold at once
+    slowdown: float = 1.0  # its steps observed over predicted (shared/calibration.py)
 
     def at(self, t: float) -> tuple[int, int]:
         """(batch, context tokens) of what will be decoding at time t."""
@@ -142,15 +144,16 @@ PrefillPolicy = Callable[[Request, Sequence[PrefillLoad], Context], PrefillChoic
 
 
 # --- prefill policies ---------------------------------------------------------
-def _ttft(queue_s: float, cached_blocks: int, req: Request, ctx: Context) -> float:
-    """Queue, then prefill of what is not cached (at least the last token is computed)."""
+def _ttft(load: PrefillLoad, cached_blocks: int, req: Request, ctx: Context, transfer_s: float = 0.0) -> float:
+    """Queue, then prefill of what is not cached (at least the last token is computed),
+    at the pace the instance keeps now."""
     cached = min(cached_blocks * ctx.params.block_size, req.prompt_len - 1)
-    return queue_s + ctx.predictor.prefill_s(req.prompt_len - cached, cached)
+    return load.slowdown * (load.queue_s + transfer_s + ctx.predictor.prefill_s(req.prompt_len - cached, cached))
 
 
 def _plain(load: PrefillLoad, req: Request, ctx: Context) -> PrefillChoice:
     """The choice of an instance using only what it holds itself."""
-    return PrefillChoice(load.instance_id, _ttft(load.queue_s, load.prefix_blocks, req, ctx), load.prefix_blocks)
+    return PrefillChoice(load.instance_id, _ttft(load, load.prefix_blocks, req, ctx), load.prefix_blocks)
 
 
 def random_policy(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
@@ -181,7 +184,7 @@ def overlap_load(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> Pr
 
 
 def cache_aware(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
-    return _plain(min(loads, key=lambda x: _ttft(x.queue_s, x.prefix_blocks, req, ctx)), req, ctx)
+    return _plain(min(loads, key=lambda x: _ttft(x, x.prefix_blocks, req, ctx)), req, ctx)
 
 
 def kvcentric(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> PrefillChoice:
@@ -190,11 +193,11 @@ def kvcentric(req: Request, loads: Sequence[PrefillLoad], ctx: Context) -> Prefi
     holder = max(loads, key=lambda x: x.prefix_blocks)
     best = (math.inf, holder, False)  # (ttft, instance, pulls)
     for load in loads:
-        ttft, pull = _ttft(load.queue_s, load.prefix_blocks, req, ctx), False
+        ttft, pull = _ttft(load, load.prefix_blocks, req, ctx), False
         missing = holder.prefix_blocks - load.prefix_blocks
         if missing > 0 and holder.prefix_blocks > ctx.params.balance_threshold * load.prefix_blocks:
             transfer = ctx.predictor.transfer_s(missing * ctx.params.block_size)
-            with_pull = _ttft(load.queue_s + transfer, holder.prefix_blocks, req, ctx)
+            with_pull = _ttft(load, holder.prefix_blocks, req, ctx, transfer)
             if with_pull < ttft:  # transfer beats recompute
                 ttft, pull = with_pull, True
         if ttft < best[0]:
@@ -272,7 +275,7 @@ def tbt_at(load: DecodeLoad, t: float, req: Request, ctx: Context, until: float 
     batch, tokens = load.at(t) if until is None else load.peak(t, until)
     if batch + 1 > load.capacity:
         return math.inf
-    return joining_tbt_s(ctx.predictor, batch, tokens, req.prompt_len)
+    return load.slowdown * joining_tbt_s(ctx.predictor, batch, tokens, req.prompt_len)
 
 
 def choose_decode(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from services.conductor.index import PrefixIndex
 from services.conductor.policy import Decision, DecodeItem, DecodeLoad, Params, PrefillLoad, Request, decode_context
+from shared.calibration import Calibration
 from shared.predictor import Predictor
 
 WINDOW_S = 180.0  # Preble's load window: three minutes
@@ -26,6 +27,7 @@ class Assigned:
     cached_tokens: int
     prompt_len: int
     at: float
+    ttft_s: float = 0.0  # its queue, transfer and prefill, as the profile alone predicts them
 
 
 @dataclass
@@ -38,6 +40,9 @@ class PrefillBook:
     window_prefill_s: float = 0.0
     window_cached: int = 0
     window_prompt: int = 0
+    # Its first tokens' observed times against ttft_s (queue included: a slow
+    # instance's queue drains slowly too).
+    calibration: Calibration = field(default_factory=Calibration)
 
     def add(self, request_id: str, a: Assigned) -> None:
         self.outstanding[request_id] = a
@@ -47,11 +52,11 @@ class PrefillBook:
         self.window_cached += a.cached_tokens
         self.window_prompt += a.prompt_len
 
-    def done(self, request_id: str) -> bool:
+    def done(self, request_id: str) -> Assigned | None:
         a = self.outstanding.pop(request_id, None)
         if a is not None:
             self.active_blocks -= a.blocks
-        return a is not None
+        return a
 
     def trim(self, now: float) -> None:
         while self.window and self.window[0].at < now - WINDOW_S:
@@ -72,6 +77,10 @@ class ClusterState:
     # Where each request is, so events that name only the request find their books.
     placed: dict[str, tuple[str, str]] = field(default_factory=dict)
     decode_time_s: float = field(init=False)  # t_d as used now: configured, or learned (Params.learn_decode_time)
+    # Prefill predictions times each instance's observed over predicted TTFT, the
+    # quantile `calibration_z` of it (shared/calibration.py); None: the profile alone.
+    # The live Conductor's choice (ClusterConfig.calibrate_time_model, slo_attainment).
+    calibration_z: float | None = None
 
     def __post_init__(self) -> None:
         self.decode_time_s = self.params.decode_time_s
@@ -111,6 +120,7 @@ class ClusterState:
                     hit_ratio=book.window_cached / book.window_prompt if book.window_prompt else 0.0,
                     window_load_s=book.window_prefill_s,
                     free_blocks=self.index.capacity_blocks - self.index.used_blocks(iid),
+                    slowdown=1.0 if self.calibration_z is None else book.calibration.pace(now, self.calibration_z),
                 )
             )
         return loads
@@ -127,8 +137,10 @@ class ClusterState:
         cached = min(choice.cached_blocks * bs, req.prompt_len - 1)
         prefill_s = self.predictor.prefill_s(req.prompt_len - cached, cached)
         book = self.prefill[choice.instance_id]
-        book.busy_until = max(now, book.busy_until) + prefill_s + self.predictor.transfer_s(choice.pull_blocks * bs)
-        book.add(req.request_id, Assigned(req.prompt_blocks, prefill_s, cached, req.prompt_len, now))
+        start = max(now, book.busy_until)
+        book.busy_until = start + prefill_s + self.predictor.transfer_s(choice.pull_blocks * bs)
+        book.add(req.request_id, Assigned(req.prompt_blocks, prefill_s, cached, req.prompt_len, now,
+                                          ttft_s=book.busy_until - now))
         # The prefill engine keeps these blocks in its prefix cache afterwards.
         self.index.insert(choice.instance_id, hashes)
         start = now + decision.prefill.ttft_s
@@ -144,7 +156,11 @@ class ClusterState:
         self.placed[req.request_id] = ("", decode_id)
 
     def prefill_done(self, request_id: str, now: float) -> None:
-        self._off_prefill(request_id, now)
+        prefill_id, _ = self.placed.get(request_id, ("", ""))
+        book = self.prefill.get(prefill_id)
+        a = self._off_prefill(request_id, now)
+        if a is not None and book is not None:
+            book.calibration.add(now - a.at, a.ttft_s, now)
         _, decode_id = self.placed.get(request_id, ("", ""))
         items = self.decode.get(decode_id)
         if items is not None and request_id in items:
@@ -162,11 +178,13 @@ class ClusterState:
             # item.start: when its prefill_done said decoding began
             self.decode_time_s += DECODE_TIME_WEIGHT * (now - item.start - self.decode_time_s)
 
-    def _off_prefill(self, request_id: str, now: float) -> None:
+    def _off_prefill(self, request_id: str, now: float) -> Assigned | None:
         prefill_id, _ = self.placed.get(request_id, ("", ""))
         book = self.prefill.get(prefill_id)
-        if book is not None and book.done(request_id) and not book.outstanding:
+        a = book.done(request_id) if book is not None else None
+        if a is not None and not book.outstanding:
             book.busy_until = min(book.busy_until, now)  # idle now, whatever we predicted
+        return a
 
 
 def _due(item: DecodeItem, now: float, t_d: float) -> DecodeItem:

@@ -5,6 +5,8 @@ publish them, in order, on the request's stream subject."""
 from __future__ import annotations
 
 import asyncio
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -12,6 +14,7 @@ from nats.aio.msg import Msg
 
 from services.conductor.policy import decode_context, joining_tbt_s, tbt_exceeded
 from shared import bus
+from shared.calibration import quantile_z
 from shared.config import profile_path
 from shared.engine.llm import generate
 from shared.engine.runtime import Handler
@@ -20,6 +23,24 @@ from shared.messages import DecodeAccept, DecodeRequest, TokenChunk, decode_subj
 from shared.predictor import load_predictor
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Pace:
+    """One request's token gaps against the steps predicted for them: its mean TBT,
+    observed and predicted, is what the SLO judges."""
+
+    observed_s: float = 0.0
+    predicted_s: float = 0.0
+    last: float = 0.0
+
+    def step(self, tokens: int, predicted_step_s: float, first: bool, now: float) -> None:
+        """Tokens arrived (several at once from a consumer that lags). The first step
+        loads and computes the prompt's rest: no decode step to judge."""
+        if not first:
+            self.observed_s += now - self.last
+            self.predicted_s += max(1, tokens) * predicted_step_s
+        self.last = now
 
 
 class Decoder(Handler):
@@ -31,12 +52,14 @@ class Decoder(Handler):
         super().__init__(instance, engine)
         self.predictor = load_predictor(profile_path(instance.config))
         self.context: dict[str, int] = {}  # request id → the context the books count it with
+        self.context_tokens = 0  # their sum
 
     def refusal(self, req: DecodeRequest) -> tuple[str, bool]:
         """Why this request cannot start here ("" if it can), and whether for load."""
         if req.slo_tbt_ms:
             # The Conductor's own rule, on the batch as it is now rather than as predicted.
-            tbt = joining_tbt_s(self.predictor, len(self.context), sum(self.context.values()), len(req.prompt_token_ids))
+            tbt = self.slowdown() * joining_tbt_s(self.predictor, len(self.context), self.context_tokens,
+                                                  len(req.prompt_token_ids))
             if tbt * 1e3 > req.slo_tbt_ms:
                 return tbt_exceeded(tbt, req.slo_tbt_ms / 1e3, self.instance.instance_id), True
         if req.sampling.max_tokens < 2:
@@ -59,11 +82,25 @@ class Decoder(Handler):
 
     async def _decode(self, req: DecodeRequest) -> None:
         structlog.contextvars.bind_contextvars(request_id=req.request_id)
-        self.context[req.request_id] = decode_context(len(req.prompt_token_ids), req.sampling.max_tokens)
+        context = decode_context(len(req.prompt_token_ids), req.sampling.max_tokens)
+        self.context[req.request_id] = context
+        self.context_tokens += context
         try:
             await self._generate(req)
         finally:
             del self.context[req.request_id]
+            self.context_tokens -= context
+
+    def slowdown(self) -> float:
+        """What this instance's predicted steps are multiplied by now (1: not judged)."""
+        config = self.instance.config
+        if not config.calibrate_time_model:
+            return 1.0
+        return self.instance.load.calibration.pace(time.monotonic(), quantile_z(config.slo_attainment))
+
+    def predicted_step_s(self) -> float:
+        """A step of the batch as the books hold it now."""
+        return self.predictor.decode_step_s(len(self.context), self.context_tokens)
 
     async def _generate(self, req: DecodeRequest) -> None:
         # The engine runs prompt + first token. The connector loads the prompt's blocks
@@ -76,7 +113,7 @@ class Decoder(Handler):
         prompt = [*req.prompt_token_ids, req.first_token_id][: len(req.prompt_token_ids) + produced]
         kv = {"kv_blocks": req.kv_blocks, "kv_wait_s": min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)),
               "kv_hashes": req.block_hashes}
-        seq = 0
+        seq, pace = 0, Pace()
         log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens, kv_blocks=req.kv_blocks)
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
@@ -86,6 +123,7 @@ class Decoder(Handler):
                     loaded = step.num_cached_tokens if seq == 0 else 0
                     if seq == 0:
                         log.info("decode kv", loaded_tokens=loaded, computed_prompt_tokens=len(req.prompt_token_ids) - loaded)
+                    pace.step(len(step.token_ids), self.predicted_step_s(), first=seq == 0, now=time.monotonic())
                     chunk = TokenChunk(request_id=req.request_id, seq=seq, token_ids=step.token_ids,
                                        finish_reason=step.finish_reason, kv_loaded_tokens=loaded)
                     await bus.publish(self.instance.nc, req.stream_subject, chunk)
@@ -99,4 +137,5 @@ class Decoder(Handler):
             failed = TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason)
             await bus.publish(self.instance.nc, req.stream_subject, failed)
             return
+        self.instance.load.calibration.add(pace.observed_s, pace.predicted_s, time.monotonic())
         log.info("decode done", chunks=seq)

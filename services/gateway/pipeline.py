@@ -324,7 +324,8 @@ class Pipeline:
         if not reply.accepted or reply.placement is None:
             raise Rejected(reply)
         log.info("scheduled", attempt=attempt_id, prefill=reply.placement.prefill_id or None,
-                 decode=reply.placement.decode_id)
+                 decode=reply.placement.decode_id, predicted_ttft_ms=round(reply.predicted_ttft_ms, 1),
+                 predicted_tbt_ms=round(reply.predicted_tbt_ms, 2))
         return reply
 
     async def _ask_conductor(self, ask: ScheduleRequest, timeout: float) -> ScheduleReply:

@@ -99,7 +99,7 @@ def test_pool_index_from_kv_events_routes_and_pulls_and_forgets_a_silent_node():
     assert fresh == [False, False, False, True, True]  # messengers: their snapshots are wanted
     c.on_snapshot(KvSnapshot(node="node-1", dram=["a"], ssd=["b", "c"]))
     c.on_kv_event(KvEvent(node="node-0", kind="stored", tier="dram", hashes=["a"]))
-    assert c.stats().pool_blocks == 3 and c.stats().pool_nodes == ["node-0", "node-1"]
+    assert c.stats(now=0.0).pool_blocks == 3 and c.stats(now=0.0).pool_nodes == ["node-0", "node-1"]
     # Round robin picks p0 (node-0 holds 1 block); node-1 holds 3 (DRAM and SSD): pull them.
     reply = c.schedule(ask("r1", ["a", "b", "c", "d"]), now=0.0)
     placement = reply.placement
@@ -113,12 +113,12 @@ def test_pool_index_from_kv_events_routes_and_pulls_and_forgets_a_silent_node():
     # node-1's messenger goes silent: everything it held leaves the index.
     for b in beats[:4]:
         c.on_heartbeat(b, now=5.0)
-    assert c.pools.prefix_blocks(["a"], ["node-1"]) == {"node-1": 0} and c.stats().pool_nodes == ["node-0"]
+    assert c.pools.prefix_blocks(["a"], ["node-1"]) == {"node-1": 0} and c.stats(now=5.0).pool_nodes == ["node-0"]
     # node-0's messenger restarts before it is missed (a new pid): its DRAM pool is new,
     # so its old blocks leave the index and its snapshot is wanted again.
     restarted = Heartbeat(instance_id="m0", role="messenger", node="node-0", pid=2, seq=1, sent_at=0.0)
     assert c.on_heartbeat(restarted, now=5.5) is True
-    assert c.pools.prefix_blocks(["a"], ["node-0"]) == {"node-0": 0} and c.stats().pool_nodes == ["node-0"]
+    assert c.pools.prefix_blocks(["a"], ["node-0"]) == {"node-0": 0} and c.stats(now=5.5).pool_nodes == ["node-0"]
 
 
 def test_a_just_started_conductor_waits_to_hear_the_cluster_before_calling_it_unavailable():
@@ -160,3 +160,17 @@ def test_a_decode_alone_is_placed_and_booked_until_its_attempt_finishes():
     assert all(not load.items for load in c.state.decode_loads(now=0.5))
     none_left = c.schedule(msgspec.structs.replace(alone, request_id="r1-a3", avoid=["d0", "d1"]), now=0.6)
     assert not none_left.accepted and none_left.rejection == "unavailable"
+
+
+def test_a_decode_that_reports_running_slow_is_judged_at_its_pace():
+    c = conductor(admission="predictive", slo_tbt_ms=50.0)
+    assert c.schedule(ask("r1", ["a"]), now=0.1).accepted
+    c.on_update(RequestUpdate(request_id="r1", kind="finished"), now=0.2)
+    slow = Heartbeat(instance_id="d0", role="decode", node="node-0", pid=1, seq=2, sent_at=0.0, slowdown=1000.0)
+    c.on_heartbeat(slow, now=0.3)
+    reply = c.schedule(ask("r2", ["a"]), now=0.4)
+    assert not reply.accepted and "TBT" in reply.reason
+    assert c.stats(now=0.4).slowdown == {"p0": 1.0, "p1": 1.0, "d0": 100.0}  # clamped to what is plausible
+    off = conductor(admission="predictive", slo_tbt_ms=50.0, calibrate_time_model=False)
+    off.on_heartbeat(slow, now=0.3)
+    assert off.schedule(ask("r2", ["a"]), now=0.4).accepted

@@ -219,3 +219,22 @@ def test_a_decode_alone_goes_to_the_least_loaded_one_not_avoided_with_room():
     assert isinstance(none_left, Rejection) and none_left.kind == "unavailable"
     full = s.place_decode(r, [DecodeLoad("d1", busy.items, capacity=1)], now=0.0)
     assert isinstance(full, Rejection) and full.kind == "overloaded"
+
+
+def test_an_instance_running_slower_than_its_profile_is_predicted_slower():
+    # Both SLOs met at the profile's pace, both missed at three times it.
+    r = req(1024, slo_ttft_s=0.025, slo_tbt_s=0.010)
+    out = sched(admission="predictive").schedule(r, [p("a", queue_s=0.005)], [DecodeLoad("d0", ())], now=0.0)
+    assert isinstance(out, Decision) and out.prefill.ttft_s == pytest.approx(0.005 + PRED.prefill_s(1024))
+    slow_prefill = [replace(p("a", queue_s=0.005), slowdown=3.0)]
+    out = sched(admission="predictive").schedule(r, slow_prefill, [DecodeLoad("d0", ())], now=0.0)
+    assert isinstance(out, Rejection) and "TTFT" in out.reason
+    slow_decode = [DecodeLoad("d0", (), slowdown=3.0)]
+    out = sched(admission="predictive").schedule(r, [p("a", queue_s=0.005)], slow_decode, now=0.0)
+    assert isinstance(out, Rejection) and "TBT" in out.reason
+
+
+def test_cache_aware_prefers_the_instance_that_runs_faster_now():
+    loads = [replace(p("a", queue_s=0.01), slowdown=4.0), p("b", queue_s=0.03)]
+    assert prefill_of(sched(), req(1024), loads) == "b"
+    assert prefill_of(sched(), req(1024), [replace(loads[0], slowdown=1.0), loads[1]]) == "a"

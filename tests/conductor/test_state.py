@@ -103,3 +103,19 @@ def test_a_departed_instance_leaves_every_book_and_the_requests_only_it_held():
     s.remove_instance("d0")
     assert s.placed == {} and s.decode == {}
     s.finished("r1", now=1.0)  # a late event for it is harmless
+
+
+def test_prefills_slower_than_predicted_slow_the_instances_predictions_down():
+    s = ClusterState(PRED, PARAMS, PrefixIndex(capacity_blocks=1000), calibration_z=0.0)
+    s.add_instance("prefill", "p0")
+    s.add_instance("decode", "d0")
+    for i in range(20):  # predicted 0.1 s each (100 tokens, 1 ms a token), observed 0.3 s
+        t = i * 0.3
+        assign(s, f"r{i}", now=t, prompt_len=100)
+        s.prefill_done(f"r{i}", now=t + 0.3)
+    (load,) = s.prefill_loads([], now=6.0)
+    assert 2.3 < load.slowdown < 3.0  # towards 3, held back a little by the prior (one request at a time)
+    uncalibrated = state()
+    assign(uncalibrated, "r", now=0.0, prompt_len=100)
+    uncalibrated.prefill_done("r", now=0.3)
+    assert uncalibrated.prefill_loads([], now=0.3)[0].slowdown == 1.0

@@ -48,3 +48,20 @@ def test_the_conductor_learns_how_long_decodes_take(two_prefills):
     # wait for the third one's, rather than reading the books before it arrives.
     eventually(lambda: conductor_stats(two_prefills).decode_time_ms, lambda after: after < before * 0.95**2,
                "t_d learned from three completed decodes")
+
+
+def test_each_instance_measures_its_pace_against_the_profile_and_the_conductor_uses_it(two_prefills):
+    # Every prediction the Conductor makes is multiplied by how much slower than the
+    # profile the instance runs now (shared/calibration.py): 1 exactly until there is
+    # evidence, then the ratio of what prefills (the Conductor's own books) and decode
+    # steps (the decode service's heartbeat) took against what the profile said.
+    rng = random.Random(5)
+    for _ in range(4):
+        body = {"model": "yuebing-tiny", "prompt": [rng.randrange(32, 127) for _ in range(200)], "max_tokens": 24,
+                "temperature": 0}
+        assert httpx.post(f"{two_prefills.api}/completions", json=body, timeout=60).status_code == 200
+    # The decode's ratio reaches the Conductor with its next heartbeat.
+    seen = eventually(lambda: conductor_stats(two_prefills).slowdown,
+                      lambda s: s.get("decode-0", 1.0) != 1.0 and any(s.get(f"prefill-{i}", 1.0) != 1.0 for i in (0, 1)),
+                      "slowdowns measured for decode and for a prefill instance")
+    assert all(0.1 <= x <= 100 for x in seen.values()), seen

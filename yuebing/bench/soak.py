@@ -47,7 +47,12 @@ class Slo:
 @dataclass(frozen=True)
 class Served:
     kind: str  # "ok", an HTTP status, "stream" or "connection" (chaos.kind_of)
-    met_slo: bool
+    met_ttft: bool
+    met_tbt: bool
+
+    @property
+    def met_slo(self) -> bool:
+        return self.met_ttft and self.met_tbt
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ class RunResult:
     kinds: dict[str, int]
     slo_met: float  # share of the served (ok) requests that met both SLOs
     timeouts: int  # 504s and requests the client gave up on
+    ttft_met: float = 0.0  # the same share for each SLO alone
+    tbt_met: float = 0.0
 
 
 @dataclass
@@ -70,19 +77,25 @@ class Memory:
         self.samples.append(proc.memory_info().rss / (1 << 20))
 
 
-def met(result: client.Streamed, slo: Slo) -> bool:
+def met(result: client.Streamed, slo: Slo) -> tuple[bool, bool]:
+    """Whether a request met its TTFT SLO, and its TBT SLO (mean time between tokens)."""
     if not result.ok or result.ttft_s is None:
-        return False
+        return False, False
     times = result.token_times
     tbt = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
-    return result.ttft_s <= slo.ttft_s and tbt <= slo.tbt_s
+    return result.ttft_s <= slo.ttft_s, tbt <= slo.tbt_s
 
 
 def summarize(name: str, rate: float, served: list[Served]) -> RunResult:
     kinds = Counter(s.kind for s in served)
     ok = [s for s in served if s.kind == "ok"]
-    share = sum(s.met_slo for s in ok) / len(ok) if ok else 0.0
-    return RunResult(name, rate, len(served), dict(kinds), share, kinds.get("504", 0) + kinds.get("connection", 0))
+
+    def share(of) -> float:
+        return sum(of(s) for s in ok) / len(ok) if ok else 0.0
+
+    return RunResult(name, rate, len(served), dict(kinds), share(lambda s: s.met_slo),
+                     kinds.get("504", 0) + kinds.get("connection", 0),
+                     share(lambda s: s.met_ttft), share(lambda s: s.met_tbt))
 
 
 class Driver:
@@ -98,7 +111,7 @@ class Driver:
 
     async def one(self, session) -> Served:
         result = await client.stream(session, self.url, self.body())
-        return Served(kind_of(result), met(result, self.slo))
+        return Served(kind_of(result), *met(result, self.slo))
 
     async def saturate(self, seconds: float) -> float:
         """Requests/s that `concurrency` clients back to back get served."""
@@ -161,4 +174,5 @@ async def soak(driver: Driver, launcher_pid: int, say) -> dict:
 def line(r: RunResult) -> str:
     kinds = ", ".join(f"{k}: {v}" for k, v in sorted(r.kinds.items()))
     return (f"{r.name:<16} {r.rate:6.2f}/s offered  {r.requests:5d} requests  ({kinds})  "
-            f"timeouts {r.timeouts}  SLOs met by {r.slo_met:.0%} of those served")
+            f"timeouts {r.timeouts}  SLOs met by {r.slo_met:.0%} of those served "
+            f"(TTFT {r.ttft_met:.0%}, TBT {r.tbt_met:.0%})")

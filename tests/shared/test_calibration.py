@@ -1,0 +1,62 @@
+"""The observed-over-predicted pace that corrects the time models."""
+
+import math
+import random
+
+import pytest
+
+from shared.calibration import Calibration, quantile_z
+
+
+def test_without_evidence_the_pace_is_one():
+    assert Calibration().pace(now=100.0) == Calibration().pace(now=0.0, z=2.0) == 1.0
+
+
+def test_the_pace_follows_the_work_observed_against_predicted():
+    c = Calibration(prior_s=0.5)
+    for i in range(100):  # twice as long as predicted, 0.1 s of prediction a time
+        c.add(0.2, 0.1, now=i * 0.01)
+    assert c.pace(now=1.0) == pytest.approx(2.0, rel=0.1)
+
+
+def test_an_upper_quantile_of_the_pace_covers_that_share_of_the_work():
+    rng = random.Random(1)
+    c = Calibration(half_life_s=1e9)
+    ratios = [math.exp(rng.gauss(0.3, 0.2)) for _ in range(2000)]
+    for i, r in enumerate(ratios):
+        c.add(r * 0.1, 0.1, now=i * 0.001)
+    q95 = c.pace(now=2.0, z=quantile_z(0.95))
+    assert sum(r <= q95 for r in ratios) / len(ratios) == pytest.approx(0.95, abs=0.02)
+    assert c.pace(now=2.0) == pytest.approx(math.exp(0.3), rel=0.05)
+
+
+def test_long_work_weighs_more_than_short():
+    c = Calibration(half_life_s=1e9, prior_s=0.01)
+    for i in range(10):
+        c.add(0.05, 0.01, now=0.0)  # short prefills: fixed costs, 5x
+        c.add(1.1, 1.0, now=0.0)  # long ones: 1.1x
+    assert c.pace(now=0.0) < 1.3
+
+
+def test_a_few_observations_do_not_outweigh_the_prior():
+    c = Calibration(prior_s=0.5)
+    c.add(1.0, 0.01, now=0.0)  # one request 100 times slower than predicted
+    assert c.pace(now=0.0) < 1.2
+
+
+def test_old_evidence_fades_back_to_one_and_new_evidence_takes_over():
+    c = Calibration(half_life_s=5.0, prior_s=0.5)
+    for i in range(50):
+        c.add(0.3, 0.1, now=i * 0.1)
+    assert c.pace(now=5.0) > 2.5
+    assert c.pace(now=60.0) == pytest.approx(1.0, abs=0.01)  # eleven half-lives idle
+    for i in range(50):
+        c.add(0.05, 0.1, now=60.0 + i * 0.1)
+    assert c.pace(now=65.0) < 0.7  # faster than the profile, lately
+
+
+def test_nonsense_observations_are_ignored():
+    c = Calibration()
+    c.add(-1.0, 0.1, now=0.0)
+    c.add(1.0, 0.0, now=0.0)
+    assert c.pace(now=0.0) == 1.0
