@@ -20,6 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--minutes", type=float, default=SoakSpec.minutes, help="how long the overload lasts")
     p.add_argument("--capacity-seconds", type=float, default=SoakSpec.capacity_s, help="each capacity run's length")
     p.add_argument("--concurrency", type=int, default=SoakSpec.concurrency, help="clients saturating the cluster")
+    p.add_argument("--no-calibration", action="store_true",
+                   help="admission by the profile alone (`yuebing up --no-calibrate-time-model`), for comparison")
     add_cluster_flags(p)
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -32,10 +34,12 @@ def run(args: argparse.Namespace) -> int:
 
     model, work = cluster_paths(args, "soak")
     spec = SoakSpec(args.overload, args.minutes, args.capacity_seconds, args.concurrency)
-    with up_launcher(work, "soak", "--model", str(model), "--max-model-len", "2048") as (url, launcher):
+    calibration = ["--no-calibrate-time-model"] if args.no_calibration else []
+    with up_launcher(work, "soak", "--model", str(model), "--max-model-len", "2048", *calibration) as (url, launcher):
         config = load_config(work / "soak" / "cluster.json")
         slo = Slo(config.slo_ttft_ms / 1e3, config.slo_tbt_ms / 1e3)
-        print(f"cluster up at {url} (logs in {work}); admission {config.admission}, "
+        calibrated = f"calibrated to the {config.slo_attainment:.0%} quantile" if config.calibrate_time_model else "profile alone"
+        print(f"cluster up at {url} (logs in {work}); admission {config.admission} ({calibrated}), "
               f"SLOs: TTFT {config.slo_ttft_ms:.0f} ms, TBT {config.slo_tbt_ms:.0f} ms", flush=True)
         driver = Driver(url, model.name, slo, spec, config.request_timeout_s + 10)
         result = asyncio.run(soak(driver, launcher.pid, lambda text: print(text, flush=True)))
