@@ -28,6 +28,10 @@ HALF_LIFE_S = 10.0  # evidence this old counts half: the pace follows a change o
 # Predicted seconds of evidence, at a ratio of exactly 1, that observations must
 # outweigh: a few requests prove nothing, and with no recent work the pace returns to 1.
 PRIOR_S = 0.5
+# One piece of work ten times off its prediction is a fault (a stalled process, a
+# retry), not a pace: liveness and retries deal with faults, and a few such requests
+# must not shut an instance out for minutes. It counts as ten times off.
+MAX_RATIO = 10.0
 
 
 def quantile_z(share: float) -> float:
@@ -49,7 +53,7 @@ class Calibration:
         if observed_s <= 0 or predicted_s <= 0:
             return
         self._decay(now)
-        x = math.log(observed_s / predicted_s)
+        x = math.log(min(max(observed_s / predicted_s, 1 / MAX_RATIO), MAX_RATIO))
         self.weight += predicted_s
         self.sum_x += predicted_s * x
         self.sum_xx += predicted_s * x * x

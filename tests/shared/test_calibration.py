@@ -60,3 +60,11 @@ def test_nonsense_observations_are_ignored():
     c.add(-1.0, 0.1, now=0.0)
     c.add(1.0, 0.0, now=0.0)
     assert c.pace(now=0.0) == 1.0
+
+
+def test_a_stall_counts_as_ten_times_off_not_as_its_whole_length():
+    stalled, clamped = Calibration(), Calibration()
+    for c, observed in ((stalled, 5.0), (clamped, 0.5)):
+        for _ in range(4):  # four requests caught by a 5 s stall, predicted 50 ms each
+            c.add(observed, 0.05, now=0.0)
+    assert stalled.pace(now=0.0, z=1.645) == clamped.pace(now=0.0, z=1.645) < 15
