@@ -1,6 +1,8 @@
-"""`yuebing sim`: a simulated cluster replays a trace (yuebing/lab/sim.py): policies
-and admission modes side by side, the highest replay speed within the SLOs
-(`--find-capacity`), or the prefill:decode splits of a fixed total (`--pd-total`).
+"""`yuebing sim`: a simulated cluster replays a trace (yuebing/lab/sim.py): policies,
+admission modes and serving modes side by side, the highest replay speed within the
+SLOs (`--find-capacity`; with several serving modes, a table of capacity against
+colocated beside the paper's, commands/sim_modes.py), or the prefill:decode splits of
+a fixed total (`--pd-total`).
 
 Where requests come from (`--trace` or `--synthetic`) is shared with `yuebing bench
 replay` and `bench fidelity` (commands/replay.py): `add_trace_flags`, `load_trace`.
@@ -31,7 +33,8 @@ SYNTHETIC = {"aliases": {"rate_per_s": Alias(flag="rate")}, "skip": ("requests",
 # and admission may list several, the seed is the synthetic trace's.
 SIM = {
     "aliases": {"decode_time_s": Alias(flag="decode-time"), "request_timeout_s": Alias(flag="request-timeout")},
-    "skip": ("policy", "admission", "slo_ttft_s", "slo_tbt_s", "block_tokens", "sample_every_s", "seed", "host"),
+    "skip": ("policy", "admission", "slo_ttft_s", "slo_tbt_s", "block_tokens", "sample_every_s", "seed", "host",
+             "mode", "conditional_rule"),
 }
 
 
@@ -72,10 +75,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ttft-ms", type=float, default=SimConfig.slo_ttft_s * 1e3, help="TTFT SLO")
     p.add_argument("--slo-tbt-ms", type=float, default=SimConfig.slo_tbt_s * 1e3,
                    help="TBT SLO (on a request's longest 10 %% of gaps)")
+    p.add_argument("--tbt-slos", default="", help="several TBT SLOs, ms, comma-separated (instead of --slo-tbt-ms): "
+                   "a run each; with --find-capacity and several modes, a row each of the table against colocated")
+    p.add_argument("--mode", default=SimConfig.mode,
+                   help="serving mode: disaggregated, colocated or conditional; several comma-separated to compare")
+    p.add_argument("--conditional-rule", default=SimConfig.conditional_rule,
+                   help="conditional mode's rule: mooncake, dynamo or llmd; several comma-separated to compare")
     add_flags(p, SimConfig, **SIM)
     p.add_argument("--find-capacity", action="store_true",
                    help="binary-search the highest replay speed meeting --target")
     p.add_argument("--target", type=float, default=0.9, help="share of requests within both SLOs")
+    p.add_argument("--capacity-probes", type=int, default=12,
+                   help="--find-capacity's probes (a bisection on a log scale from 0.05× to 64×: 9 is within 1.4 %%)")
     p.add_argument("--pd-total", type=int, default=0, help="sweep prefill:decode splits of this many instances")
     p.add_argument("--plot-dir", help="write PNG plots here")
     p.set_defaults(func=run)
@@ -84,7 +95,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     trace, predictor, configs = load_trace(args), _predictor(args), sim_configs(args)
     if args.find_capacity:
-        output = {"trace": trace_name(args), "capacity": _find_capacity(trace, configs, predictor, args.target)}
+        found = _find_capacity(trace, configs, predictor, args, trace_name(args))
+        output = {"trace": trace_name(args), "capacity": found}
     else:
         output = {"trace": trace_name(args), "config": vars(args) | {"func": None},
                   "runs": _compare(trace, configs, predictor, args)}
@@ -107,25 +119,46 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
     base = from_args(SimConfig, args, **SIM, slo_ttft_s=args.slo_ttft_ms / 1e3, slo_tbt_s=args.slo_tbt_ms / 1e3,
                      seed=args.seed)
     configs = [replace(base, policy=p, admission=a) for p in args.policy.split(",") for a in args.admission.split(",")]
+    configs = [replace(c, mode=m, conditional_rule=rule) for c in configs for m, rule in _modes(args)]
+    if args.tbt_slos:
+        configs = [replace(c, slo_tbt_s=float(ms) / 1e3) for ms in args.tbt_slos.split(",") for c in configs]
     if args.pd_total:
         configs = [replace(configs[0], prefill=p, decode=args.pd_total - p) for p in range(1, args.pd_total)]
     return configs
 
 
+def _modes(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(mode, conditional rule) pairs: conditional once per rule given."""
+    rules = args.conditional_rule.split(",")
+    return [(m, r) for m in args.mode.split(",") for r in (rules if m == "conditional" else rules[:1])]
+
+
 def _find_capacity(trace: Sequence[TraceRequest], configs: Sequence[SimConfig], predictor: Predictor,
-                   target: float) -> list[dict]:
+                   args: argparse.Namespace, name: str) -> list[dict]:
     from yuebing.lab.sim import find_capacity
 
-    def show(probe: dict) -> None:  # a search takes a while: each probe as it comes
-        print(f"  {probe['policy']}/{probe['admission']}: speed {probe['speed']:.3f} → attainment "
-              f"{probe['slo_attainment']:.3f}", flush=True)
+    detailed = len({(c.mode, c.conditional_rule, c.slo_tbt_s) for c in configs}) > 1
 
-    found = [find_capacity(trace, c, predictor, target=target, on_probe=show) for c in configs]
+    def show(probe: dict) -> None:  # a search takes a while: each probe as it comes
+        print(f"  {_label(probe, detailed)}: speed {probe['speed']:.3f} → attainment {probe['slo_attainment']:.3f}", flush=True)
+
+    target = args.target
+    found = [find_capacity(trace, c, predictor, target=target, steps=args.capacity_probes, on_probe=show)
+             for c in configs]
     print(f"highest replay speed with ≥ {target:.0%} of requests within both SLOs:")
     for f in found:
-        print(f"  {f['policy']:>14}/{f['admission']:<13} speed {f['capacity_speed']:.3f}×  "
-              f"({f.get('capacity_rps', 0):.2f} req/s)")
+        print(f"  {_label(f, detailed):>40} speed {f['capacity_speed']:.3f}×  ({f.get('capacity_rps', 0):.2f} req/s)")
+    if len({f["mode"] for f in found}) > 1:
+        from yuebing.commands.sim_modes import capacity_table
+
+        print(capacity_table(found, name))
     return found
+
+
+def _label(f: dict, detailed: bool) -> str:
+    """policy/admission, and the serving mode and TBT SLO where several are compared."""
+    label = f"{f['policy']}/{f['admission']}"
+    return f"{label} {f['mode']} TBT {f['slo_tbt_s'] * 1e3:.0f} ms" if detailed else label
 
 
 def _compare(trace: Sequence[TraceRequest], configs: Sequence[SimConfig], predictor: Predictor,
@@ -149,6 +182,8 @@ COLUMNS: tuple[tuple[str, str | Callable[[dict], Any], str], ...] = (
     ("policy", "policy", "{}"),
     ("admission", "admission", "{}"),
     ("P:D", lambda r: f"{r['prefill']}:{r['decode']}", "{}"),
+    ("mode", "mode", "{}"),
+    ("local", lambda r: sum(n for k, n in r["mode_decisions"].items() if k.startswith("local:")), "{}"),
     ("TTFT mean s", lambda r: r["ttft_s"]["mean"], "{:.2f}"),
     ("p90", lambda r: r["ttft_s"]["p90"], "{:.2f}"),
     ("p99", lambda r: r["ttft_s"]["p99"], "{:.2f}"),

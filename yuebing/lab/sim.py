@@ -14,6 +14,12 @@ Decode is simulated in segments rather than token by token: between two changes 
 a batch (a request joins or finishes) every step takes the same time, so a segment
 of k steps is one event. That is what lets 23k requests replay in seconds.
 
+Serving modes (`SimConfig.mode`, services/conductor/modes.py): a decode instance
+also runs prefills itself, chunked into its steps as vLLM's chunked prefill does
+(each step's time `modes.mixed_step_s`): every request on a colocated instance
+(placed by `modes.place_colocated`), and under conditional disaggregation those the
+rule keeps on their decode (`modes.choose_mode`, after the Scheduler's decision).
+
 Shared hosts: on the local CPU cluster every instance shares one machine's cores,
 so a prefill runs slower while decode batches run and decode steps slow while a
 prefill runs, and the serving path (gateway, Conductor, NATS) adds a little to every
@@ -35,12 +41,13 @@ import itertools
 import math
 import statistics
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from services.conductor import modes
 from services.conductor.index import PrefixIndex
-from services.conductor.policy import Decision, Params, Request, Scheduler
+from services.conductor.policy import Decision, DecodeLoad, Params, Request, Scheduler
 from services.conductor.state import ClusterState
 from shared.predictor import Predictor
 from yuebing.lab.outcome import Outcome, segment_stats, summarize
@@ -63,6 +70,7 @@ class SimRequest:
     cached_tokens: int = 0  # reused, from its own cache or pulled
     prefilled: int = 0  # prompt tokens computed so far (chunked prefill)
     local_cached_tokens: int = 0  # reused from its own cache only
+    local: bool = False  # prefilled on its decode (colocated) instance, inside the decode batch
     first_token_at: float = 0.0
     # Decode progress: tokens still to make, context attended, and the step times
     # it saw as (step seconds, steps) segments.
@@ -95,6 +103,15 @@ class DecodeInstance:
     step_s: float = 0.0
     version: int = 0  # invalidates a scheduled segment end when the batch changes
     join_s: float = 0.0  # prompt tails that joining requests compute in the next step
+    # Prefills it runs itself (colocated, or conditional's local ones), in order, and
+    # the chunks of them the step in progress computes beside the batch.
+    prefill_queue: deque[SimRequest] = field(default_factory=deque)
+    step: list[tuple[SimRequest, int]] = field(default_factory=list)
+
+    @property
+    def busy(self) -> bool:
+        """A segment is running: a batch decoding, or a step prefilling."""
+        return bool(self.batch or self.step)
 
 
 class Simulation:
@@ -111,8 +128,19 @@ class Simulation:
         self.scheduler = Scheduler(config.policy, config.admission, self.predictor, params, seed=config.seed)
         self.index = PrefixIndex(config.pool_blocks)
         self.state = ClusterState(self.predictor, params, self.index, decode_capacity=config.max_batch)
-        self.prefills = {f"p{i}": PrefillInstance(f"p{i}") for i in range(config.prefill)}
-        self.decodes = {f"d{i}": DecodeInstance(f"d{i}") for i in range(config.decode)}
+        if config.mode not in modes.MODES:
+            raise ValueError(f"unknown mode {config.mode!r}; choose from {', '.join(modes.MODES)}")
+        self.mode_params = modes.ModeParams(config.conditional_rule, config.step_tokens, config.local_prefill_tokens)
+        self.mode_counts: Counter[str] = Counter()  # conditional: decisions by mode and reason
+        # What each decode instance holds in its own prefix cache (conditional's rules
+        # ask how much of a prompt the chosen decode would compute).
+        self.decode_index = PrefixIndex(config.pool_blocks)
+        if config.mode == "colocated":  # as many instances (GPUs), each running both phases
+            self.prefills = {}
+            self.decodes = {f"c{i}": DecodeInstance(f"c{i}") for i in range(config.prefill + config.decode)}
+        else:
+            self.prefills = {f"p{i}": PrefillInstance(f"p{i}") for i in range(config.prefill)}
+            self.decodes = {f"d{i}": DecodeInstance(f"d{i}") for i in range(config.decode)}
         for iid in self.prefills:
             self.state.add_instance("prefill", iid)
         for iid in self.decodes:
@@ -167,12 +195,17 @@ class Simulation:
         return SimRequest(f"r{i}", tr, arrival, hashes, req, outcome, remaining=tr.output_length - 1)
 
     def _arrive(self, r: SimRequest, _v: int) -> None:
+        if self.config.mode == "colocated":
+            self._arrive_colocated(r)
+            return
         loads = self.state.prefill_loads(r.hashes, self.now)
         decode_loads = self.state.decode_loads(self.now)
         out = self.scheduler.schedule(r.request, loads, decode_loads, self.now, self.state.decode_time_s)
         if not isinstance(out, Decision):
             r.outcome.rejected = True
             self._settle(r)
+            return
+        if self.config.mode == "conditional" and self._prefill_on_decode(r, out, decode_loads):
             return
         prefix = next(x.prefix_blocks for x in loads if x.instance_id == out.prefill.instance_id)
         if out.prefill.pull_from:  # replication: the pulled blocks now live on the chosen instance too
@@ -191,6 +224,54 @@ class Simulation:
             self._start_step(inst)
             self._host_changed()  # one more prefill running
 
+    def _arrive_colocated(self, r: SimRequest) -> None:
+        """Placed by `modes.place_colocated` on what each instance reports (its queue
+        of prompt tokens, its batch), as a heartbeat would."""
+        prefixes = self.index.prefix_blocks(r.hashes, self.decodes)
+        loads = [self._colocated_load(inst, prefixes[iid]) for iid, inst in self.decodes.items()]
+        out = modes.place_colocated(r.request, loads, self.predictor, self.config.block_tokens, self.config.step_tokens,
+                                    self.config.admission)
+        if not isinstance(out, modes.ColocatedChoice):
+            r.outcome.rejected = True
+            self._settle(r)
+            return
+        self.mode_counts["colocated:lowest_ttft"] += 1
+        self.index.insert(out.instance_id, r.hashes)  # its engine keeps the blocks it computes
+        cached = min(out.cached_blocks * self.config.block_tokens, r.trace.input_length - 1)
+        self._prefill_locally(r, out.instance_id, cached)
+
+    def _colocated_load(self, inst: DecodeInstance, prefix_blocks: int) -> modes.ColocatedLoad:
+        decoding = [*inst.batch, *inst.waiting]
+        return modes.ColocatedLoad(inst.iid, sum(self._uncomputed(x) for x in inst.prefill_queue), prefix_blocks,
+                                   len(decoding), sum(x.ctx for x in decoding), capacity=self.config.max_batch)
+
+    def _prefill_on_decode(self, r: SimRequest, out: Decision, decode_loads: Sequence[DecodeLoad]) -> bool:
+        """Conditional disaggregation: the rule (`modes.choose_mode`) judges the chosen
+        decode as the books see it now; a local prefill leaves the prefill books alone."""
+        batch, tokens = next(x for x in decode_loads if x.instance_id == out.decode_id).at(self.now)
+        prefix = self.decode_index.prefix_blocks(r.hashes, [out.decode_id])[out.decode_id]
+        cached = min(prefix * self.config.block_tokens, r.trace.input_length - 1)
+        x = modes.LocalPrefill(out.decode_id, r.trace.input_length - cached, cached, batch, tokens,
+                               r.request.slo_tbt_s, remote_ttft_s=out.prefill.ttft_s)
+        choice = modes.choose_mode(x, self.predictor, self.mode_params)
+        self.mode_counts[choice.key] += 1
+        if choice.local:
+            self._prefill_locally(r, out.decode_id, cached)
+        return choice.local
+
+    def _prefill_locally(self, r: SimRequest, decode_id: str, cached_tokens: int) -> None:
+        r.decode_id, r.local = decode_id, True
+        r.cached_tokens = r.local_cached_tokens = cached_tokens
+        self.state.assign_decode(r.request, decode_id, self.now)
+        if self.config.request_timeout_s:
+            self.at(r.arrival + self.config.request_timeout_s, "deadline", r)
+        inst = self.decodes[decode_id]
+        inst.prefill_queue.append(r)
+        if inst.busy:
+            self._cut_segment(inst)  # its first chunk goes into the next step
+        else:
+            self._start_segment(inst)
+
     # --- prefill ------------------------------------------------------------
     def _step_chunks(self, inst: PrefillInstance) -> list[tuple[SimRequest, int]]:
         """What the next engine step computes, as vLLM's scheduler picks it: with a
@@ -201,14 +282,7 @@ class Simulation:
         if not self.config.chunk_tokens:
             r = inst.queue[0]
             return [(r, self._uncomputed(r))]
-        chunks, budget = [], self.config.chunk_tokens
-        for r in inst.queue:
-            if budget <= 0:
-                break
-            n = min(budget, self._uncomputed(r))
-            chunks.append((r, n))
-            budget -= n
-        return chunks
+        return fill_step(inst.queue, self.config.chunk_tokens, self._uncomputed)
 
     def _uncomputed(self, r: SimRequest) -> int:
         return r.trace.input_length - r.cached_tokens - r.prefilled
@@ -233,6 +307,11 @@ class Simulation:
         is lost); a step it shares with others runs on without it."""
         if r.first_token_at or r.outcome.wasted_prefill:
             return
+        if r.local:  # a step computing a chunk of it runs on (the batch is in it too)
+            self.decodes[r.decode_id].prefill_queue.remove(r)
+            r.outcome.failed = True
+            self._settle(r)
+            return
         inst = self.prefills[r.prefill_id]
         inst.queue.remove(r)
         if [x for x, _ in inst.step] == [r]:
@@ -256,14 +335,7 @@ class Simulation:
         if version != inst.version:
             return  # delayed by a join on the host, and rescheduled
         step, inst.step = inst.step, []
-        done = []
-        for r, n in step:
-            if r.outcome.failed:
-                continue  # its client gave up during the step
-            r.prefilled += n
-            if not self._uncomputed(r):
-                inst.queue.remove(r)
-                done.append(r)
+        done = self._computed(step, inst.queue)
         if inst.queue:
             self._start_step(inst)
         else:
@@ -276,6 +348,9 @@ class Simulation:
         r.first_token_at = self.now
         r.outcome.ttft_s = self.now - r.arrival + self.config.host.first_token_overhead_s
         r.outcome.cached_tokens = r.cached_tokens
+        if r.local:  # its KV is where it decodes: it joins the batch's next step
+            self._enter(self.decodes[r.decode_id], r)
+            return
         # With layer-wise streaming only the last layer's KV is left to send now.
         delay = self.predictor.transfer_s(r.trace.input_length) / (32 if self.config.layerwise else 1)
         self.at(self.now + delay + self.config.host.handoff_s, "join", r)
@@ -290,27 +365,42 @@ class Simulation:
             r.outcome.ttft_s = None
             self._settle(r)
             return
-        if r.remaining <= 0:
-            self._finish(r)
-            return
-        if self.config.host.join_overhead_s:
+        if r.remaining > 0 and self.config.host.join_overhead_s:
             self._delay_prefills(self.config.host.join_overhead_s)
-        r.ctx = r.trace.input_length + 1
         # Decode computes what no full pool block holds, the prompt's tail, beside the
         # first token in its next step: that step is longer for the whole batch (by the
         # tail's marginal cost, a step's fixed cost being in the step time already, and
         # by loading the request's KV from the pool).
-        inst.join_s += tail_compute_s(self.predictor, r.trace.input_length, self.config.block_tokens)
-        inst.join_s += self.config.host.join_step_s
+        if r.remaining > 0:
+            inst.join_s += tail_compute_s(self.predictor, r.trace.input_length, self.config.block_tokens)
+            inst.join_s += self.config.host.join_step_s
+        if self._enter(inst, r):
+            if not inst.busy:
+                self._start_segment(inst)
+            else:
+                self._cut_segment(inst)
+
+    def _enter(self, inst: DecodeInstance, r: SimRequest) -> bool:
+        """It waits for the batch's next step (False: a one-token request, done).
+        A request prefilled where it decodes skips the double check: the engine that
+        prefilled it holds its KV, and waits for room as vLLM does."""
+        if self.config.mode == "conditional":  # the decode's own prefix cache keeps its prompt
+            self.decode_index.insert(inst.iid, r.hashes)
+        if r.remaining <= 0:
+            self._finish(r)
+            return False
+        r.ctx = r.trace.input_length + 1
         inst.waiting.append(r)
-        if not inst.batch:
-            self._start_segment(inst)
-        else:
-            self._cut_segment(inst)
+        return True
 
     def _start_segment(self, inst: DecodeInstance) -> None:
         while inst.waiting and len(inst.batch) < self.config.max_batch:
             inst.batch.append(inst.waiting.popleft())
+        # vLLM schedules the decodes first, a token each, then prefill chunks in order.
+        inst.step = fill_step(inst.prefill_queue, self._step_budget(inst), self._uncomputed)
+        if inst.step:
+            self._start_mixed_step(inst)
+            return
         if not inst.batch:
             return
         steps = min(r.remaining for r in inst.batch)
@@ -323,6 +413,24 @@ class Simulation:
         inst.seg_start, inst.seg_steps = self.now, steps
         inst.version += 1
         self.at(self.now + steps * inst.step_s, "segment_end", inst, inst.version)
+
+    def _step_budget(self, inst: DecodeInstance) -> int:
+        if not inst.prefill_queue:
+            return 0
+        head = inst.prefill_queue[0]
+        return modes.step_budget(self.predictor, self.config.step_tokens, len(inst.batch), sum(r.ctx for r in inst.batch),
+                                 head.cached_tokens + head.prefilled, head.request.slo_tbt_s)
+
+    def _start_mixed_step(self, inst: DecodeInstance) -> None:
+        """One step: prefill chunks beside the batch, its time `modes.mixed_step_s`
+        (the shared-host figures are the disaggregated CPU cluster's, not applied)."""
+        chunks = [(n, r.cached_tokens + r.prefilled) for r, n in inst.step]
+        tokens = sum(r.ctx for r in inst.batch)
+        inst.step_s = modes.mixed_step_s(self.predictor, len(inst.batch), tokens, chunks) + inst.join_s
+        inst.join_s = 0.0
+        inst.seg_start, inst.seg_steps = self.now, 1
+        inst.version += 1
+        self.at(self.now + inst.step_s, "segment_end", inst, inst.version)
 
     def _prefilling(self) -> int:
         return sum(p.busy for p in self.prefills.values())
@@ -360,7 +468,28 @@ class Simulation:
             else:
                 self._finish(r)
         inst.batch = still
+        self._end_local_chunks(inst)
         self._start_segment(inst)
+
+    def _end_local_chunks(self, inst: DecodeInstance) -> None:
+        """The step's prefill chunks are computed: prompts that are done give their
+        first token and wait for the next step."""
+        step, inst.step = inst.step, []
+        for r in self._computed(step, inst.prefill_queue):
+            self._first_token(r)
+
+    def _computed(self, step: list[tuple[SimRequest, int]], queue: deque[SimRequest]) -> list[SimRequest]:
+        """A step's chunks are computed: the requests whose prompts are now done,
+        out of the queue."""
+        done = []
+        for r, n in step:
+            if r.outcome.failed:
+                continue  # its client gave up during the step
+            r.prefilled += n
+            if not self._uncomputed(r):
+                queue.remove(r)
+                done.append(r)
+        return done
 
     def _finish(self, r: SimRequest) -> None:
         o = r.outcome
@@ -380,7 +509,7 @@ class Simulation:
         self.samples.append(
             {
                 "t": self.now,
-                "prefill_queue_s": sum(queue_s) / len(queue_s),
+                "prefill_queue_s": sum(queue_s) / len(queue_s) if queue_s else 0.0,  # none: colocated
                 "decode_batch": sum(len(d.batch) for d in self.decodes.values()) / len(self.decodes),
                 "decode_tbt_s": sum(tbts) / len(tbts),
             }
@@ -396,6 +525,19 @@ class Simulation:
         if not counts:
             return {"blocks": 0, "mean": 0.0, "max": 0}
         return {"blocks": len(counts), "mean": sum(counts) / len(counts), "max": max(counts)}
+
+
+def fill_step(queue: Iterable[SimRequest], budget: int, uncomputed: Callable[[SimRequest], int]) -> list[tuple[SimRequest, int]]:
+    """An engine step's prefill chunks as vLLM's chunked prefill schedules them: the
+    queue's requests in order, each as much of its prompt as the budget has left."""
+    chunks = []
+    for r in queue:
+        if budget <= 0:
+            break
+        n = min(budget, uncomputed(r))
+        chunks.append((r, n))
+        budget -= n
+    return chunks
 
 
 def tail_compute_s(predictor: Predictor, prompt_len: int, block_tokens: int) -> float:
@@ -427,6 +569,8 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
         {
             "policy": config.policy,
             "admission": config.admission,
+            "mode": mode_name(config),
+            "mode_decisions": dict(sim.mode_counts),  # conditional: by decision and reason
             "prefill": config.prefill,
             "decode": config.decode,
             "speed": config.speed,
@@ -441,6 +585,11 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
         }
     )
     return SimRun(result, outcomes)
+
+
+def mode_name(config: SimConfig) -> str:
+    """The serving mode as a table shows it: conditional with its rule."""
+    return f"conditional/{config.conditional_rule}" if config.mode == "conditional" else config.mode
 
 
 def _hit_rates(admitted: Sequence[SimRequest]) -> dict[str, float]:
@@ -476,7 +625,8 @@ def find_capacity(
     def attainment(speed: float) -> float:
         return simulate(trace, replace(config, speed=speed), predictor).result["slo_attainment"]
 
-    found = {"policy": config.policy, "admission": config.admission, "target": target}
+    found = {"policy": config.policy, "admission": config.admission, "mode": mode_name(config),
+             "slo_tbt_s": config.slo_tbt_s, "target": target}
     if attainment(lo) < target:
         return found | {"capacity_speed": 0.0}
     probes = []

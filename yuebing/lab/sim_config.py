@@ -70,6 +70,19 @@ class SimConfig:
     chunk_tokens: Annotated[int, Meta(
         description="a prefill step's token budget, as vLLM's chunked prefill (0: a whole prompt a step)")] = 0
     max_batch: Annotated[int, Meta(description="decode batch limit: requests a decode instance's KV cache holds")] = 128
+    # Where prefill runs (services/conductor/modes.py): disaggregated; colocated, the
+    # prefill + decode instances all running both in one engine (as many GPUs);
+    # conditional, disaggregated unless `conditional_rule` lets decode prefill it.
+    mode: str = "disaggregated"
+    conditional_rule: Annotated[str, Meta(
+        description="conditional mode's rule: mooncake (unchunked and within the TBT SLO), dynamo or llmd")] = "mooncake"
+    step_tokens: Annotated[int, Meta(
+        description="an engine step's token budget on decode and colocated instances (vLLM's max_num_batched_tokens; "
+                    "0: sized each step to the TBT SLO)",
+    )] = 2048
+    local_prefill_tokens: Annotated[int, Meta(
+        description="dynamo and llmd rules' N: a decode instance prefills fewer than N uncached tokens itself "
+                    "(dynamo), or at most N (llmd)")] = 1000
     decode_time_s: Annotated[float, Meta(description="predictive admission's t_d, s")] = 10.0
     learn_decode_time: Annotated[bool, Meta(
         description="learn t_d from completed decodes, starting at --decode-time (as the live Conductor does)")] = False
@@ -89,5 +102,7 @@ class SimConfig:
             raise ValueError("need at least one prefill and one decode instance")
         if self.speed <= 0 or self.bandwidth_gbps <= 0 or self.pool_blocks <= 0:
             raise ValueError("speed, bandwidth and pool size must be positive")
+        if self.step_tokens < 0:
+            raise ValueError("step_tokens cannot be negative (0: sized to the TBT SLO)")
         if self.request_timeout_s < 0:
             raise ValueError("request_timeout_s cannot be negative (0: no timeout)")

@@ -1,0 +1,250 @@
+"""Serving modes: where a request's prefill runs. Plain data in, a decision with its
+rule and reason out, no I/O (the simulator and the live Conductor call the same code).
+
+  disaggregated  prefill on a prefill instance, decode on a decode instance (policy.py)
+  colocated      every instance prefills and decodes in one engine, vLLM's chunked
+                 prefill: each step mixes a prefill chunk into the decode batch
+  conditional    disaggregated, except when a rule lets the prefill run on its decode
+                 instance, inside the decode batch. Rules, by name:
+    mooncake  unchunked (the uncached tokens fit one step's budget) AND the decode's
+              predicted step with them added keeps the TBT SLO of those decoding there
+    dynamo    fewer than N uncached tokens (Dynamo's disaggregated router)
+    llmd      at most N uncached tokens on the chosen decode (llm-d's P/D threshold)
+
+A mixed step's time (an assumption, documented where it is made: `mixed_step_s`):
+its decode step plus its prefill chunks' marginal cost, the step's fixed cost (the
+weights read once) paid once, the decode step's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from services.conductor.policy import Rejection, Request, joining_tbt_s, tbt_exceeded
+from shared.predictor import Predictor
+
+MODES = ("disaggregated", "colocated", "conditional")
+
+
+# --- time of a mixed step -----------------------------------------------------
+def prefill_marginal_s(predictor: Predictor, chunks: Sequence[tuple[int, int]]) -> float:
+    """What prefill chunks, (new, cached) tokens each, add to a step that pays its
+    fixed cost anyway."""
+    if not any(n > 0 for n, _ in chunks):
+        return 0.0
+    return max(0.0, predictor.prefill_step_s(chunks) - predictor.prefill_coef[0] / 1e3)
+
+
+def mixed_step_s(predictor: Predictor, batch: int, ctx_tokens: int, chunks: Sequence[tuple[int, int]]) -> float:
+    """One engine step decoding `batch` sequences over `ctx_tokens` tokens and
+    computing prefill `chunks` beside them. Assumption: the decode step plus the
+    chunks' marginal cost (their linear and attention terms), the step's fixed cost
+    once: both phases' fixed cost is mostly reading the weights, which one step does
+    once. Without a batch it is a plain prefill step."""
+    if batch <= 0:
+        return predictor.prefill_step_s(chunks) if any(n > 0 for n, _ in chunks) else 0.0
+    return predictor.decode_step_s(batch, ctx_tokens) + prefill_marginal_s(predictor, chunks)
+
+
+MOST_STEP_TOKENS = 8192  # an SLO-sized step's budget at the most (vLLM's largest default)
+LEAST_STEP_TOKENS = 64  # ... and at the least: prefill must progress even where decode alone breaks the SLO
+
+
+def slo_step_tokens(predictor: Predictor, batch: int, ctx_tokens: int, cached_tokens: int, slo_tbt_s: float) -> int:
+    """A step's prefill budget sized to the TBT SLO (Sarathi-Serve's token budget, per
+    step): the most new tokens (after `cached_tokens`) whose mixed step with this
+    batch keeps `slo_tbt_s`, at least LEAST_STEP_TOKENS. What `step_tokens=0` means."""
+    lo, hi = LEAST_STEP_TOKENS, MOST_STEP_TOKENS
+    if mixed_step_s(predictor, batch, ctx_tokens, [(hi, cached_tokens)]) <= slo_tbt_s:
+        return hi
+    while hi - lo > 1:  # the step grows with its tokens: bisect for the last that fits
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if mixed_step_s(predictor, batch, ctx_tokens, [(mid, cached_tokens)]) <= slo_tbt_s else (lo, mid)
+    return lo
+
+
+def step_budget(predictor: Predictor, step_tokens: int, batch: int, ctx_tokens: int, cached_tokens: int,
+                slo_tbt_s: float) -> int:
+    """Prefill tokens one step may compute beside `batch` decodes: the fixed budget
+    less a token a decode (vLLM schedules decodes first), or with `step_tokens` 0
+    the SLO-sized one."""
+    if step_tokens:
+        return step_tokens - batch
+    return slo_step_tokens(predictor, batch, ctx_tokens, cached_tokens, slo_tbt_s)
+
+
+# --- conditional disaggregation -----------------------------------------------
+@dataclass(frozen=True)
+class ModeParams:
+    rule: str = "mooncake"
+    step_tokens: int = 2048  # an engine step's token budget (vLLM's max_num_batched_tokens); 0: SLO-sized
+    local_prefill_tokens: int = 1000  # dynamo / llmd: N, the threshold on uncached tokens
+
+
+@dataclass(frozen=True)
+class LocalPrefill:
+    """The chosen decode instance as the rule sees it, for one request."""
+
+    decode_id: str
+    uncached_tokens: int  # prompt tokens it would compute (not in its own prefix cache)
+    cached_tokens: int
+    batch: int  # decoding there now
+    ctx_tokens: int
+    # The tightest TBT SLO of those decoding there (the request's own when the books
+    # keep no SLO per request: a cluster with one SLO).
+    slo_tbt_s: float
+    slowdown: float = 1.0  # its steps observed over predicted (shared/calibration.py)
+    remote_ttft_s: float = math.inf  # the disaggregated choice's predicted TTFT, for the record
+
+
+@dataclass(frozen=True)
+class ModeChoice:
+    """Where the prefill runs, by which rule and why: what the Conductor counts and logs."""
+
+    mode: Literal["disaggregated", "local"]
+    rule: str
+    reason: str  # a counter's key: unchunked_within_tbt, would_chunk, breaks_tbt, below_threshold, above_threshold
+    detail: str  # the figures compared, for the debug log and the response's `yuebing` field
+    tbt_s: float = 0.0  # predicted step on the decode with the prefill in it (mooncake)
+    ttft_s: float = 0.0  # predicted TTFT if it prefills there
+
+    @property
+    def local(self) -> bool:
+        return self.mode == "local"
+
+    @property
+    def key(self) -> str:
+        """The counter it adds to: decision and reason."""
+        return f"{self.mode}:{self.reason}"
+
+    def record(self) -> dict:
+        """For the response's `yuebing` field and the debug log line."""
+        return {"mode": self.mode, "rule": self.rule, "reason": self.reason, "detail": self.detail,
+                "predicted_tbt_ms": round(self.tbt_s * 1e3, 1), "predicted_ttft_ms": round(self.ttft_s * 1e3, 1)}
+
+
+ConditionalRule = Callable[[LocalPrefill, Predictor, ModeParams], ModeChoice]
+
+
+def _local_ttft_s(x: LocalPrefill, predictor: Predictor) -> float:
+    return x.slowdown * mixed_step_s(predictor, x.batch, x.ctx_tokens, [(x.uncached_tokens, x.cached_tokens)])
+
+
+def mooncake_rule(x: LocalPrefill, predictor: Predictor, params: ModeParams) -> ModeChoice:
+    """Mooncake's: on the decode only unchunked (one step computes it whole, the
+    decodes' own tokens counted in the budget as vLLM schedules them first) and
+    only if that step keeps the TBT SLO of those decoding there (with none decoding
+    there, none is at stake)."""
+    budget = step_budget(predictor, params.step_tokens, x.batch, x.ctx_tokens, x.cached_tokens, x.slo_tbt_s)
+    if x.uncached_tokens > budget:
+        return ModeChoice("disaggregated", "mooncake", "would_chunk",
+                          f"{x.uncached_tokens} uncached tokens exceed the step budget of {budget} on {x.decode_id}")
+    step = _local_ttft_s(x, predictor)
+    if x.batch and step > x.slo_tbt_s:  # with nothing decoding there, no TBT is at stake
+        return ModeChoice("disaggregated", "mooncake", "breaks_tbt",
+                          f"predicted step {step * 1e3:.1f} ms on {x.decode_id} with the prefill exceeds "
+                          f"the TBT SLO of {x.slo_tbt_s * 1e3:.1f} ms", tbt_s=step, ttft_s=step)
+    return ModeChoice("local", "mooncake", "unchunked_within_tbt",
+                      f"{x.uncached_tokens} tokens in one step of {step * 1e3:.1f} ms on {x.decode_id} "
+                      f"(TBT SLO {x.slo_tbt_s * 1e3:.1f} ms; remote TTFT {x.remote_ttft_s * 1e3:.0f} ms)",
+                      tbt_s=step, ttft_s=step)
+
+
+def _threshold_rule(name: str, x: LocalPrefill, local: bool, bound: str) -> ModeChoice:
+    detail = f"{x.uncached_tokens} uncached tokens on {x.decode_id} {bound}"
+    if local:
+        return ModeChoice("local", name, "below_threshold", detail)
+    return ModeChoice("disaggregated", name, "above_threshold", detail)
+
+
+def dynamo_rule(x: LocalPrefill, predictor: Predictor, params: ModeParams) -> ModeChoice:
+    """Dynamo's disaggregated router: prefill remotely unless fewer than N tokens are
+    left to compute after the decode worker's prefix hit. (Its early router also
+    kept a request local when the global prefill queue was full; not modelled.)"""
+    n = params.local_prefill_tokens
+    local = x.uncached_tokens < n
+    return _threshold_rule("dynamo", x, local, f"{'<' if local else '>='} {n}")
+
+
+def llmd_rule(x: LocalPrefill, predictor: Predictor, params: ModeParams) -> ModeChoice:
+    """llm-d's P/D decider: decode alone when the tokens the chosen decode does not
+    hold are at most the threshold."""
+    n = params.local_prefill_tokens
+    local = x.uncached_tokens <= n
+    return _threshold_rule("llmd", x, local, f"{'<=' if local else '>'} {n}")
+
+
+CONDITIONAL_RULES: dict[str, ConditionalRule] = {"mooncake": mooncake_rule, "dynamo": dynamo_rule, "llmd": llmd_rule}
+
+
+def choose_mode(x: LocalPrefill, predictor: Predictor, params: ModeParams) -> ModeChoice:
+    """Conditional disaggregation: the named rule's answer for this request."""
+    if params.rule not in CONDITIONAL_RULES:
+        raise ValueError(f"unknown rule {params.rule!r}; choose from {', '.join(CONDITIONAL_RULES)}")
+    return CONDITIONAL_RULES[params.rule](x, predictor, params)
+
+
+# --- colocated instances -----------------------------------------------------
+@dataclass(frozen=True)
+class ColocatedLoad:
+    """A colocated instance as placement sees it, for one request."""
+
+    instance_id: str
+    queued_tokens: int  # prompt tokens waiting to be prefilled there, ahead of this request
+    prefix_blocks: int  # leading blocks of this request it holds
+    batch: int  # decoding there now
+    ctx_tokens: int
+    capacity: int = 1 << 30  # requests its KV cache holds at once
+    slowdown: float = 1.0
+
+
+@dataclass(frozen=True)
+class ColocatedChoice:
+    instance_id: str
+    ttft_s: float  # predicted: the chunked prefill of what is queued and of this request
+    cached_blocks: int
+    tbt_s: float  # predicted decode step once it joins (no chunk beside it)
+    mixed_tbt_s: float  # ... and a step that carries a full prefill chunk beside it
+
+
+def colocated_ttft_s(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int, step_tokens: int) -> float:
+    """Chunked prefill of the queue and then of this request's uncached tokens, each
+    step beside the running decodes: as many steps as the budget (less one token per
+    decode) needs, each costing the decode step, plus the tokens' marginal cost
+    (counted as whole prompts: chunking moves attention between the n·p and n² terms,
+    which the profile prices alike)."""
+    cached = min(load.prefix_blocks * block_size, req.prompt_len - 1)
+    new = req.prompt_len - cached
+    budget = max(1, step_budget(predictor, step_tokens, load.batch, load.ctx_tokens, cached, req.slo_tbt_s))
+    steps = math.ceil((load.queued_tokens + new) / budget)
+    fixed = predictor.decode_step_s(load.batch, load.ctx_tokens) if load.batch else predictor.prefill_coef[0] / 1e3
+    work = prefill_marginal_s(predictor, [(load.queued_tokens, 0)]) + prefill_marginal_s(predictor, [(new, cached)])
+    return load.slowdown * (steps * fixed + work)
+
+
+def place_colocated(
+    req: Request, loads: Sequence[ColocatedLoad], predictor: Predictor, block_size: int, step_tokens: int,
+    admission: str = "none",
+) -> ColocatedChoice | Rejection:
+    """Cache-aware placement across colocated instances: the lowest predicted TTFT,
+    the interference of its running decodes included, among those with room. With
+    admission (any mode but "none", judged now: the prefill runs on the decode
+    instance itself) a predicted TTFT or joining decode step over its SLO is refused."""
+    loads = [x for x in loads if x.instance_id not in req.avoid and x.batch < x.capacity]
+    if not loads:
+        return Rejection("unavailable", "no colocated instance with room", retry_after_s=1.0)
+    ttfts = [(colocated_ttft_s(x, req, predictor, block_size, step_tokens), x.instance_id, x) for x in loads]
+    ttft, _, best = min(ttfts, key=lambda t: (t[0], t[1]))
+    tbt = best.slowdown * joining_tbt_s(predictor, best.batch, best.ctx_tokens, req.prompt_len)
+    joined = (best.batch + 1, best.ctx_tokens + req.prompt_len)
+    chunk = [(max(0, step_budget(predictor, step_tokens, *joined, 0, req.slo_tbt_s)), 0)]
+    mixed = best.slowdown * mixed_step_s(predictor, *joined, chunk)
+    if admission != "none" and ttft > req.slo_ttft_s:
+        return Rejection("overloaded", f"predicted TTFT {ttft * 1e3:.0f} ms exceeds the SLO of "
+                         f"{req.slo_ttft_s * 1e3:.0f} ms", retry_after_s=ttft - req.slo_ttft_s)
+    if admission != "none" and tbt > req.slo_tbt_s:
+        return Rejection("overloaded", tbt_exceeded(tbt, req.slo_tbt_s, best.instance_id), retry_after_s=1.0)
+    return ColocatedChoice(best.instance_id, ttft, best.prefix_blocks, tbt, mixed)

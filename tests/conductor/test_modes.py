@@ -1,0 +1,125 @@
+"""Serving modes (services/conductor/modes.py): a mixed step's time, the conditional
+rules' defining behaviour, and placement across colocated instances."""
+
+import math
+
+import pytest
+
+from services.conductor.modes import (
+    ColocatedChoice,
+    ColocatedLoad,
+    LocalPrefill,
+    ModeParams,
+    choose_mode,
+    colocated_ttft_s,
+    mixed_step_s,
+    place_colocated,
+    slo_step_tokens,
+    step_budget,
+)
+from services.conductor.policy import Rejection, Request
+from shared.predictor import Predictor
+
+# prefill: 5 ms a step + 1 ms a token; decode: 10 ms a step + 1 ms a sequence
+PRED = Predictor(prefill_coef=(5.0, 1.0, 0.0, 0.0), decode_coef=(10.0, 1.0, 0.0))
+BS = 512
+
+
+def local(uncached: int, batch: int = 2, slo_tbt_s: float = 0.1) -> LocalPrefill:
+    return LocalPrefill("d0", uncached, 0, batch, 1000 * batch, slo_tbt_s)
+
+
+def test_a_mixed_step_is_the_decode_step_plus_the_chunks_marginal_cost():
+    # The step's fixed cost once (the decode's 10 ms), not the prefill's 5 ms again.
+    assert mixed_step_s(PRED, 2, 2000, [(100, 0), (50, 512)]) == pytest.approx(0.012 + 0.150)
+    assert mixed_step_s(PRED, 2, 2000, []) == pytest.approx(PRED.decode_step_s(2, 2000))
+    # Without a batch it is a plain prefill step; with neither, nothing.
+    assert mixed_step_s(PRED, 0, 0, [(100, 0)]) == pytest.approx(PRED.prefill_step_s([(100, 0)]))
+    assert mixed_step_s(PRED, 0, 0, []) == 0.0
+
+
+def test_a_step_budget_is_vllms_less_the_decodes_or_sized_to_the_tbt_slo():
+    assert step_budget(PRED, 2048, 2, 2000, 0, 0.1) == 2046
+    # 12 ms of decode + 1 ms a token within 100 ms: 88 tokens; at least 64 where nothing fits.
+    assert step_budget(PRED, 0, 2, 2000, 0, 0.1) == slo_step_tokens(PRED, 2, 2000, 0, 0.1) == 88
+    assert slo_step_tokens(PRED, 2, 2000, 0, 0.005) == 64
+    assert slo_step_tokens(PRED, 2, 2000, 0, 60.0) == 8192
+
+
+def test_mooncake_keeps_an_unchunked_prefill_on_decode_when_the_step_keeps_the_tbt_slo():
+    params = ModeParams("mooncake", step_tokens=2048)
+    choice = choose_mode(local(80), PRED, params)  # 12 + 80 ms: within 100 ms
+    assert (choice.mode, choice.reason) == ("local", "unchunked_within_tbt")
+    assert choice.tbt_s == pytest.approx(0.092) and choice.local
+    assert choice.key == "local:unchunked_within_tbt"
+    assert choice.record()["predicted_tbt_ms"] == pytest.approx(92.0)
+
+
+def test_mooncake_disaggregates_what_would_break_the_tbt_of_those_decoding_there():
+    choice = choose_mode(local(95), PRED, ModeParams("mooncake"))  # 12 + 95 ms > 100 ms
+    assert (choice.mode, choice.reason) == ("disaggregated", "breaks_tbt")
+    assert choice.tbt_s == pytest.approx(0.107)
+    # With nothing decoding there no TBT is at stake.
+    assert choice_on_idle(1000).mode == "local"
+
+
+def choice_on_idle(uncached: int):
+    return choose_mode(local(uncached, batch=0), PRED, ModeParams("mooncake"))
+
+
+def test_mooncake_disaggregates_what_one_step_cannot_compute_whole():
+    # The budget is the step's less a token per decoding sequence (vLLM schedules decodes first).
+    params = ModeParams("mooncake", step_tokens=100)
+    assert choose_mode(local(98, slo_tbt_s=1.0), PRED, params).mode == "local"
+    chunked = choose_mode(local(99, slo_tbt_s=1.0), PRED, params)
+    assert (chunked.mode, chunked.reason) == ("disaggregated", "would_chunk")
+
+
+def test_dynamo_and_llmd_thresholds_differ_only_at_n():
+    dynamo, llmd = ModeParams("dynamo", local_prefill_tokens=500), ModeParams("llmd", local_prefill_tokens=500)
+    assert choose_mode(local(499, slo_tbt_s=0.0), PRED, dynamo).reason == "below_threshold"  # no TBT judged
+    assert choose_mode(local(500), PRED, dynamo).mode == "disaggregated"
+    assert choose_mode(local(500), PRED, llmd).mode == "local"
+    assert choose_mode(local(501), PRED, llmd).reason == "above_threshold"
+
+
+def test_an_unknown_rule_is_refused():
+    with pytest.raises(ValueError, match="mooncake"):
+        choose_mode(local(10), PRED, ModeParams("nope"))
+
+
+def req(prompt_len: int = 1024, slo_ttft_s: float = 30.0, slo_tbt_s: float = 0.1, avoid=frozenset()) -> Request:
+    return Request("r", prompt_len, prompt_len // BS, 10, slo_ttft_s, slo_tbt_s, avoid)
+
+
+def test_colocated_ttft_counts_the_queue_the_chunks_and_the_decodes_beside_them():
+    # 1024 queued + 1024 new tokens at 511 a step (one token to the decoding sequence): 5 steps
+    # of 11 ms decode each, plus 2048 ms of tokens.
+    load = ColocatedLoad("c0", queued_tokens=1024, prefix_blocks=0, batch=1, ctx_tokens=0)
+    assert colocated_ttft_s(load, req(), PRED, BS, 512) == pytest.approx(5 * 0.011 + 2.048)
+    # Alone: the prefill's own fixed cost a step.
+    idle = ColocatedLoad("c0", 0, 0, 0, 0)
+    assert colocated_ttft_s(idle, req(), PRED, BS, 512) == pytest.approx(2 * 0.005 + 1.024)
+
+
+def test_colocated_placement_prefers_the_cache_then_the_instance_without_decodes():
+    busy = ColocatedLoad("c0", 0, 0, batch=20, ctx_tokens=20_000)
+    idle = ColocatedLoad("c1", 0, 0, 0, 0)
+    cached = ColocatedLoad("c2", 0, prefix_blocks=1, batch=20, ctx_tokens=20_000)
+    assert place_colocated(req(), [busy, idle], PRED, BS, 512).instance_id == "c1"  # interference
+    choice = place_colocated(req(), [busy, idle, cached], PRED, BS, 512)
+    assert isinstance(choice, ColocatedChoice) and (choice.instance_id, choice.cached_blocks) == ("c2", 1)
+    assert choice.tbt_s == pytest.approx(PRED.decode_step_s(21, 20_000 + 1024))
+    assert choice.mixed_tbt_s > choice.tbt_s  # a step with a full chunk beside it
+
+
+def test_colocated_placement_skips_full_and_avoided_instances_and_admits_by_slo():
+    full = ColocatedLoad("c0", 0, 0, batch=4, ctx_tokens=0, capacity=4)
+    other = ColocatedLoad("c1", 10_000, 0, 0, 0)
+    assert place_colocated(req(), [full, other], PRED, BS, 512).instance_id == "c1"
+    assert place_colocated(req(avoid=frozenset({"c1"})), [full, other], PRED, BS, 512).kind == "unavailable"
+    late = place_colocated(req(slo_ttft_s=1.0), [other], PRED, BS, 512, admission="early_reject")
+    assert isinstance(late, Rejection) and "TTFT" in late.reason
+    assert not isinstance(place_colocated(req(slo_ttft_s=1.0), [other], PRED, BS, 512), Rejection)
+    slow = place_colocated(req(slo_tbt_s=0.005), [ColocatedLoad("c1", 0, 0, 0, 0)], PRED, BS, 512, admission="predictive")
+    assert isinstance(slow, Rejection) and "TBT" in slow.reason and slow.retry_after_s < math.inf
