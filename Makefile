@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 MODEL   := models/yuebing-tiny
 
-.PHONY: run test install model clean
+.PHONY: run test install model clean mooncake
 
 run: $(STAMP) $(MODEL)/config.json
 	$(VENV)/bin/yuebing up --model $(MODEL)
@@ -24,7 +24,18 @@ $(STAMP): pyproject.toml
 	if nvidia-smi -L >/dev/null 2>&1; then extra=gpu; else extra=cpu; fi; \
 	  $(PY) -m pip install -e ".[$$extra,test]"
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(MAKE) --no-print-directory mooncake
 	touch $(STAMP)
+
+# Mooncake's Transfer Engine (`--kv-transport mooncake`) is optional: where it cannot
+# install, ZeroMQ (the default) serves and its tests skip saying why. Its wheel loads
+# libibverbs.so.1 even for TCP; installed here only as root with apt-get, never failing.
+mooncake:
+	if nvidia-smi -L >/dev/null 2>&1; then extra=mooncake-gpu; else extra=mooncake; fi; \
+	  $(PY) -m pip install -e ".[$$extra]" || echo "Mooncake Transfer Engine not installed: --kv-transport mooncake unavailable"
+	-if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! ldconfig -p | grep -q 'libibverbs\.so\.1'; then \
+	  apt-get install -y -q libibverbs1 >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libibverbs1 >/dev/null 2>&1; } \
+	  || echo "libibverbs1 not installed: --kv-transport mooncake unavailable"; fi
 
 $(MODEL)/config.json: | $(STAMP)
 	$(VENV)/bin/yuebing model init --out $(MODEL) --if-missing

@@ -24,9 +24,10 @@ from nats.aio.msg import Msg
 
 from services.messenger import metrics
 from services.messenger.messenger import Messenger
+from services.messenger.mooncake_transport import MooncakeTransport, MooncakeUnavailable
 from services.messenger.node_pool import PoolOptions
 from services.messenger.pool import EVICTION_POLICIES
-from services.messenger.transport import KV_SECURITY, ZmqTransport
+from services.messenger.transport import KV_SECURITY, Transport, ZmqTransport
 from shared import bus, service
 from shared.config import ClusterConfig
 from shared.instance import Instance
@@ -56,6 +57,7 @@ from shared.private_file import private_dir
 
 log = structlog.get_logger(__name__)
 TICK_S = 0.25  # how often engines hear that we are alive
+DRAIN_MAX = 256  # layers taken in one go before the other loops get a turn
 
 
 def parser() -> argparse.ArgumentParser:
@@ -182,8 +184,15 @@ class MessengerService:
         self.messenger.note(note_decoder.decode(body))
 
     async def _transfer_once(self) -> None:
-        header, payload = await self.messenger.node.transport.receive()
-        self.messenger.received(header, payload)
+        """One layer, then those already queued behind it (up to DRAIN_MAX), before the
+        loop flushes the events they made: one wake-up and one event per burst."""
+        transport = self.messenger.node.transport
+        self.messenger.received(*await transport.receive())
+        for _ in range(DRAIN_MAX):
+            message = transport.receive_nowait()
+            if message is None:
+                return
+            self.messenger.received(*message)
 
     async def _peers_once(self) -> None:
         await self.messenger.node.transport.watch()  # counts and logs a refused peer
@@ -195,6 +204,7 @@ class MessengerService:
 
     async def _flush_events(self) -> None:
         node = self.messenger.node
+        node.flush()  # the layers this step queued, in batches per peer
         for event in node.take_events():
             await self.sockets.events.send(control_encoder.encode(event))
         if self.nc is not None:
@@ -252,9 +262,28 @@ def pool_options(config: ClusterConfig, args: argparse.Namespace) -> PoolOptions
     )
 
 
+KV_TRANSPORTS = ("zmq", "mooncake")
+
+
+def kv_transport(config: ClusterConfig, args: argparse.Namespace) -> Transport:
+    """ZeroMQ, or Mooncake's Transfer Engine with ZeroMQ for its notes; a messenger
+    asked for an engine that cannot load here stops at once, saying why."""
+    if config.kv_transport not in KV_TRANSPORTS:
+        raise SystemExit(f"messenger: kv_transport must be one of {', '.join(KV_TRANSPORTS)}, "
+                         f"not {config.kv_transport!r}")
+    notes = ZmqTransport(args.host, args.port, args.advertise_host, keys=cluster_keys(args),
+                         security=args.kv_security)
+    if config.kv_transport == "zmq":
+        return notes
+    try:
+        return MooncakeTransport(notes, args.advertise_host or args.host)
+    except MooncakeUnavailable as e:
+        notes.close()
+        raise SystemExit(f"messenger: --kv-transport mooncake: {e}") from e
+
+
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
-    transport = ZmqTransport(args.host, args.port, args.advertise_host, keys=cluster_keys(args),
-                             security=args.kv_security)
+    transport = kv_transport(config, args)
     messenger = Messenger(args.node, config.kv_root, pool_options(config, args), transport,
                           fault_injection=args.fault_injection, peer_forget_s=config.kv_peer_forget_s)
     sockets = LocalSockets(config.kv_root, args.node)
@@ -271,7 +300,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     await bus.subscribe(nc, messenger_faults_subject(args.node), MessengerCommand, svc.on_faults)
     await instance.start()
     log.info("messenger ready", node=args.node, endpoint=transport.endpoint, kv_dir=config.kv_root,
-             kv_authenticated=transport.authenticated, kv_security=args.kv_security,
+             kv_authenticated=transport.authenticated, kv_security=args.kv_security, kv_transport=config.kv_transport,
              fault_injection=args.fault_injection)
     await stop.wait()
     await instance.close()

@@ -35,6 +35,7 @@ class Messenger:
         private_dir(kv_dir, repair=True)  # the pool file is the node's KV cache: ours alone
         file = PoolFile(pool_path(kv_dir, node), options.pool_bytes, create=True)
         self.pool: Unattached | NodePool = Unattached(file, options, self.node)
+        transport.attach(file.view, self.place)
         log.info("pool file created", path=str(file.path), pool_bytes=options.pool_bytes)
 
     # --- engines -------------------------------------------------------------------
@@ -65,14 +66,23 @@ class Messenger:
         return self.pool.ssd_reads(owner, hashes)
 
     # --- other messengers ----------------------------------------------------------
-    def received(self, header: bytes, payload: memoryview) -> None:
-        """One layer from another messenger."""
+    def received(self, header: bytes, payload: memoryview | None) -> None:
+        """One layer from another messenger (None: written in place already, to be checked)."""
         try:
             frame = frame_decoder.decode(header)
         except msgspec.DecodeError as e:
             log.warning("bad transfer frame dropped", error=str(e))
             return
         self.pool.received(frame, payload)
+
+    def place(self, header: bytes) -> memoryview | None:
+        """Where the layer another messenger is about to write goes in our pool (None: nowhere)."""
+        try:
+            frame = frame_decoder.decode(header)
+        except msgspec.DecodeError as e:
+            log.warning("bad transfer frame dropped", error=str(e))
+            return None
+        return self.pool.place(frame)
 
     def send_to(self, dest: str, hashes: list[bytes], skip: int = 0, owner: str = "") -> int:
         return self.pool.send_to(dest, hashes, skip, owner)

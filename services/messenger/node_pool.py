@@ -109,8 +109,11 @@ class Unattached:
     def written(self, w: Written) -> None:
         log.warning("written note for another pool dropped", pool_id=w.pool_id)
 
-    def received(self, frame: LayerFrame, payload: memoryview) -> None:
+    def received(self, frame: LayerFrame, payload: memoryview | None) -> None:
         log.warning("transfer frame before any engine attached dropped", model=frame.model)
+
+    def place(self, frame: LayerFrame) -> memoryview | None:
+        return None
 
     def ssd_reads(self, owner: str, hashes: list[bytes]) -> list[SsdRead]:
         return []
@@ -329,24 +332,51 @@ class NodePool:
                            geometry=self.slots.geometry, model=self.model)
         self.node.send(dest, control_encoder.encode(frame), self.slots.layer(slot.index, layer))
 
-    def received(self, frame: LayerFrame, payload: memoryview) -> None:
-        """One layer from another messenger: into the pool, checked, maybe completing a block."""
-        if (frame.v != WIRE_VERSION or frame.geometry != self.slots.geometry or frame.model != self.model
-                or len(payload) != self.slots.geometry.layer_bytes):
+    def received(self, frame: LayerFrame, payload: memoryview | None) -> None:
+        """One layer from another messenger: into the pool, checked, maybe completing a
+        block. Payload None: the sender wrote it into the slot `place` gave (one-sided),
+        so only the check is left."""
+        if payload is None:
+            slot = self._receiving(frame, allocate=False)
+            if slot is not None:
+                self._check_in(slot, frame, self.slots.layer(slot.index, frame.layer), copy=False)
+            return
+        if len(payload) != self.slots.geometry.layer_bytes:
             log.warning("transfer frame for another geometry dropped", model=frame.model)
             return
+        slot = self._receiving(frame, allocate=True)
+        if slot is not None:
+            self._check_in(slot, frame, payload, copy=True)
+
+    def place(self, frame: LayerFrame) -> memoryview | None:
+        """The slot part a layer about to be written here by another messenger goes to
+        (the block's slot is taken now, FILLING); None when it is not wanted."""
+        slot = self._receiving(frame, allocate=True)
+        return None if slot is None else self.slots.layer(slot.index, frame.layer)
+
+    def _receiving(self, frame: LayerFrame, allocate: bool) -> Slot | None:
+        """The FILLING slot an arriving layer belongs in, or None (dropped: another
+        geometry, a block given up on, complete already, or no room)."""
+        if (frame.v != WIRE_VERSION or frame.geometry != self.slots.geometry or frame.model != self.model
+                or not 0 <= frame.layer < self.blocks.layers):
+            log.warning("transfer frame for another geometry dropped", model=frame.model)
+            return None
         now = time.monotonic()
         if now - self._failed.get(frame.block_hash, -FAILED_MEMORY_S) < FAILED_MEMORY_S:
-            return
+            return None
+        if not allocate:
+            slot = self.blocks.get(frame.block_hash)
+            return slot if slot is not None and slot.state is State.FILLING else None
         slot = self.blocks.begin_receive(frame.block_hash, now)
         self._spill_evicted()
-        if slot is None:
-            if self.blocks.get(frame.block_hash) is None:  # not here: no room for it
-                self._give_up(frame.block_hash, now, "no room for an arriving block: dropped")
-            return
+        if slot is None and self.blocks.get(frame.block_hash) is None:  # not here: no room for it
+            self._give_up(frame.block_hash, now, "no room for an arriving block: dropped")
+        return slot
+
+    def _check_in(self, slot: Slot, frame: LayerFrame, payload: memoryview, copy: bool) -> None:
         # Sum the frame while the kernel's copy of it is still in cache, then copy.
         good = checksum(payload) == frame.checksum
-        if good:
+        if good and copy:
             self.slots.layer(slot.index, frame.layer)[:] = payload
         self.node.counters.layers_in += 1
         self.node.counters.bytes_in += len(payload)

@@ -12,8 +12,11 @@ Three local sockets per node, all bound by the messenger:
 Pins are leases: a pin made by a Reserve or Pin lapses `Reply.lease_s` seconds after
 its owner was last renewed, so an engine that crashes (its Release notes never
 sent) cannot fill the pool with pinned slots.
-Between messengers a transfer is a stream of two-frame messages, (LayerFrame, bytes),
-one per layer of a block, so a layer can leave as soon as prefill has computed it.
+Between messengers a transfer is a stream of layers, (LayerFrame, bytes), one per
+layer of a block, so a layer can leave as soon as prefill has computed it; the
+transport carries them (services/messenger/transport.py batches a peer's layers into
+one ZeroMQ message, mooncake_transport.py writes them in place and sends the
+LayerFrame after).
 Everything here is msgpack (msgspec); block hashes travel as raw 16-byte digests.
 """
 

@@ -26,6 +26,9 @@ class Recorder:
 
     closed: list[str] = field(default_factory=list)
 
+    def attach(self, region, place) -> None:
+        pass
+
     def connect(self, endpoint: str) -> None:
         pass
 
@@ -35,6 +38,9 @@ class Recorder:
     def send(self, endpoint: str, header: bytes, payload) -> bool:
         self.sent.append((endpoint, header, bytes(payload)))
         return True
+
+    def flush(self) -> tuple[int, int]:
+        return 0, 0
 
 
 def h(i: int) -> bytes:

@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from services.messenger.messenger import Messenger
-from services.messenger.transport import KV_SECURITY, KvSecurity, ZmqTransport
+from services.messenger.transport import KV_SECURITY, KvSecurity, ZmqTransport, encode_index
 from shared.kv.keys import ClusterKeys, generate_keys
 from tests.messenger.nodes import GEOMETRY, h, pool, sent, start, store
 from tests.messenger.test_metrics import page
@@ -72,7 +72,7 @@ def push(endpoint: str, frames: Frames, curve: tuple[bytes, bytes, bytes] | None
         sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = curve
     sock.connect(endpoint)
     for header, payload in frames:
-        sock.send_multipart([header, payload])
+        sock.send_multipart([encode_index([(header, b"")]), payload])  # a batch of one, not sealed
     return lambda: sock.close(0)
 
 
@@ -81,6 +81,7 @@ def member(endpoint: str, frames: Frames, keys: ClusterKeys, security: KvSecurit
     transport = ZmqTransport(keys=keys, security=security)
     for header, payload in frames:
         assert transport.send(endpoint, header, payload)
+    assert transport.flush() == (0, 0)
     return transport.close
 
 

@@ -1,7 +1,9 @@
-"""`yuebing bench transfer`: messenger → messenger throughput against memcpy, with
+"""`yuebing bench transfer`: messenger → messenger throughput against memcpy and
+against Mooncake's Transfer Engine alone, in one run: the messenger over ZeroMQ with
 the KV plane plaintext (--kv-insecure) and guarded by the cluster key in both modes
-(AES-GCM sealed messages, the default, and ZeroMQ CURVE; both encrypt) in the same
-run, so the price of each is read side by side.
+(AES-GCM sealed messages, the default, and ZeroMQ CURVE; both encrypt), and over
+Mooncake's Transfer Engine (`kv_transport: mooncake`, its notes sealed with AES-GCM),
+so the price of each is read side by side.
 
 Starts nats-server and two real messenger processes (node "a" and node "b") per
 block size and mode, then plays a prefill worker on node a: reserves pool slots with node b
@@ -9,8 +11,10 @@ as destination, fills them, and announces them written. Node a's messenger check
 each block and streams it to node b, whose messenger copies it into its own pool,
 checks it and announces it ready. Throughput is bytes over the time from the first
 "written" note to the last "ready" event on node b: the full path a KV block takes.
-In the same run it times a plain memcpy of the same bytes, for the ratio, and bare
-ZeroMQ PUSH → PULL with and without CURVE: the transport's ceilings.
+In the same run it times a plain memcpy of the same bytes, for the ratio, bare
+ZeroMQ PUSH → PULL with and without CURVE, and the bare Transfer Engine (TCP here,
+write, batches of 16, as Mooncake's transfer_engine_bench runs it): the transports'
+ceilings. Where the engine cannot load, its columns read 0 and the reason is printed.
 """
 
 from __future__ import annotations
@@ -41,18 +45,20 @@ from yuebing import process
 
 @dataclass(frozen=True)
 class TransferResult:
+    """GB/s are 1e9 bytes a second; "messenger" rows are messenger → messenger."""
+
     block_bytes: int
     blocks: int
-    seconds: float  # plaintext
-    gbps: float  # GB/s (1e9 bytes) messenger → messenger, plaintext (--kv-insecure)
+    gbps: float  # the faster of Yuebing's transports as deployed (the cluster key on): zmq or mooncake
+    mooncake_gbps: float  # the bare Transfer Engine: what Mooncake itself moves here (0: it cannot load)
+    ratio_to_mooncake: float  # gbps / mooncake_gbps
+    zmq: float  # messenger over ZeroMQ, AES-GCM (the default)
+    mooncake: float  # messenger over the Transfer Engine, notes sealed with AES-GCM (0: it cannot load)
+    zmq_plaintext: float  # messenger over ZeroMQ, --kv-insecure
+    zmq_curve: float  # messenger over ZeroMQ, --kv-security curve
     memcpy_gbps: float
-    ratio: float  # gbps / memcpy_gbps
-    zmq_gbps: float  # bare ZeroMQ PUSH → PULL over the same TCP loopback: the transport's ceiling
-    aes_gcm_gbps: float  # messenger → messenger with the cluster key, --kv-security aes-gcm (the default)
-    aes_gcm_ratio: float  # aes_gcm_gbps / gbps: what it keeps of the plaintext throughput
-    curve_gbps: float  # the same with --kv-security curve
-    curve_ratio: float  # curve_gbps / gbps
-    zmq_curve_gbps: float  # bare ZeroMQ with CURVE
+    bare_zmq_gbps: float  # bare ZeroMQ PUSH → PULL over the same TCP loopback: that transport's ceiling
+    bare_zmq_curve_gbps: float  # bare ZeroMQ with CURVE
 
 
 def memcpy_gbps(nbytes: int, repeats: int = 5) -> float:
@@ -118,13 +124,13 @@ def zmq_gbps(block_bytes: int, count: int, keys: ClusterKeys | None = None) -> f
 
 @contextmanager
 def two_messengers(work: Path, pool_bytes: int, key_file: Path | None = None,
-                   security: str = "aes-gcm") -> Iterator[ClusterConfig]:
+                   security: str = "aes-gcm", transport: str = "zmq") -> Iterator[ClusterConfig]:
     """nats-server and messengers for nodes a and b (with the cluster key in
-    `key_file` and `security`, or --kv-insecure without); yields the config."""
+    `key_file` and `security`, or --kv-insecure without) over `transport`; yields the config."""
     work.mkdir(parents=True, exist_ok=True)
     nats_port = process.free_port()
     config = ClusterConfig(nats_url=f"nats://127.0.0.1:{nats_port}", kv_dir=str(work / "kv"), pool_bytes=pool_bytes,
-                           log_level="warning")
+                           log_level="warning", kv_transport=transport)
     config_path = work / "cluster.json"
     save_config(config, config_path)
     nats_bin = Path(sys.executable).with_name("nats-server")
@@ -179,26 +185,33 @@ def hello(client: MessengerClient, geometry: Geometry, timeout_s: float = 30.0):
     raise RuntimeError("messenger did not answer hello")
 
 
-def measure(block_bytes: int, total_bytes: int, work: Path, copy_gbps: float) -> TransferResult:
-    """Both modes, one after the other, on the same blocks."""
+def measure(block_bytes: int, total_bytes: int, work: Path, copy_gbps: float, engine: bool) -> TransferResult:
+    """Every transport and mode, one after the other, on the same blocks (`engine`:
+    whether Mooncake's Transfer Engine loads here)."""
     blocks = max(4, total_bytes // block_bytes)
     keys = write_keys(work / "kv.key", generate_keys())
-    plain = messenger_seconds(block_bytes, blocks, work / "plain", None)
-    aes = messenger_seconds(block_bytes, blocks, work / "aes-gcm", work / "kv.key", "aes-gcm")
-    curve = messenger_seconds(block_bytes, blocks, work / "curve", work / "kv.key", "curve")
-    gbps, aes_gbps, curve_gbps = (blocks * block_bytes / s / 1e9 for s in (plain, aes, curve))
+    key = work / "kv.key"
+
+    def gbps(name: str, key_file: Path | None, security: str = "aes-gcm", transport: str = "zmq") -> float:
+        return blocks * block_bytes / messenger_seconds(block_bytes, blocks, work / name, key_file, security,
+                                                        transport) / 1e9
+
+    zmq, plain, curve = gbps("aes-gcm", key), gbps("plain", None), gbps("curve", key, "curve")
+    mooncake = gbps("mooncake", key, transport="mooncake") if engine else 0.0
+    bare = mooncake_gbps(block_bytes, blocks) if engine else 0.0
+    best = max(zmq, mooncake)
     return TransferResult(
-        block_bytes, blocks, plain, gbps, copy_gbps, gbps / copy_gbps, zmq_gbps(block_bytes, blocks),
-        aes_gbps, aes_gbps / gbps, curve_gbps, curve_gbps / gbps, zmq_gbps(block_bytes, blocks, keys),
+        block_bytes, blocks, best, bare, best / bare if bare else 0.0, zmq, mooncake, plain, curve, copy_gbps,
+        zmq_gbps(block_bytes, blocks), zmq_gbps(block_bytes, blocks, keys),
     )
 
 
 def messenger_seconds(block_bytes: int, blocks: int, work: Path, key_file: Path | None,
-                      security: str = "aes-gcm") -> float:
+                      security: str = "aes-gcm", transport: str = "zmq") -> float:
     """From the first "written" note on node a to the last "ready" event on node b."""
     geometry = Geometry(layers=1, shape=(1, 1, block_bytes), dtype="uint8", itemsize=1, layout="bytes")
     pool_bytes = (blocks + 2) * geometry.slot_bytes
-    with two_messengers(work, pool_bytes, key_file, security) as config:
+    with two_messengers(work, pool_bytes, key_file, security, transport) as config:
         kv = config.kv_root
         a, b = MessengerClient(kv, "a", timeout_s=5), MessengerClient(kv, "b", timeout_s=5)
         reply = hello(a, geometry)
@@ -257,15 +270,16 @@ def _await_ready(sub: zmq.Socket, blocks: int, work: Path) -> None:
 def run(sizes: list[int], total_bytes: int, progress=print) -> list[TransferResult]:
     results = []
     copy = memcpy_gbps(min(total_bytes, 256 << 20))  # the same bytes for every block size
+    why_not = engine_unavailable()
+    if why_not:
+        progress(f"  Mooncake Transfer Engine columns read 0: {why_not}")
     for size in sizes:
         work = Path(tempfile.mkdtemp(prefix="yuebing-xfer-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
         try:
-            results.append(measure(size, total_bytes, work, copy))
+            results.append(measure(size, total_bytes, work, copy, not why_not))
             r = results[-1]
-            progress(f"  {_size(size):>8}: plaintext {r.gbps:5.2f} GB/s ({r.ratio:.2f} × memcpy {r.memcpy_gbps:.2f} "
-                     f"GB/s), AES-GCM {r.aes_gcm_gbps:5.2f} GB/s ({r.aes_gcm_ratio:.2f} × plaintext), CURVE "
-                     f"{r.curve_gbps:5.2f} GB/s ({r.curve_ratio:.2f} ×); bare ZeroMQ {r.zmq_gbps:.2f}, with CURVE "
-                     f"{r.zmq_curve_gbps:.2f} GB/s")
+            progress(f"  {_size(size):>8}: messenger over ZeroMQ {r.zmq:5.2f} GB/s, over Mooncake TE {r.mooncake:5.2f}"
+                     f"; bare Mooncake TE {r.mooncake_gbps:5.2f}; best / bare TE {r.ratio_to_mooncake:.2f}")
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return results
@@ -277,17 +291,88 @@ def _size(n: int) -> str:
 
 def table(results: list[TransferResult]) -> str:
     lines = [
-        "| block | blocks | messenger→messenger GB/s, plaintext | AES-GCM (default) | AES-GCM / plaintext | CURVE "
-        "| CURVE / plaintext | memcpy GB/s | plaintext / memcpy | bare ZeroMQ TCP GB/s | bare, CURVE "
-        "| plaintext messenger / bare |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ("| block | blocks | messenger, ZeroMQ (AES-GCM) GB/s | messenger, Mooncake TE GB/s | bare Mooncake TE GB/s "
+         "| ZeroMQ / bare TE | Mooncake / bare TE | best / bare TE | ZeroMQ plaintext | ZeroMQ CURVE | memcpy GB/s "
+         "| bare ZeroMQ TCP | bare ZeroMQ CURVE |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        lines.append(f"| {_size(r.block_bytes)} | {r.blocks} | {r.gbps:.2f} | {r.aes_gcm_gbps:.2f} "
-                     f"| {r.aes_gcm_ratio:.2f} | {r.curve_gbps:.2f} | {r.curve_ratio:.2f} | {r.memcpy_gbps:.2f} "
-                     f"| {r.ratio:.2f} | {r.zmq_gbps:.2f} | {r.zmq_curve_gbps:.2f} | {r.gbps / r.zmq_gbps:.2f} |")
+        bare = r.mooncake_gbps or float("nan")
+        lines.append(f"| {_size(r.block_bytes)} | {r.blocks} | {r.zmq:.2f} | {r.mooncake:.2f} | {r.mooncake_gbps:.2f} "
+                     f"| {r.zmq / bare:.2f} | {r.mooncake / bare:.2f} | {r.ratio_to_mooncake:.2f} "
+                     f"| {r.zmq_plaintext:.2f} | {r.zmq_curve:.2f} | {r.memcpy_gbps:.2f} | {r.bare_zmq_gbps:.2f} "
+                     f"| {r.bare_zmq_curve_gbps:.2f} |")
     return "\n".join(lines)
 
 
 def to_json(results: list[TransferResult]) -> dict:
-    return {"transport": "zmq-tcp-loopback", "results": [asdict(r) for r in results]}
+    return {"transport": "tcp-loopback", "results": [asdict(r) for r in results]}
+
+
+# --- the bare Transfer Engine ------------------------------------------------------------
+ENGINE_BATCH = 16  # writes per batch, as transfer_engine_bench's default
+ENGINE_REGION = 64 << 20  # the buffer each side registers; larger runs cycle through it
+
+
+def engine_unavailable() -> str:
+    """Why Mooncake's Transfer Engine cannot load here ("" when it can)."""
+    from services.messenger.mooncake_transport import MooncakeUnavailable, load_engine
+
+    try:
+        load_engine("127.0.0.1")
+    except MooncakeUnavailable as e:
+        return str(e)
+    return ""
+
+
+def _engine_region(block_bytes: int, count: int) -> tuple[object, int, int]:
+    """A registered-ready anonymous buffer: (the mapping, its address, its size)."""
+    import mmap
+
+    from services.messenger.mooncake_transport import address_of
+
+    size = max(block_bytes, min(count * block_bytes, ENGINE_REGION) // block_bytes * block_bytes)
+    region = mmap.mmap(-1, size)
+    region[:] = np.random.default_rng(3).integers(0, 255, size, dtype=np.uint8).tobytes()
+    return region, address_of(memoryview(region)), size
+
+
+def _engine_target(block_bytes: int, count: int, ready, done) -> None:
+    from services.messenger.mooncake_transport import load_engine
+
+    engine = load_engine("127.0.0.1", "tcp")
+    _mapping, address, size = _engine_region(block_bytes, count)  # kept mapped while registered
+    engine.register_memory(address, size)
+    ready.put((f"127.0.0.1:{engine.get_rpc_port()}", address))
+    done.wait(300)
+
+
+def mooncake_gbps(block_bytes: int, count: int) -> float:
+    """The bare Transfer Engine between two processes over TCP loopback: `count`
+    writes of `block_bytes` in batches of ENGINE_BATCH, no messenger."""
+    import multiprocessing
+
+    from services.messenger.mooncake_transport import load_engine
+
+    mp = multiprocessing.get_context("spawn")
+    ready, done = mp.Queue(), mp.Event()
+    target = mp.Process(target=_engine_target, args=(block_bytes, count, ready, done), daemon=True)
+    target.start()
+    try:
+        session, remote = ready.get(timeout=60)
+        engine = load_engine("127.0.0.1", "tcp")
+        _mapping, local, size = _engine_region(block_bytes, count)  # kept mapped while registered
+        engine.register_memory(local, size)
+        per_region = size // block_bytes
+        offsets = [(i % per_region) * block_bytes for i in range(count)]
+        engine.transfer_sync_write(session, local, remote, block_bytes)  # opens the segment: not timed
+        start = time.perf_counter()
+        for i in range(0, count, ENGINE_BATCH):
+            batch = offsets[i : i + ENGINE_BATCH]
+            if engine.batch_transfer_sync_write(session, [local + o for o in batch], [remote + o for o in batch],
+                                                [block_bytes] * len(batch)) != 0:
+                raise RuntimeError("a Transfer Engine write failed in the benchmark")
+        return count * block_bytes / (time.perf_counter() - start) / 1e9
+    finally:
+        done.set()
+        target.join(10)

@@ -1,0 +1,283 @@
+"""Moving block layers with Mooncake's Transfer Engine (`kv_transport: mooncake`):
+the bytes go by one-sided writes straight into the slot the receiving messenger
+reserved for them, over TCP, or RDMA where the node has RDMA NICs; ZeroMQ (a
+`ZmqTransport`, sealed with the cluster key like every KV message) carries only the
+small notes around each write:
+
+    sender                                   receiver
+    Ask([(id, layer header)])    ──zmq──▶    place(): a FILLING slot's layer part, each
+                                 ◀──zmq──    Grant(session, [(id, address)])   (0: not wanted)
+    engine write: pool → address ══TE══▶     (no receive-side copy)
+    Landed([layer header])       ──zmq──▶    checksum the slot's bytes, then the layer counts
+
+Integrity stays with the messengers: Transfer Engine's TCP writes are not
+authenticated, so a written layer counts only once an authenticated `Landed` note
+(its header carries the layer's checksum) arrives and the slot's bytes match it.
+They are not encrypted either: run this transport only where the network (or the
+RDMA fabric) is trusted. Payloads that are not in the registered pool (the fault
+injector's damaged copies) travel inline over ZeroMQ, as `ZmqTransport` sends them.
+
+Engine writes run on one writer thread (they release the GIL and block), batched per
+peer; their notes go back to the event loop to be sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import itertools
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import structlog
+
+from services.messenger.transport import SEND_HWM, ZmqTransport
+
+log = structlog.get_logger(__name__)
+Placement = Callable[[bytes], memoryview | None]  # a layer header → where its bytes go here, or None
+WRITE_BATCH = 64  # engine writes per batch at most
+RDMA_DEVICES = "/sys/class/infiniband"
+
+
+class MooncakeUnavailable(RuntimeError):
+    """The engine cannot load or start here: --kv-transport mooncake must not start."""
+
+
+def engine_protocol() -> str:
+    """RDMA where the node has RDMA devices, TCP elsewhere."""
+    try:
+        return "rdma" if os.listdir(RDMA_DEVICES) else "tcp"
+    except OSError:
+        return "tcp"
+
+
+def load_engine(host: str, protocol: str = "") -> Any:
+    """A started Transfer Engine listening on `host` (P2P handshake, no metadata
+    server), or MooncakeUnavailable saying what is missing."""
+    try:
+        from mooncake.engine import TransferEngine
+    except ImportError as e:  # no wheel, or libibverbs.so.1 missing (the wheel links it even for TCP)
+        raise MooncakeUnavailable(
+            f"Mooncake Transfer Engine cannot load ({e}): install the project's `mooncake` extra "
+            "(mooncake-transfer-engine-non-cuda, or mooncake-transfer-engine with CUDA) and libibverbs.so.1 "
+            "(Debian: apt-get install libibverbs1); or use --kv-transport zmq") from e
+    engine = TransferEngine()
+    protocol = protocol or engine_protocol()
+    if engine.initialize(host, "P2PHANDSHAKE", protocol, "") != 0:
+        raise MooncakeUnavailable(f"Mooncake Transfer Engine did not start on {host} over {protocol}")
+    return engine
+
+
+def address_of(view: memoryview) -> int:
+    """Where a writable buffer starts in memory (the temporary export ends at once)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+class Ask(msgspec.Struct, tag="ask"):
+    """Where should these layers go? (id, the layer's header) each."""
+
+    reply_to: str  # the sender's endpoint
+    layers: list[tuple[int, bytes]]
+
+
+class Grant(msgspec.Struct, tag="grant"):
+    """(id, address) each; address 0: not wanted there (complete already, no room)."""
+
+    session: str  # the receiver's engine ("host:port")
+    layers: list[tuple[int, int]]
+
+
+class Landed(msgspec.Struct, tag="landed"):
+    """These layers (their headers, with their checksums) are written where granted."""
+
+    frames: list[bytes]
+
+
+Note = Ask | Grant | Landed
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(Note).decode
+
+
+@dataclass(frozen=True)
+class Write:
+    endpoint: str
+    frame: bytes
+    source: int
+    length: int
+    session: str = ""
+    target: int = 0
+
+
+class MooncakeTransport:
+    """`Transport` with Transfer Engine writes for the bytes; `notes` (a ZmqTransport)
+    is the sealed channel for everything else. Notes are batched: the asks made in one
+    step of the messenger go out as one message per peer (at `flush`), and so do their
+    grants and the landed notes of one batch of writes, so small layers do not pay
+    three messages each. An ask never answered (its peer gone) is forgotten when the
+    peer is disconnected."""
+
+    def __init__(self, notes: ZmqTransport, host: str = "127.0.0.1", protocol: str = "") -> None:
+        self.engine = load_engine(host, protocol)
+        self.notes = notes
+        self.endpoint = notes.endpoint
+        self.authenticated = notes.authenticated
+        self.session = f"{host}:{self.engine.get_rpc_port()}"
+        self.protocol = protocol or engine_protocol()
+        self._place: Placement = lambda frame: None
+        self._region: tuple[int, int] = (0, 0)  # the registered pool: start, end
+        self._asked: dict[int, Write] = {}  # sent asks not answered yet, by id
+        self._asks: dict[str, list[tuple[int, bytes]]] = {}  # asks to send at the end of this turn, by peer
+        self._arrived: collections.deque[bytes] = collections.deque()  # landed layers for the messenger
+        self._ids = itertools.count(1)
+        self._writes: queue.SimpleQueue[Write | None] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writer = threading.Thread(target=self._write_forever, name="mooncake-writer", daemon=True)
+        self._writer.start()
+        self.written = 0  # layers the engine wrote into peers' pools
+        self.inline = 0  # layers sent inline over ZeroMQ (not in the registered pool)
+        self.write_failures = 0
+        log.info("mooncake transfer engine", session=self.session, protocol=self.protocol)
+
+    # --- set-up ------------------------------------------------------------------------
+    def attach(self, region: memoryview, place: Placement) -> None:
+        """Register the node's pool with the engine: peers write into it, we send from it."""
+        start = address_of(region)
+        if self.engine.register_memory(start, len(region)) != 0:
+            raise MooncakeUnavailable(f"Mooncake Transfer Engine could not register {len(region)} bytes of pool")
+        self._region = (start, start + len(region))
+        self._place = place
+
+    @property
+    def rejected(self) -> int:
+        return self.notes.rejected
+
+    def connect(self, endpoint: str) -> None:
+        self.notes.connect(endpoint)
+
+    def disconnect(self, endpoint: str) -> None:
+        self._asked = {i: w for i, w in self._asked.items() if w.endpoint != endpoint}
+        self._asks.pop(endpoint, None)
+        self.notes.disconnect(endpoint)
+
+    # --- sending -----------------------------------------------------------------------
+    def send(self, endpoint: str, header: bytes, payload: memoryview | bytes) -> bool:
+        source = self._source(payload)
+        if source is None:  # not in the pool: inline, as ZeroMQ sends it
+            self.inline += 1
+            return self.notes.send(endpoint, header, payload)
+        if len(self._asked) >= SEND_HWM:
+            return False
+        ask = next(self._ids)
+        self._asked[ask] = Write(endpoint, header, source, len(payload))
+        self._asks.setdefault(endpoint, []).append((ask, header))
+        return True
+
+    def flush(self) -> tuple[int, int]:
+        """The asks of this turn, one message per peer, then every note queued."""
+        asks, self._asks = self._asks, {}
+        for endpoint, layers in asks.items():
+            self.notes.send(endpoint, _encode(Ask(self.endpoint, layers)), b"")
+        return self.notes.flush()
+
+    def _on_loop(self) -> asyncio.AbstractEventLoop:
+        self._loop = self._loop or asyncio.get_running_loop()
+        return self._loop
+
+    def _source(self, payload: memoryview | bytes) -> int | None:
+        if isinstance(payload, bytes) or payload.readonly or not len(payload):
+            return None
+        start = address_of(payload)
+        return start if self._region[0] <= start and start + len(payload) <= self._region[1] else None
+
+    def _granted(self, grant: Grant) -> None:
+        for ask, address in grant.layers:
+            write = self._asked.pop(ask, None)
+            if write is not None and address:  # else: a peer forgotten meanwhile, or the block not wanted there
+                self._writes.put(Write(write.endpoint, write.frame, write.source, write.length, grant.session, address))
+
+    def _write_forever(self) -> None:
+        """The writer thread: engine writes in batches per peer, then their notes on the loop."""
+        while (first := self._writes.get()) is not None:
+            batch = [first]
+            while len(batch) < WRITE_BATCH and not self._writes.empty():
+                if (more := self._writes.get()) is None:
+                    return
+                batch.append(more)
+            for session in {w.session for w in batch}:
+                writes = [w for w in batch if w.session == session]
+                ok = self.engine.batch_transfer_sync_write(
+                    session, [w.source for w in writes], [w.target for w in writes], [w.length for w in writes]) == 0
+                assert self._loop is not None  # set by the receive or send that led here
+                self._loop.call_soon_threadsafe(self._landed, writes, ok)
+
+    def _landed(self, writes: list[Write], ok: bool) -> None:
+        if not ok:  # the receiver's slots stay unfilled: their readers compute those blocks
+            self.write_failures += len(writes)
+            log.warning("mooncake write failed", session=writes[0].session, layers=len(writes))
+            return
+        self.written += len(writes)
+        for endpoint in {w.endpoint for w in writes}:
+            self.notes.send(endpoint, _encode(Landed([w.frame for w in writes if w.endpoint == endpoint])), b"")
+        self.notes.flush()  # called from the writer thread's hand-off, not from a loop step
+
+    # --- receiving ---------------------------------------------------------------------
+    async def receive(self) -> tuple[bytes, memoryview | None]:
+        self._on_loop()
+        while not self._arrived:
+            layer = self._take(*await self.notes.receive())
+            if layer is not None:
+                return layer
+        return self._arrived.popleft(), None
+
+    def receive_nowait(self) -> tuple[bytes, memoryview | None] | None:
+        while not self._arrived:
+            message = self.notes.receive_nowait()
+            if message is None:
+                return None
+            layer = self._take(*message)
+            if layer is not None:
+                return layer
+        return self._arrived.popleft(), None
+
+    def _take(self, header: bytes, payload: memoryview) -> tuple[bytes, memoryview] | None:
+        """An inline layer for the messenger, or None for a note handled here (landed
+        layers queue in `_arrived`)."""
+        if len(payload):
+            return header, payload
+        try:
+            note = _decode(header)
+        except msgspec.DecodeError:
+            log.warning("bad mooncake note dropped")
+            return None
+        if isinstance(note, Landed):
+            self._arrived.extend(note.frames)
+        elif isinstance(note, Grant):
+            self._granted(note)
+        else:
+            self._grant(note)
+        return None
+
+    def _grant(self, ask: Ask) -> None:
+        layers = []
+        for i, frame in ask.layers:
+            place = self._place(frame)
+            layers.append((i, address_of(place) if place is not None else 0))
+        self.notes.send(ask.reply_to, _encode(Grant(self.session, layers)), b"")
+        self.notes.flush()  # now: receive() goes on waiting for a layer, no loop step ends here
+
+    async def watch(self) -> None:
+        await self.notes.watch()
+
+    def close(self) -> None:
+        self._writes.put(None)
+        self._writer.join(timeout=5)
+        if self._region[0]:  # before the messenger unmaps the pool: no peer may write into it after
+            self.engine.unregister_memory(self._region[0])
+            self._region = (0, 0)
+        self.notes.close()

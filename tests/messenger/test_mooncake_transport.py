@@ -1,0 +1,146 @@
+"""The KV plane over Mooncake's Transfer Engine (TCP loopback here): a block moves by
+one-sided writes into the slot the receiver placed it in, and counts only once a
+sealed note says so and the slot's bytes match its checksum. The placement rules
+themselves run without the engine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from services.messenger import mooncake_transport
+from services.messenger.app import kv_transport
+from services.messenger.messenger import Messenger
+from services.messenger.mooncake_transport import MooncakeTransport, MooncakeUnavailable, load_engine
+from services.messenger.transport import ZmqTransport
+from shared.config import ClusterConfig
+from shared.kv.keys import generate_keys
+from shared.kv.pool_file import checksum
+from shared.kv.wire import LayerFrame, Pin, Reserve, control_encoder
+from tests.messenger.nodes import GEOMETRY, h, pool, start, write_layer
+from tests.messenger.test_transport import eventually, holds
+
+KEYS = generate_keys()
+
+
+def engine_missing() -> str:
+    try:
+        load_engine("127.0.0.1", "tcp")
+    except MooncakeUnavailable as e:
+        return str(e)
+    return ""
+
+
+WHY_NOT = engine_missing()
+needs_engine = pytest.mark.skipif(bool(WHY_NOT), reason=f"Mooncake Transfer Engine cannot load: {WHY_NOT}")
+
+
+def header(i: int, layer: int, fill: int) -> bytes:
+    part = bytes([fill]) * GEOMETRY.layer_bytes
+    return control_encoder.encode(LayerFrame(block_hash=h(i), layer=layer, checksum=checksum(part),
+                                             geometry=GEOMETRY, model="m"))
+
+
+def test_a_layer_written_in_place_counts_only_when_the_slot_holds_what_its_note_says(tmp_path):
+    b = start(tmp_path / "b", "b", slots=2)
+    place = b.place(header(1, 0, 5))
+    assert place is not None and len(place) == GEOMETRY.layer_bytes
+    assert b.place(header(1, 0, 5)) is not None  # the same slot while it fills
+    place[:] = bytes([6]) * len(place)  # not what the note's checksum says: an unauthenticated write
+    b.received(header(1, 0, 5), None)
+    assert [e.kind for e in b.node.take_events()] == ["failed"]
+    assert b.stats().checksum_failures == 1 and not holds(b, 1)
+
+
+def test_layers_written_in_place_make_a_block_ready_without_a_copy(tmp_path):
+    b = start(tmp_path / "b", "b", slots=2)
+    for layer in range(GEOMETRY.layers):
+        place = b.place(header(2, layer, 9))
+        place[:] = bytes([9]) * len(place)
+        b.received(header(2, layer, 9), None)
+    assert [(e.kind, e.hashes) for e in b.node.take_events()] == [("ready", [h(2)])]
+    assert b.place(header(2, 0, 9)) is None  # complete here: not wanted again
+    b.received(header(3, 0, 9), None)  # never placed: nothing to check, dropped
+    assert b.stats().layers_in == GEOMETRY.layers and not holds(b, 3)
+
+
+@contextlib.asynccontextmanager
+async def node(tmp_path, name: str, **kw) -> AsyncIterator[Messenger]:
+    """A messenger on a real MooncakeTransport (notes sealed with KEYS), its transfer loop running."""
+    transport = MooncakeTransport(ZmqTransport(keys=KEYS), "127.0.0.1", "tcp")
+    m = start(tmp_path / name, name, slots=4, transport=transport, **kw)
+
+    async def transfers() -> None:  # as the messenger's loop runs: a layer, then what it queued goes
+        while True:
+            m.received(*await transport.receive())
+            m.node.flush()
+
+    task = asyncio.create_task(transfers())
+    try:
+        yield m
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        transport.close()
+        m.close()
+
+
+@needs_engine
+async def test_a_block_moves_by_engine_writes_into_the_receivers_slot(tmp_path):
+    async with node(tmp_path, "a", fault_injection=True) as a, node(tmp_path, "b") as b:
+        a.node.peers = {"b": b.node.transport.endpoint}
+        slot = a.control(Reserve(owner="r", hashes=[h(1)], dest="b")).slots[0]
+        for layer in range(GEOMETRY.layers):
+            write_layer(a, slot, layer, 10 + layer)
+        a.node.flush()
+        await eventually("block 1 arrives", lambda: holds(b, 1))
+        (got,) = b.control(Pin(owner="d", hashes=[h(1)])).slots
+        assert bytes(pool(b).slots.layer(got, 2)) == bytes([12]) * GEOMETRY.layer_bytes
+        assert b.stats().blocks_received == 1 and b.security().kv_authenticated
+        assert (a.node.transport.written, a.node.transport.inline) == (GEOMETRY.layers, 0)  # by the engine, all
+        # A damaged layer (the fault injector's copy goes inline) is caught on arrival.
+        a.node.faults.corrupt_next = 1
+        slot = a.control(Reserve(owner="r2", hashes=[h(4)], dest="b")).slots[0]
+        for layer in range(GEOMETRY.layers):
+            write_layer(a, slot, layer, 4)
+        a.node.flush()
+        await eventually("the damaged block fails", lambda: b.stats().checksum_failures == 1)
+        assert not holds(b, 4) and a.node.transport.inline == 1
+
+
+def test_an_engine_that_cannot_load_says_what_to_install(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_mooncake(name, *args, **kwargs):
+        if name.startswith("mooncake"):
+            raise ImportError("libibverbs.so.1: cannot open shared object file")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mooncake)
+    with pytest.raises(MooncakeUnavailable, match="libibverbs1.*--kv-transport zmq"):
+        load_engine("127.0.0.1")
+
+
+def messenger_args(**kw) -> argparse.Namespace:
+    return argparse.Namespace(host="127.0.0.1", port=0, advertise_host="", kv_key_file=None, kv_insecure=True,
+                              kv_security="aes-gcm", **kw)
+
+
+def test_a_messenger_asked_for_an_engine_that_cannot_load_stops_saying_why(monkeypatch):
+    def cannot_load(host: str, protocol: str = ""):
+        raise MooncakeUnavailable("Mooncake Transfer Engine cannot load (libibverbs.so.1: cannot open ...)")
+
+    monkeypatch.setattr(mooncake_transport, "load_engine", cannot_load)
+    with pytest.raises(SystemExit, match="--kv-transport mooncake: .*libibverbs"):
+        kv_transport(ClusterConfig(kv_transport="mooncake"), messenger_args())
+    with pytest.raises(SystemExit, match="kv_transport must be one of zmq, mooncake"):
+        kv_transport(ClusterConfig(kv_transport="rdma"), messenger_args())
+    zmq_transport = kv_transport(ClusterConfig(), messenger_args())  # the default needs no engine
+    assert isinstance(zmq_transport, ZmqTransport)
+    zmq_transport.close()
