@@ -8,22 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.messenger.mooncake_transport import MooncakeUnavailable, load_engine
 from tests.e2e import test_faults, test_transfer
-from tests.e2e.conftest import Reference
+from tests.messenger.test_mooncake_transport import WHY_NOT
 
 pytestmark = pytest.mark.e2e
 
-
-def _why_not() -> str:
-    try:
-        load_engine("127.0.0.1", "tcp")
-    except MooncakeUnavailable as e:
-        return str(e)
-    return ""
-
-
-WHY_NOT = _why_not()
 if WHY_NOT:
     pytest.skip(f"Mooncake Transfer Engine cannot load: {WHY_NOT}", allow_module_level=True)
 
@@ -36,13 +25,6 @@ def cluster(launcher, tmp_path_factory):
         yield started.wait()
     finally:
         started.stop()
-
-
-@pytest.fixture(scope="module")
-def reference(model_dir, cluster):
-    ref = Reference(model_dir)
-    yield ref
-    ref.llm.llm_engine.engine_core.shutdown() if hasattr(ref.llm.llm_engine, "engine_core") else None
 
 
 @pytest.fixture(scope="module")
