@@ -137,6 +137,7 @@ class Cluster:
     def start(self) -> float:
         """Start every child and wait until the gateway sees every instance; the seconds it took."""
         o = self.options
+        refuse_unloadable_transport(o.config)
         started = time.monotonic()
         run_dir = o.run_dir or Path(tempfile.mkdtemp(prefix="yuebing-"))
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -296,6 +297,15 @@ PRIVATE_ENV = ("YUEBING_API_KEY", "YUEBING_API_KEY_FILE", "YUEBING_NATS_CREDENTI
 
 def child_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
+
+
+def refuse_unloadable_transport(config: ClusterConfig) -> None:
+    """A KV transport that cannot load here stops `yuebing up` before anything starts."""
+    if config.kv_transport == "mooncake":
+        from services.messenger.mooncake_transport import why_unavailable
+
+        if why := why_unavailable():
+            raise RuntimeError(why)
 
 
 def say(text: str) -> None:

@@ -57,16 +57,25 @@ def engine_protocol() -> str:
         return "tcp"
 
 
+def why_unavailable() -> str:
+    """Why the engine cannot load here ("" if it can): checked before a cluster starts,
+    so that `--kv-transport mooncake` fails at once rather than in every messenger."""
+    try:
+        import mooncake.engine  # noqa: F401
+    except ImportError as e:  # no wheel, or libibverbs.so.1 missing (the wheel links it even for TCP)
+        return (f"Mooncake Transfer Engine cannot load ({e}): install the project's `mooncake` extra "
+                "(mooncake-transfer-engine-non-cuda, or mooncake-transfer-engine with CUDA) and libibverbs.so.1 "
+                "(Debian: apt-get install libibverbs1); or use --kv-transport zmq")
+    return ""
+
+
 def load_engine(host: str, protocol: str = "") -> Any:
     """A started Transfer Engine listening on `host` (P2P handshake, no metadata
     server), or MooncakeUnavailable saying what is missing."""
-    try:
-        from mooncake.engine import TransferEngine
-    except ImportError as e:  # no wheel, or libibverbs.so.1 missing (the wheel links it even for TCP)
-        raise MooncakeUnavailable(
-            f"Mooncake Transfer Engine cannot load ({e}): install the project's `mooncake` extra "
-            "(mooncake-transfer-engine-non-cuda, or mooncake-transfer-engine with CUDA) and libibverbs.so.1 "
-            "(Debian: apt-get install libibverbs1); or use --kv-transport zmq") from e
+    if why := why_unavailable():
+        raise MooncakeUnavailable(why)
+    from mooncake.engine import TransferEngine
+
     engine = TransferEngine()
     protocol = protocol or engine_protocol()
     if engine.initialize(host, "P2PHANDSHAKE", protocol, "") != 0:
