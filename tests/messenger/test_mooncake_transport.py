@@ -112,7 +112,8 @@ async def test_a_block_moves_by_engine_writes_into_the_receivers_slot(tmp_path):
         assert not holds(b, 4) and a.node.transport.inline == 1
 
 
-def test_an_engine_that_cannot_load_says_what_to_install(monkeypatch):
+def hide_mooncake(monkeypatch) -> None:
+    """Imports of the engine fail, as where its wheel or libibverbs.so.1 is missing."""
     import builtins
 
     real_import = builtins.__import__
@@ -123,6 +124,10 @@ def test_an_engine_that_cannot_load_says_what_to_install(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_mooncake)
+
+
+def test_an_engine_that_cannot_load_says_what_to_install(monkeypatch):
+    hide_mooncake(monkeypatch)
     with pytest.raises(MooncakeUnavailable, match="libibverbs1.*--kv-transport zmq"):
         load_engine("127.0.0.1")
 

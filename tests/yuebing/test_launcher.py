@@ -111,16 +111,9 @@ def test_the_api_key_file_must_be_private(tmp_path):
 
 
 def test_a_kv_transport_that_cannot_load_stops_the_cluster_before_anything_starts(tmp_path, monkeypatch):
-    import builtins
+    from tests.messenger.test_mooncake_transport import hide_mooncake
 
-    real_import = builtins.__import__
-
-    def no_mooncake(name, *args, **kwargs):
-        if name.startswith("mooncake"):
-            raise ImportError("libibverbs.so.1: cannot open shared object file")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_mooncake)
+    hide_mooncake(monkeypatch)
     c = Cluster(UpOptions(config=ClusterConfig(kv_transport="mooncake"), run_dir=tmp_path / "run"))
     with pytest.raises(RuntimeError, match="libibverbs1.*--kv-transport zmq"):
         c.start()
