@@ -99,8 +99,15 @@ class Instance:
             served_total=self.served_total,
             aborted_total=self.aborted_total,
             endpoint=self.endpoint,
-            slowdown=self.load.calibration.pace(time.monotonic(), quantile_z(self.config.slo_attainment)),
+            slowdown=self.slowdown(),
         )
+
+    def slowdown(self) -> float:
+        """What this instance's predicted times are multiplied by now (1: not calibrated):
+        the pace its role measured, at the quantile the cluster aims its SLOs at."""
+        if not self.config.calibrate_time_model:
+            return 1.0
+        return self.load.calibration.pace(time.monotonic(), quantile_z(self.config.slo_attainment))
 
     async def beat(self) -> None:
         await bus.publish(self.nc, HEARTBEAT, self.heartbeat())

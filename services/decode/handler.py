@@ -14,7 +14,6 @@ from nats.aio.msg import Msg
 
 from services.conductor.policy import decode_context, joining_tbt_s, tbt_exceeded
 from shared import bus
-from shared.calibration import quantile_z
 from shared.config import profile_path
 from shared.engine.llm import generate
 from shared.engine.runtime import Handler
@@ -58,7 +57,7 @@ class Decoder(Handler):
         """Why this request cannot start here ("" if it can), and whether for load."""
         if req.slo_tbt_ms:
             # The Conductor's own rule, on the batch as it is now rather than as predicted.
-            tbt = self.slowdown() * joining_tbt_s(self.predictor, len(self.context), self.context_tokens,
+            tbt = self.instance.slowdown() * joining_tbt_s(self.predictor, len(self.context), self.context_tokens,
                                                   len(req.prompt_token_ids))
             if tbt * 1e3 > req.slo_tbt_ms:
                 return tbt_exceeded(tbt, req.slo_tbt_ms / 1e3, self.instance.instance_id), True
@@ -90,13 +89,6 @@ class Decoder(Handler):
         finally:
             del self.context[req.request_id]
             self.context_tokens -= context
-
-    def slowdown(self) -> float:
-        """What this instance's predicted steps are multiplied by now (1: not judged)."""
-        config = self.instance.config
-        if not config.calibrate_time_model:
-            return 1.0
-        return self.instance.load.calibration.pace(time.monotonic(), quantile_z(config.slo_attainment))
 
     def predicted_step_s(self) -> float:
         """A step of the batch as the books hold it now."""
