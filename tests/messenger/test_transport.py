@@ -72,7 +72,10 @@ def push(endpoint: str, frames: Frames, curve: tuple[bytes, bytes, bytes] | None
         sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = curve
     sock.connect(endpoint)
     for header, payload in frames:
-        sock.send_multipart([encode_index([(header, b"")]), payload])  # a batch of one, not sealed
+        # Never block: a CURVE handshake the server refused drops the only pipe, and a
+        # blocking PUSH send with no pipe waits forever (the refusal is counted either way).
+        with contextlib.suppress(zmq.Again):
+            sock.send_multipart([encode_index([(header, b"")]), payload], flags=zmq.NOBLOCK)
     return lambda: sock.close(0)
 
 
