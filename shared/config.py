@@ -72,6 +72,19 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         float, Meta(description="longest wait for a prefill's first token before placing it elsewhere, s")
     ] = 60.0
     # --- end of retry and migration ---
+    # Where prefill runs (services/conductor/modes.py). Disaggregated is the default:
+    # it keeps prefill out of the decode batch, so TBT holds under load (README, "Serving modes").
+    mode: Annotated[
+        str, Meta(description="serving mode: disaggregated, colocated (every instance prefills and decodes) "
+                              "or conditional (prefill on the decode instance when a rule allows)")
+    ] = "disaggregated"
+    conditional_rule: Annotated[
+        str, Meta(description="conditional mode's rule: mooncake (unchunked and within the TBT SLO), dynamo or llmd")
+    ] = "mooncake"
+    local_prefill_tokens: Annotated[
+        int, Meta(description="dynamo and llmd rules' N: a decode prefills fewer than N uncached tokens itself "
+                              "(dynamo), or at most N (llmd)")
+    ] = 1000
     # The names are services/conductor/policy.py's.
     policy: Annotated[str, Meta(description="prefill scheduling policy")] = "round_robin"
     # Shedding by default: a request predicted to miss its SLOs is a 429 at once,

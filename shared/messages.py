@@ -109,6 +109,23 @@ class Placement(Message):
     pull_from: str = ""
     pull_blocks: int = 0
     pull_skip: int = 0
+    # The decode instance prefills the prompt itself, in its decode batch (serving
+    # mode colocated, or conditional's local choice: services/conductor/modes.py);
+    # prefill_id is then "".
+    local_prefill: bool = False
+
+
+class ModeRecord(msgspec.Struct, kw_only=True):
+    """Where a request's prefill runs and why, as the Conductor decided it: counted
+    by the gateway (by mode, rule and reason) and shown in the response's `yuebing`
+    field. mode: "disaggregated", "local" (on its decode instance) or "colocated"."""
+
+    mode: str
+    rule: str
+    reason: str
+    detail: str = ""
+    predicted_ttft_ms: float = 0.0
+    predicted_tbt_ms: float = 0.0
 
 
 class ScheduleReply(Message):
@@ -121,6 +138,7 @@ class ScheduleReply(Message):
     rejection: Literal["", "overloaded", "unavailable"] = ""
     reason: str = ""
     retry_after_s: float = 0.0
+    mode: ModeRecord | None = None  # when accepted
 
 
 class ConductorStats(Message):
@@ -132,6 +150,8 @@ class ConductorStats(Message):
     decode_time_ms: float = 0.0  # t_d its books use now (learned from completed decodes)
     # Per live instance, what its predicted times are multiplied by now (shared/calibration.py).
     slowdown: dict[str, float] = {}
+    # Serving-mode decisions since it started, by "mode:reason" (ModeRecord).
+    modes: dict[str, int] = {}
 
 
 # --- generation ---------------------------------------------------------------
@@ -195,10 +215,13 @@ class PrefillResult(Message):
     invalid: bool = False
 
 
+NO_TOKEN = -1  # DecodeRequest.first_token_id when no prefill ran: decode prefills the prompt itself
+
+
 class DecodeRequest(Message):
     request_id: str
     prompt_token_ids: list[int]
-    first_token_id: int
+    first_token_id: int  # prefill's; NO_TOKEN: a local prefill (Placement.local_prefill)
     sampling: Sampling  # max_tokens counts the first token too
     deadline: float
     stream_subject: str

@@ -32,6 +32,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from services.conductor.modes import CONDITIONAL_RULES, MODES
 from shared.config import ClusterConfig, save_config
 from shared.engine.llm import engine_environment
 from shared.private_file import read_private, write_private
@@ -66,8 +67,31 @@ class UpOptions:
     start_timeout_s: Annotated[float, Meta(description="give up if not ready after this many seconds")] = 600.0
 
     def __post_init__(self) -> None:
-        if self.prefill < 1 or self.decode < 1 or self.nodes < 1:
-            raise ValueError("--prefill, --decode and --nodes must each be at least 1")
+        if self.prefill < 0 or self.decode < 1 or self.nodes < 1:
+            raise ValueError("--decode and --nodes must each be at least 1, --prefill not negative")
+        if self.config.mode not in MODES:
+            raise ValueError(f"unknown --mode {self.config.mode!r}; choose from {', '.join(MODES)}")
+        if self.config.conditional_rule not in CONDITIONAL_RULES:
+            raise ValueError(f"unknown --conditional-rule {self.config.conditional_rule!r}; "
+                             f"choose from {', '.join(CONDITIONAL_RULES)}")
+        if self.prefill < 1 and self.config.mode != "colocated":
+            raise ValueError(f"--mode {self.config.mode} needs at least one prefill instance")
+
+    @property
+    def instances(self) -> tuple[int, int]:
+        """(prefill, decode) instances to start. Colocated, as many engines all prefill
+        and decode: they run as decode instances that prefill their requests too."""
+        if self.config.mode == "colocated":
+            return 0, self.prefill + self.decode
+        return self.prefill, self.decode
+
+    def layout(self) -> str:
+        prefill, decode = self.instances
+        nodes = f"{self.nodes} node{'s' * (self.nodes > 1)}"
+        if self.config.mode == "colocated":
+            return f"{decode} colocated, {nodes}"
+        rule = f" ({self.config.conditional_rule} rule)" if self.config.mode == "conditional" else ""
+        return f"{self.config.mode}{rule}: {prefill} prefill, {decode} decode, {nodes}"
 
 
 @dataclass
@@ -123,10 +147,11 @@ class Cluster:
         # Instances are spread over the nodes: prefills from the first node, decodes from the last.
         # One whose engine died exits (shared/engine/runtime.py) and comes back with a
         # new engine, announcing a new pid the Conductor starts afresh from.
-        for i in range(o.prefill):
+        prefills, decodes = o.instances
+        for i in range(prefills):
             node = f"node-{i % o.nodes}"
             add(f"prefill-{i}", [*py, "services.prefill", "--instance-id", f"prefill-{i}", "--node", node])
-        for i in range(o.decode):
+        for i in range(decodes):
             node = f"node-{(o.nodes - 1 - i) % o.nodes}"
             add(f"decode-{i}", [*py, "services.decode", "--instance-id", f"decode-{i}", "--node", node])
         gw = [*py, "services.gateway", "--host", o.host, "--port", str(o.port)]
@@ -275,7 +300,7 @@ class Cluster:
 
 def make_secrets(folder: Path, o: UpOptions, nats_port: int) -> Secrets:
     """This run's secrets: NATS identities on loopback, and the API key if there is one."""
-    made = generate(folder, Layout(o.prefill, o.decode, o.nodes), Listen("127.0.0.1", nats_port, tls=o.nats_tls))
+    made = generate(folder, Layout(*o.instances, o.nodes), Listen("127.0.0.1", nats_port, tls=o.nats_tls))
     key = api_key(o.api_key_file)
     return dataclasses.replace(made, api_key=write_private(folder / "api-key", key.encode())) if key else made
 
@@ -323,9 +348,7 @@ def up(options: UpOptions) -> int:
     code = 0
     try:
         elapsed = cluster.start()
-        o = options
-        layout = f"{o.prefill} prefill, {o.decode} decode, {o.nodes} node{'s' * (o.nodes > 1)}"
-        served = f"{layout}, model {o.config.served_model_name}"
+        served = f"{options.layout()}, model {options.config.served_model_name}"
         say(f"ready in {elapsed:.1f}s: OpenAI API at {cluster.url}/v1 ({served}); Ctrl-C stops")
         cluster.supervise()
         code = 1 if cluster.failed else 0

@@ -14,6 +14,18 @@ import structlog
 from nats.aio.msg import Msg
 
 from services.conductor.index import PoolIndex, PrefixIndex
+from services.conductor.modes import (
+    CONDITIONAL_RULES,
+    DISAGGREGATED,
+    MODES,
+    ColocatedChoice,
+    ColocatedLoad,
+    LocalPrefill,
+    ModeChoice,
+    ModeParams,
+    choose_mode,
+    place_colocated,
+)
 from services.conductor.policy import (
     Decision,
     DecodeDecision,
@@ -45,6 +57,7 @@ from shared.messages import (
     KvSnapshot,
     MessageError,
     MessengerCommand,
+    ModeRecord,
     Placement,
     RequestUpdate,
     ScheduleReply,
@@ -95,6 +108,8 @@ class Conductor:
         self.deadlines: dict[str, float] = {}
         self.counts = {"accepted": 0, "rejected": 0, "wasted_prefill": 0, "replaced_decode": 0}
         self.view_whole_at = float("-inf")  # see listening()
+        self.mode_params = mode_params(config)
+        self.modes: dict[str, int] = {}  # serving-mode decisions, by ModeChoice.key
 
     def listening(self, now: float) -> None:
         """Heartbeats start arriving now. Until every live instance has sent one (two
@@ -106,7 +121,8 @@ class Conductor:
         of a live instance: a restarted Conductor has not yet heard the cluster."""
         if now >= self.view_whole_at:
             return False
-        return not (self.registry.alive("prefill", now) and self.registry.alive("decode", now))
+        roles = ("decode",) if self.config.mode == "colocated" else ("prefill", "decode")
+        return not all(self.registry.alive(role, now) for role in roles)
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> bool:
         """True when `hb` is a messenger this Conductor has not heard from (it just
@@ -158,6 +174,7 @@ class Conductor:
             pool_blocks=len(self.pools), pool_nodes=sorted(set(self.messenger_nodes.values())),
             decode_time_ms=self.state.decode_time_s * 1e3,
             slowdown=self.slowdowns(now),
+            modes=dict(self.modes),
         )
 
     def slowdowns(self, now: float) -> dict[str, float]:
@@ -177,19 +194,73 @@ class Conductor:
         view = self._view(ask.block_hashes, now)
         if ask.stage == "decode":
             return self._schedule_decode(req, ask, view, now)
+        if self.config.mode == "colocated":
+            return self._schedule_colocated(req, ask, view, now)
         out = self.scheduler.schedule(req, view.prefills, view.decodes, now, self.state.decode_time_s)
         log.debug("decision", request_id=req.request_id, request=req, prefills=view.prefills, decodes=view.decodes, out=out)
         if not isinstance(out, Decision):
             return self._rejected(req, out)
-        self.counts["accepted"] += 1
-        self.deadlines[req.request_id] = ask.deadline
+        choice = DISAGGREGATED
+        if self.config.mode == "conditional":
+            x = self._local_prefill(req, ask.block_hashes, out.decode_id, out.prefill.ttft_s, view, now)
+            choice = choose_mode(x, self.state.predictor, self.mode_params)
+            if choice.local:
+                return self._accept_local(req, ask, out.decode_id, x.uncached_tokens, choice, view, now)
+        self._accepted(req, ask, choice)
         return ScheduleReply(
             request_id=req.request_id,
             accepted=True,
             placement=self._place(req, ask.block_hashes, out, view, now),
             predicted_ttft_ms=out.prefill.ttft_s * 1e3,
             predicted_tbt_ms=out.tbt_s * 1e3,
+            mode=ModeRecord(**choice.record()),
         )
+
+    def _accepted(self, req: Request, ask: ScheduleRequest, choice: ModeChoice) -> None:
+        self.counts["accepted"] += 1
+        self.modes[choice.key] = self.modes.get(choice.key, 0) + 1
+        self.deadlines[req.request_id] = ask.deadline
+        log.debug("serving mode", request_id=req.request_id, **choice.record())
+
+    def _schedule_colocated(self, req: Request, ask: ScheduleRequest, view: View, now: float) -> ScheduleReply:
+        """Every instance prefills and decodes: the lowest predicted TTFT among them."""
+        loads = [self._colocated_load(x, ask.block_hashes, view, now) for x in view.decodes]
+        out = place_colocated(req, loads, self.state.predictor, self.config.block_size, self.config.step_tokens,
+                              self.config.admission)
+        if not isinstance(out, ColocatedChoice):
+            return self._rejected(req, out)
+        cached = min(out.cached_blocks * self.config.block_size, req.prompt_len - 1)
+        return self._accept_local(req, ask, out.instance_id, req.prompt_len - cached, out.choice(), view, now)
+
+    def _colocated_load(self, load: DecodeLoad, hashes: list[str], view: View, now: float) -> ColocatedLoad:
+        batch, ctx_tokens = load.at(now)
+        return ColocatedLoad(load.instance_id, self.state.local_queued(load.instance_id),
+                             self._decode_prefix(hashes, load.instance_id, view), batch, ctx_tokens,
+                             capacity=load.capacity, slowdown=load.slowdown)
+
+    def _decode_prefix(self, hashes: list[str], decode_id: str, view: View) -> int:
+        """What a decode instance would not compute: its engine's cache, or its node's pool."""
+        return max(self.state.decode_prefix(hashes, decode_id), view.node_prefix.get(view.decode_nodes[decode_id], 0))
+
+    def _local_prefill(self, req: Request, hashes: list[str], decode_id: str, remote_ttft_s: float,
+                       view: View, now: float) -> LocalPrefill:
+        """The chosen decode instance as conditional's rule judges it, now."""
+        load = next(x for x in view.decodes if x.instance_id == decode_id)
+        batch, ctx_tokens = load.at(now)
+        cached = min(self._decode_prefix(hashes, decode_id, view) * self.config.block_size, req.prompt_len - 1)
+        return LocalPrefill(decode_id, req.prompt_len - cached, cached, batch, ctx_tokens, req.slo_tbt_s,
+                            slowdown=load.slowdown, remote_ttft_s=remote_ttft_s)
+
+    def _accept_local(self, req: Request, ask: ScheduleRequest, decode_id: str, uncached_tokens: int,
+                      choice: ModeChoice, view: View, now: float) -> ScheduleReply:
+        """The request's decode instance prefills it, in its batch."""
+        self._accepted(req, ask, choice)
+        self.state.assign_local(req, ask.block_hashes, decode_id, uncached_tokens, choice.ttft_s, now)
+        placement = Placement(prefill_id="", decode_id=decode_id, decode_node=view.decode_nodes[decode_id],
+                              local_prefill=True)
+        return ScheduleReply(request_id=req.request_id, accepted=True, placement=placement,
+                             predicted_ttft_ms=choice.ttft_s * 1e3, predicted_tbt_ms=choice.tbt_s * 1e3,
+                             mode=ModeRecord(**choice.record()))
 
     def _rejected(self, req: Request, out: Rejection) -> ScheduleReply:
         self.counts["rejected"] += 1
@@ -233,6 +304,8 @@ class Conductor:
         sent = replace(out.prefill, cached_blocks=max(prefix, pull_blocks), pull_from=pull_node,
                        pull_blocks=max(0, pull_blocks - prefix))
         self.state.assign(req, hashes, replace(out, prefill=sent), now)
+        if self.config.mode == "conditional":  # its decode engine keeps the blocks it loads
+            self.state.index.insert(out.decode_id, hashes)
         return Placement(
             prefill_id=out.prefill.instance_id,
             decode_id=out.decode_id,
@@ -264,6 +337,15 @@ class Conductor:
     def finish(self, request_id: str, now: float, completed: bool = False) -> None:
         self.deadlines.pop(request_id, None)
         self.state.finished(request_id, now, completed)
+
+
+def mode_params(config: ClusterConfig) -> ModeParams:
+    """The serving mode's settings, checked: an unknown name stops the Conductor at start."""
+    if config.mode not in MODES:
+        raise ValueError(f"unknown mode {config.mode!r}; choose from {', '.join(MODES)}")
+    if config.conditional_rule not in CONDITIONAL_RULES:
+        raise ValueError(f"unknown conditional rule {config.conditional_rule!r}; choose from {', '.join(CONDITIONAL_RULES)}")
+    return ModeParams(config.conditional_rule, config.step_tokens, config.local_prefill_tokens)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -328,6 +410,7 @@ class Wiring:
             request_id=ask.request_id,
             prefill=placement.prefill_id if placement else None,
             decode=placement.decode_id if placement else None,
+            mode=f"{reply.mode.mode}:{reply.mode.reason}" if reply.mode else None,
             ttft_ms=round(reply.predicted_ttft_ms, 1),
             pull_from=(placement.pull_from or None) if placement else None,
             reason=reply.reason or None,

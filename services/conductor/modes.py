@@ -104,7 +104,7 @@ class LocalPrefill:
 class ModeChoice:
     """Where the prefill runs, by which rule and why: what the Conductor counts and logs."""
 
-    mode: Literal["disaggregated", "local"]
+    mode: Literal["disaggregated", "local", "colocated"]
     rule: str
     reason: str  # a counter's key: unchunked_within_tbt, would_chunk, breaks_tbt, below_threshold, above_threshold
     detail: str  # the figures compared, for the debug log and the response's `yuebing` field
@@ -113,7 +113,8 @@ class ModeChoice:
 
     @property
     def local(self) -> bool:
-        return self.mode == "local"
+        """Prefilled on its decode instance (conditional's local choice, or colocated)."""
+        return self.mode != "disaggregated"
 
     @property
     def key(self) -> str:
@@ -187,6 +188,9 @@ def choose_mode(x: LocalPrefill, predictor: Predictor, params: ModeParams) -> Mo
     return CONDITIONAL_RULES[params.rule](x, predictor, params)
 
 
+DISAGGREGATED = ModeChoice("disaggregated", "disaggregated", "mode", "the cluster runs disaggregated")
+
+
 # --- colocated instances -----------------------------------------------------
 @dataclass(frozen=True)
 class ColocatedLoad:
@@ -208,6 +212,11 @@ class ColocatedChoice:
     cached_blocks: int
     tbt_s: float  # predicted decode step once it joins (no chunk beside it)
     mixed_tbt_s: float  # ... and a step that carries a full prefill chunk beside it
+
+    def choice(self) -> ModeChoice:
+        """As a serving-mode decision, for the counters and the response."""
+        return ModeChoice("colocated", "colocated", "lowest_ttft", f"lowest predicted TTFT on {self.instance_id}",
+                          tbt_s=self.tbt_s, ttft_s=self.ttft_s)
 
 
 def colocated_ttft_s(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int, step_tokens: int) -> float:

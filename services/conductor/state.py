@@ -76,6 +76,9 @@ class ClusterState:
     decode_capacity: int = 1 << 30  # requests one decode instance can hold at once
     # Where each request is, so events that name only the request find their books.
     placed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Local prefills (services/conductor/modes.py): per decode instance, the uncached
+    # prompt tokens of each request it prefills itself, until its first token.
+    local: dict[str, dict[str, int]] = field(default_factory=dict)
     decode_time_s: float = field(init=False)  # t_d as used now: configured, or learned (Params.learn_decode_time)
     # Prefill predictions times each instance's observed over predicted TTFT, the
     # quantile `calibration_z` of it (shared/calibration.py); None: the profile alone.
@@ -97,6 +100,7 @@ class ClusterState:
         live instance's book holds any more (nothing would ever finish them here)."""
         self.prefill.pop(instance_id, None)
         self.decode.pop(instance_id, None)
+        self.local.pop(instance_id, None)
         self.index.remove_instance(instance_id)
         self.placed = {rid: (p, d) for rid, (p, d) in self.placed.items()
                        if p in self.prefill or d in self.decode}
@@ -130,6 +134,14 @@ class ClusterState:
         return [DecodeLoad(iid, tuple(_due(i, now, t_d) for i in items.values()), self.decode_capacity)
                 for iid, items in sorted(self.decode.items())]
 
+    def local_queued(self, decode_id: str) -> int:
+        """Prompt tokens a decode instance has yet to prefill itself."""
+        return sum(self.local.get(decode_id, {}).values())
+
+    def decode_prefix(self, hashes: Sequence[str], decode_id: str) -> int:
+        """Leading blocks of `hashes` the decode engine's own prefix cache holds."""
+        return self.index.prefix_blocks(hashes, [decode_id])[decode_id]
+
     # --- events -------------------------------------------------------------
     def assign(self, req: Request, hashes: Sequence[str], decision: Decision, now: float) -> None:
         choice = decision.prefill
@@ -155,7 +167,18 @@ class ClusterState:
         self.decode[decode_id][req.request_id] = item
         self.placed[req.request_id] = ("", decode_id)
 
+    def assign_local(self, req: Request, hashes: Sequence[str], decode_id: str, uncached_tokens: int, ttft_s: float,
+                     now: float) -> None:
+        """A request its decode instance prefills itself: in the batch from now (its
+        prefill is steps of that batch), decoding for t_d after its predicted TTFT."""
+        item = DecodeItem(now, now + ttft_s + self.decode_time_s, decode_context(req.prompt_len, req.max_tokens))
+        self.decode[decode_id][req.request_id] = item
+        self.local.setdefault(decode_id, {})[req.request_id] = uncached_tokens
+        self.placed[req.request_id] = ("", decode_id)
+        self.index.insert(decode_id, hashes)  # its engine keeps the blocks it computes
+
     def prefill_done(self, request_id: str, now: float) -> None:
+        self._off_local(request_id)
         prefill_id, _ = self.placed.get(request_id, ("", ""))
         book = self.prefill.get(prefill_id)
         a = self._off_prefill(request_id, now)
@@ -172,11 +195,16 @@ class ClusterState:
         """Decode done (`completed`), refused, cancelled or failed: the request leaves
         every book; a completed decode teaches t_d how long decodes take."""
         self._off_prefill(request_id, now)  # if its prefill_done never came
+        self._off_local(request_id)
         _, decode_id = self.placed.pop(request_id, ("", ""))
         item = self.decode.get(decode_id, {}).pop(request_id, None)
         if completed and item is not None and self.params.learn_decode_time:
             # item.start: when its prefill_done said decoding began
             self.decode_time_s += DECODE_TIME_WEIGHT * (now - item.start - self.decode_time_s)
+
+    def _off_local(self, request_id: str) -> None:
+        _, decode_id = self.placed.get(request_id, ("", ""))
+        self.local.get(decode_id, {}).pop(request_id, None)
 
     def _off_prefill(self, request_id: str, now: float) -> Assigned | None:
         prefill_id, _ = self.placed.get(request_id, ("", ""))

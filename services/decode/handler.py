@@ -1,6 +1,8 @@
 """The decode role: take a request after its prefill, double-check its TBT SLO
 against the batch as it is now, then generate every token after the first and
-publish them, in order, on the request's stream subject."""
+publish them, in order, on the request's stream subject. A request placed here
+with a local prefill (serving modes colocated and conditional) is prefilled here
+too, in the decode batch, and its first token is published like the rest."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from shared.config import profile_path
 from shared.engine.llm import generate
 from shared.engine.runtime import Handler
 from shared.instance import Instance
-from shared.messages import DecodeAccept, DecodeRequest, TokenChunk, decode_subject, encode
+from shared.messages import NO_TOKEN, DecodeAccept, DecodeRequest, TokenChunk, decode_subject, encode
 from shared.predictor import load_predictor
 
 log = structlog.get_logger(__name__)
@@ -61,7 +63,7 @@ class Decoder(Handler):
                                                   len(req.prompt_token_ids))
             if tbt * 1e3 > req.slo_tbt_ms:
                 return tbt_exceeded(tbt, req.slo_tbt_ms / 1e3, self.instance.instance_id), True
-        if req.sampling.max_tokens < 2:
+        if req.sampling.max_tokens < 2 and req.first_token_id != NO_TOKEN:
             return "decode needs max_tokens >= 2 (the first token comes from prefill)", False
         if bus.remaining(req.deadline) <= 0:
             return "deadline already passed", False
@@ -101,7 +103,8 @@ class Decoder(Handler):
         # did not arrive within kv_wait_s (see shared/kv/connector.py). A request whose
         # sampling depends on its own output runs from the prompt alone instead, for
         # the whole output, so that its history holds every token (Sampling.history_dependent).
-        produced = 0 if req.sampling.history_dependent else 1
+        # A local prefill (first_token_id NO_TOKEN) runs from the prompt, as plain vLLM does.
+        produced = 0 if req.sampling.history_dependent or req.first_token_id == NO_TOKEN else 1
         prompt = [*req.prompt_token_ids, req.first_token_id][: len(req.prompt_token_ids) + produced]
         kv = {"kv_blocks": req.kv_blocks, "kv_wait_s": min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)),
               "kv_hashes": req.block_hashes}

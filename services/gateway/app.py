@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 import structlog
 from aiohttp import web
@@ -123,7 +124,8 @@ class Gateway:
         now = time.monotonic()
         registry = self.pipeline.registry
         live = {role: [hb.instance_id for hb in registry.alive(role, now)] for role in ("prefill", "decode", "messenger")}
-        ready = bool(live["prefill"] and live["decode"]) and self.pipeline.nc.is_connected
+        prefill_ok = bool(live["prefill"]) or self.config.mode == "colocated"  # colocated: decode instances prefill
+        ready = prefill_ok and bool(live["decode"]) and self.pipeline.nc.is_connected
         return web.json_response({"status": "ok" if ready else "unavailable", "instances": live}, status=200 if ready else 503)
 
     async def metrics_page(self, _request: web.Request) -> web.Response:
@@ -521,6 +523,8 @@ def yuebing_field(report: Report, prompt_tokens: int, decoded: bool) -> dict[str
         # placements it went through (1: no retry) and decodes continued after dying mid-stream
         "attempts": report.attempts,
         "migrations": report.migrations,
+        # where its prefill ran and why: the Conductor's serving-mode decision (mode, rule, reason, figures)
+        "serving_mode": msgspec.to_builtins(report.mode) if report.mode else None,
     }
 
 
@@ -601,6 +605,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     link = await connect_link(config, args, registry, metrics)
     gateway = Gateway(config, tokenizer, Pipeline(link, config, registry), api_key, args.metrics_require_key, metrics)
     gateway.pipeline.retries.register(metrics.registry)  # yuebing_gateway_retries_total etc. on /metrics
+    metrics.registry.register(gateway.pipeline.modes)  # yuebing_gateway_serving_mode_total
     runner = server.GatewayRunner(gateway.app(), server.Guard(gateway.limits, metrics))
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

@@ -23,6 +23,7 @@ import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
+from prometheus_client import Counter
 
 from services.gateway.retry import (
     Attempt,
@@ -40,6 +41,7 @@ from shared.config import ClusterConfig
 from shared.liveness import Registry
 from shared.messages import (
     CANCEL,
+    NO_TOKEN,
     REQUEST_UPDATES,
     SCHEDULE,
     Cancel,
@@ -47,6 +49,7 @@ from shared.messages import (
     DecodeRequest,
     Message,
     MessageError,
+    ModeRecord,
     Placement,
     PrefillRequest,
     PrefillResult,
@@ -87,6 +90,7 @@ class Report:
     kv_loaded_tokens: int = 0  # prompt tokens whose KV decode loaded rather than computed
     attempts: int = 0  # placements it went through (services/gateway/retry.py); 1: no retry
     migrations: int = 0  # decodes that died mid-stream and were continued on another
+    mode: ModeRecord | None = None  # where its prefill ran and why, as the Conductor decided
 
 
 class Rejected(Exception):
@@ -140,6 +144,10 @@ class Pipeline:
         self.registry = registry
         self.started = time.monotonic()
         self.retries = RetryMetrics()
+        # Registered on the gateway's page by the app, like the retry counters.
+        self.modes = Counter("yuebing_gateway_serving_mode", "Placements by the Conductor's serving-mode decision: "
+                             "mode (disaggregated, local: prefilled on its decode, colocated), rule and reason",
+                             ["mode", "rule", "reason"], registry=None)
 
     async def run(
         self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo = Slo(),
@@ -167,6 +175,11 @@ class Pipeline:
 
     async def _serve(self, job: Job, tries: Tries, report: Report) -> AsyncIterator[TokenChunk]:
         result = await self._prefilled(job, tries, report)
+        if result is None:  # its decode instance prefills it (Placement.local_prefill)
+            base = DecodeOrder(job.prompt, NO_TOKEN, job.sampling, job.block_hashes, "", 0)
+            async for chunk in self._decoded(job, tries, base, None, report):
+                yield chunk
+            return
         report.cached_tokens, report.kv_blocks = result.num_cached_tokens, result.kv_blocks
         first = TokenChunk(request_id=job.request_id, seq=0, token_ids=[result.first_token_id],
                            finish_reason=result.finish_reason)
@@ -184,12 +197,15 @@ class Pipeline:
         async for chunk in self._decoded(job, tries, base, first, report):
             yield chunk
 
-    async def _prefilled(self, job: Job, tries: Tries, report: Report) -> PrefillResult:
+    async def _prefilled(self, job: Job, tries: Tries, report: Report) -> PrefillResult | None:
         """The prompt's first token, from the placed prefill instance or, when that one
-        dies, stalls or fails first, from another."""
+        dies, stalls or fails first, from another; None when the placement has its
+        decode instance prefill it."""
         attempt = await self._place(job, tries, None)
         while True:
-            report.placement = attempt.placement
+            report.placement, report.mode = attempt.placement, attempt.mode
+            if attempt.placement.local_prefill:
+                return None
             try:
                 return await self._prefill(job, attempt)
             except InvalidRequest:
@@ -198,10 +214,11 @@ class Pipeline:
                 attempt = await self._again(job, tries, e, "prefill", attempt.placement.prefill_id, None)
 
     async def _decoded(
-        self, job: Job, tries: Tries, base: DecodeOrder, first: TokenChunk, report: Report
+        self, job: Job, tries: Tries, base: DecodeOrder, first: TokenChunk | None, report: Report
     ) -> AsyncIterator[TokenChunk]:
-        """Every token after prefill's: from the placed decode instance, or another
-        one after a refusal, or a continuation on another one after it died."""
+        """Every token after prefill's (`first`; None: the decode makes every token):
+        from the placed decode instance, or another one after a refusal, or a
+        continuation on another one after it died."""
         streamed: list[int] = []  # what the client has, in order
         order: DecodeOrder | None = base
         while order is not None:
@@ -235,25 +252,36 @@ class Pipeline:
             raise UpstreamError(503, f"{error}; not continued on another decode instance: {e}") from error
 
     async def _decode_once(
-        self, job: Job, attempt: Attempt, order: DecodeOrder, first: TokenChunk, streamed: list[int], report: Report
+        self, job: Job, attempt: Attempt, order: DecodeOrder, first: TokenChunk | None, streamed: list[int],
+        report: Report,
     ) -> AsyncIterator[TokenChunk]:
         """One decode instance's share of the output, each token added to `streamed`."""
         # Decode must accept before the first token goes out, so that a refusal
         # can still be a clean 429 rather than an error in the middle of a stream.
         sub = await self._start_decode(job, attempt, order)
         try:
-            if not streamed and not job.sampling.history_dependent:  # else decode makes the first token again, with its history
+            # Else decode makes the first token itself: a local prefill, or again, with its history.
+            if first is not None and not streamed and not job.sampling.history_dependent:
                 streamed.extend(first.token_ids)
                 yield first
             async for chunk in self._tokens(sub, attempt.placement.decode_id, job.deadline):
                 if order.continued:  # it loaded (or computed) KV for a prompt that holds output: not prefill's
                     chunk = msgspec.structs.replace(chunk, kv_loaded_tokens=0)
+                if order.first_token_id == NO_TOKEN and chunk.seq == 0:
+                    await self._prefilled_locally(attempt, chunk, report)
                 report.kv_loaded_tokens = report.kv_loaded_tokens or chunk.kv_loaded_tokens
                 streamed.extend(chunk.token_ids)
                 attempt.finished = chunk.finish_reason is not None
                 yield chunk
         finally:
             await sub.unsubscribe()
+
+    async def _prefilled_locally(self, attempt: Attempt, chunk: TokenChunk, report: Report) -> None:
+        """A local prefill's first token is out: the Conductor's books move it from
+        prefilling to decoding, as a prefill instance's prefill_done does."""
+        report.cached_tokens = chunk.kv_loaded_tokens
+        update = RequestUpdate(request_id=attempt.id, kind="prefill_done", instance_id=attempt.placement.decode_id)
+        await self._publish(REQUEST_UPDATES, update)
 
     @staticmethod
     def _current(tries: Tries) -> Attempt:
@@ -266,7 +294,9 @@ class Pipeline:
         reply = await self._schedule(job, attempt_id, tries.avoid, order)
         assert reply.placement is not None
         # Current before anything else awaits: whatever ends the request from here closes it.
-        tries.current = Attempt(attempt_id, reply.placement, reply.predicted_ttft_ms)
+        tries.current = Attempt(attempt_id, reply.placement, reply.predicted_ttft_ms, mode=reply.mode)
+        if reply.mode is not None:
+            self.modes.labels(reply.mode.mode, reply.mode.rule, reply.mode.reason).inc()
         return tries.current
 
     async def _again(
@@ -277,8 +307,9 @@ class Pipeline:
         time, or when the Conductor has nowhere else to put it."""
         old = self._current(tries)
         # A decode refusal that ends the request wasted its prefill: the Conductor counts it.
+        prefilled = order is None or order.first_token_id != NO_TOKEN  # not a local prefill: it had one
         wasted = RequestUpdate(request_id=old.id, kind="decode_refused", instance_id=failed) \
-            if isinstance(error, DecodeRefused) else None
+            if isinstance(error, DecodeRefused) and prefilled else None
         if not tries.may_retry(stage, error, job.deadline):
             old.update = wasted
             raise error
@@ -325,7 +356,8 @@ class Pipeline:
             raise Rejected(reply)
         log.info("scheduled", attempt=attempt_id, prefill=reply.placement.prefill_id or None,
                  decode=reply.placement.decode_id, predicted_ttft_ms=round(reply.predicted_ttft_ms, 1),
-                 predicted_tbt_ms=round(reply.predicted_tbt_ms, 2))
+                 predicted_tbt_ms=round(reply.predicted_tbt_ms, 2),
+                 mode=f"{reply.mode.mode}:{reply.mode.reason}" if reply.mode else None)
         return reply
 
     async def _ask_conductor(self, ask: ScheduleRequest, timeout: float) -> ScheduleReply:

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from shared import bus
 from shared.block_hash import hex_hashes
-from shared.messages import Placement, RequestUpdate, Sampling
+from shared.messages import NO_TOKEN, ModeRecord, Placement, RequestUpdate, Sampling
 
 log = structlog.get_logger(__name__)
 Stage = Literal["prefill", "decode", "migration"]
@@ -82,6 +82,8 @@ def continuation(base: DecodeOrder, streamed: list[int], block_size: int, salt: 
     (their KV is computed again: decode saves none; the prompt's own blocks load
     from the pool where they are), the last is the new first token, and max_tokens
     and min_tokens shrink by what the prompt took."""
+    if base.first_token_id == NO_TOKEN and streamed and not base.sampling.history_dependent:
+        base = replace(base, first_token_id=streamed[0])  # a local prefill's: as if prefill had made it
     if base.sampling.history_dependent:
         if streamed:
             raise NotContinuable("its sampling depends on its own output (penalties, bad words or structured output), "
@@ -130,6 +132,7 @@ class Attempt:
     id: str
     placement: Placement
     predicted_ttft_ms: float = 0.0
+    mode: ModeRecord | None = None  # the Conductor's serving-mode decision
     finished: bool = False  # its last token reached the client
     update: RequestUpdate | None = None  # when it ends; None: "finished", completed if `finished`
 

@@ -235,7 +235,7 @@ class Simulation:
             r.outcome.rejected = True
             self._settle(r)
             return
-        self.mode_counts["colocated:lowest_ttft"] += 1
+        self.mode_counts[out.choice().key] += 1
         self.index.insert(out.instance_id, r.hashes)  # its engine keeps the blocks it computes
         cached = min(out.cached_blocks * self.config.block_tokens, r.trace.input_length - 1)
         self._prefill_locally(r, out.instance_id, cached)
