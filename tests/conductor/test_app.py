@@ -3,6 +3,7 @@
 import time
 
 import msgspec
+import pytest
 
 from services.conductor.app import Conductor
 from shared.config import ClusterConfig
@@ -174,3 +175,69 @@ def test_a_decode_that_reports_running_slow_is_judged_at_its_pace():
     off = conductor(admission="predictive", slo_tbt_ms=50.0, calibrate_time_model=False)
     off.on_heartbeat(slow, now=0.3)
     assert off.schedule(ask("r2", ["a"]), now=0.4).accepted
+
+
+# --- serving modes (services/conductor/modes.py) --------------------------------
+def moded(mode: str, prefills: tuple[str, ...] = ("p0",), decodes: tuple[str, ...] = ("d0",), **kw) -> Conductor:
+    c = Conductor(config(policy="cache_aware", mode=mode, **kw))
+    for iid in prefills:
+        c.on_heartbeat(hb(iid, "prefill"), now=0.0)
+    for iid in decodes:
+        c.on_heartbeat(hb(iid, "decode"), now=0.0)
+    return c
+
+
+def test_every_accepted_request_says_its_mode_and_the_stats_count_them():
+    c = moded("disaggregated")
+    reply = c.schedule(ask("r1", ["a"]), now=0.0)
+    assert (reply.mode.mode, reply.mode.reason) == ("disaggregated", "mode") and not reply.placement.local_prefill
+    assert c.stats(now=0.0).modes == {"disaggregated:mode": 1}
+
+
+def test_colocated_places_on_the_instance_whose_engine_holds_the_prefix_and_books_its_prefill():
+    c = moded("colocated", prefills=(), decodes=("d0", "d1"))
+    assert not c.hearing_instances(now=0.0)  # no prefill instance to wait for
+    first = c.schedule(ask("r1", ["a", "b", "c", "d"]), now=0.0)
+    placement = first.placement
+    assert placement.local_prefill and placement.prefill_id == ""
+    assert c.state.local_queued(placement.decode_id) == 4 * 128 + 5  # its whole prompt, until its first token
+    c.on_update(RequestUpdate(request_id="r1", kind="prefill_done", instance_id=placement.decode_id), now=0.2)
+    assert c.state.local_queued(placement.decode_id) == 0
+    again = c.schedule(ask("r2", ["a", "b", "c", "d", "e"]), now=0.3)
+    assert again.placement.decode_id == placement.decode_id  # four of its blocks are cached there
+    assert again.predicted_ttft_ms < first.predicted_ttft_ms
+    assert c.stats(now=0.3).modes == {"colocated:lowest_ttft": 2}
+
+
+def test_conditional_prefills_a_short_prompt_on_its_decode_and_a_long_one_on_prefill():
+    c = moded("conditional", step_tokens=256)
+    short = c.schedule(ask("short", ["a"]), now=0.0)  # 133 tokens: within one step's budget
+    long = c.schedule(ask("long", ["w", "x", "y", "z"]), now=0.0)  # 517 tokens: would be chunked
+    assert short.placement.local_prefill and (short.mode.mode, short.mode.reason) == ("local", "unchunked_within_tbt")
+    assert not long.placement.local_prefill and long.placement.prefill_id == "p0"
+    assert (long.mode.mode, long.mode.reason) == ("disaggregated", "would_chunk")
+    assert "exceed the step budget" in long.mode.detail
+    assert c.stats(now=0.0).modes == {"local:unchunked_within_tbt": 1, "disaggregated:would_chunk": 1}
+
+
+def test_conditional_keeps_the_tbt_of_those_decoding_there():
+    c = moded("conditional", slo_tbt_ms=5.0)  # tighter than a step with a 517-token prefill in it
+    c.schedule(ask("running", ["a"]), now=0.0)
+    c.on_update(RequestUpdate(request_id="running", kind="prefill_done", instance_id="d0"), now=0.05)
+    reply = c.schedule(ask("r2", ["w", "x", "y", "z"]), now=0.1)
+    assert (reply.mode.mode, reply.mode.reason) == ("disaggregated", "breaks_tbt")
+    assert reply.mode.predicted_tbt_ms > 5.0
+
+
+def test_conditional_threshold_rules_compare_uncached_tokens_with_n():
+    c = moded("conditional", conditional_rule="dynamo", local_prefill_tokens=200)
+    near = c.schedule(ask("r1", ["a"]), now=0.0)
+    far = c.schedule(ask("r2", ["w", "x", "y", "z"]), now=0.0)
+    assert (near.mode.rule, near.mode.reason, far.mode.reason) == ("dynamo", "below_threshold", "above_threshold")
+
+
+def test_an_unknown_mode_or_rule_stops_the_conductor_at_start():
+    with pytest.raises(ValueError, match="unknown mode"):
+        Conductor(config(mode="split"))
+    with pytest.raises(ValueError, match="unknown conditional rule"):
+        Conductor(config(mode="conditional", conditional_rule="sglang"))

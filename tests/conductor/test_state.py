@@ -119,3 +119,19 @@ def test_prefills_slower_than_predicted_slow_the_instances_predictions_down():
     assign(uncalibrated, "r", now=0.0, prompt_len=100)
     uncalibrated.prefill_done("r", now=0.3)
     assert uncalibrated.prefill_loads([], now=0.3)[0].slowdown == 1.0
+
+
+def test_a_local_prefill_joins_its_decode_at_once_and_leaves_its_queue_at_its_first_token():
+    s = state()
+    req = Request("r1", 100, 25, 10, 10.0, 1.0)
+    hashes = [f"r1-{i}" for i in range(25)]
+    s.assign_local(req, hashes, "d0", uncached_tokens=60, ttft_s=0.5, now=0.0)
+    (dl,) = s.decode_loads(now=0.0)
+    assert dl.at(0.0)[0] == 1  # its prefill steps are the batch's
+    assert s.local_queued("d0") == 60 and s.decode_prefix(hashes, "d0") == 25
+    assert s.prefill_loads([], now=0.0)[0].queue_s == 0.0  # the prefill instance never hears of it
+    s.prefill_done("r1", now=0.4)
+    assert s.local_queued("d0") == 0
+    s.assign_local(Request("r2", 100, 25, 10, 10.0, 1.0), hashes, "d0", 20, 0.1, now=0.5)
+    s.finished("r2", now=0.6)  # failed before its first token: off the queue too
+    assert s.local_queued("d0") == 0 and list(s.placed) == ["r1"]  # r1 still decodes

@@ -30,12 +30,14 @@ from shared.config import ID_PATTERN, ClusterConfig
 from shared.liveness import Registry
 from shared.messages import (
     CANCEL,
+    NO_TOKEN,
     REQUEST_UPDATES,
     SCHEDULE,
     Cancel,
     DecodeAccept,
     DecodeRequest,
     Heartbeat,
+    ModeRecord,
     Placement,
     PrefillRequest,
     PrefillResult,
@@ -169,12 +171,17 @@ class Fleet:
         self.schedules.append(ask)
         prefill = next((i for i in self.prefills if i not in ask.avoid), None)
         decode = next((i for i in self.decodes if i not in ask.avoid), None)
-        if decode is None or (prefill is None and ask.stage == "full"):
+        local = not self.prefills and ask.stage == "full"  # no prefill instances: colocated
+        if decode is None or (prefill is None and ask.stage == "full" and not local):
             reply = ScheduleReply(request_id=ask.request_id, accepted=False, rejection="unavailable", reason="none left")
         else:
-            placement = Placement(prefill_id=prefill if ask.stage == "full" else "", decode_id=decode,
-                                  decode_node=self.nodes.get(decode, "node-1"), kv_blocks=2 if ask.stage == "full" else 0)
-            reply = ScheduleReply(request_id=ask.request_id, accepted=True, placement=placement, predicted_ttft_ms=10.0)
+            prefilled = ask.stage == "full" and not local
+            placement = Placement(prefill_id=prefill if prefilled else "", decode_id=decode,
+                                  decode_node=self.nodes.get(decode, "node-1"), kv_blocks=2 if prefilled else 0,
+                                  local_prefill=local)
+            mode = ModeRecord(mode="colocated", rule="colocated", reason="lowest_ttft") if local else None
+            reply = ScheduleReply(request_id=ask.request_id, accepted=True, placement=placement, predicted_ttft_ms=10.0,
+                                  mode=mode)
         await msg.respond(encode(reply))
 
     def prefill_handler(self, iid: str):
@@ -199,9 +206,11 @@ class Fleet:
         return on_decode
 
     async def stream(self, iid: str, ask: DecodeRequest, behaviour: object) -> None:
-        """Decode as the real one does: prompt + first token, max_tokens - 1 more."""
-        context = [*ask.prompt_token_ids, ask.first_token_id]
-        n = ask.sampling.max_tokens - 1
+        """Decode as the real one does: prompt + first token, max_tokens - 1 more (or,
+        a local prefill, the prompt alone and max_tokens)."""
+        prefilled = ask.first_token_id != NO_TOKEN
+        context = [*ask.prompt_token_ids, ask.first_token_id][: len(ask.prompt_token_ids) + prefilled]
+        n = ask.sampling.max_tokens - prefilled
         dies_after = behaviour[1] if isinstance(behaviour, tuple) else n + 1
         for seq, token in enumerate(greedy(context, n)):
             if seq == dies_after:
@@ -355,3 +364,35 @@ async def eventually(check, timeout_s: float = 3.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+# --- local prefills (serving modes colocated and conditional) ------------------
+async def test_a_local_prefill_is_decoded_from_the_prompt_alone_and_its_first_token_closes_prefill(nats_url):  # noqa: F811
+    async with fleet(nats_url, {}, {"d0": "ok"}) as f:
+        report = Report()
+        assert await run(f, "r7", report=report) == greedy(PROMPT, 12)
+        [asked] = f.asked_of("d0")
+        assert (asked.prompt_token_ids, asked.first_token_id, asked.kv_blocks) == (PROMPT, NO_TOKEN, 0)
+        assert asked.sampling.max_tokens == 12  # every token is decode's
+        assert report.mode.mode == "colocated" and report.placement.local_prefill
+        assert f.pipeline.modes.labels("colocated", "colocated", "lowest_ttft")._value.get() == 1
+        # The Conductor's books hear its prefill is done, from the gateway, at its first token.
+        await eventually(lambda: RequestUpdate(request_id="r7", kind="prefill_done", instance_id="d0") in f.published)
+
+
+async def test_a_local_prefill_whose_decode_dies_mid_stream_is_continued_from_its_tokens(nats_url):  # noqa: F811
+    async with fleet(nats_url, {}, {"d0": ("dies", 4), "d1": "ok"}) as f:
+        tokens = await run(f, "r8", max_tokens=12)
+        assert tokens == greedy(PROMPT, 12)
+        [cont] = f.asked_of("d1")
+        streamed = tokens[:4]  # all four from d0: its first token is the local prefill's
+        assert cont.prompt_token_ids == PROMPT + streamed[:-1] and cont.first_token_id == streamed[-1]
+        assert cont.sampling.max_tokens == 12 - 3
+
+
+async def test_a_refused_local_prefill_wasted_no_prefill(nats_url):  # noqa: F811
+    async with fleet(nats_url, {}, {"d0": "overloaded", "d1": "overloaded"}, max_attempts=2) as f:
+        with pytest.raises(Rejected):
+            await run(f, "r9")
+        await eventually(lambda: RequestUpdate(request_id="r9-a2", kind="finished") in f.published)
+        assert not [u for u in f.published if isinstance(u, RequestUpdate) and u.kind == "decode_refused"]

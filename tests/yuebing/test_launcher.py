@@ -118,3 +118,21 @@ def test_a_kv_transport_that_cannot_load_stops_the_cluster_before_anything_start
     with pytest.raises(RuntimeError, match="libibverbs1.*--kv-transport zmq"):
         c.start()
     assert not (tmp_path / "run").exists() and not c.children  # nothing planned, nothing started
+
+
+def test_colocated_runs_as_many_engines_all_as_instances_that_prefill_and_decode(tmp_path):
+    options = UpOptions(config=ClusterConfig(mode="colocated"), prefill=1, decode=1)
+    c = Cluster(options)
+    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, nats_port=4333))
+    engines = sorted(child.name for child in c.children if child.name.split("-")[0] in ("prefill", "decode"))
+    assert engines == ["decode-0", "decode-1"]
+    assert options.layout().startswith("2 colocated")
+    assert UpOptions(config=ClusterConfig(mode="colocated"), prefill=0, decode=1).instances == (0, 1)
+
+
+@pytest.mark.parametrize(("mode", "prefill", "error"), [
+    ("split", 1, "unknown --mode"), ("conditional", 0, "needs at least one prefill"),
+])
+def test_a_layout_the_mode_cannot_serve_is_refused(mode, prefill, error):
+    with pytest.raises(ValueError, match=error):
+        UpOptions(config=ClusterConfig(mode=mode), prefill=prefill)
