@@ -10,6 +10,7 @@ from types import ModuleType
 from yuebing.commands import (
     bench_chaos,
     bench_conductor,
+    bench_goodput,
     bench_hash,
     bench_reuse,
     bench_soak,
@@ -26,7 +27,7 @@ from yuebing.commands import (
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
     model, up, secrets, profile, sim, bench_conductor, bench_hash, bench_transfer, bench_ttft, bench_reuse,
-    bench_chaos, bench_soak, replay,
+    bench_chaos, bench_soak, bench_goodput, replay,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help
 
