@@ -96,7 +96,8 @@ def add_flags(
 def _add(parser: argparse.ArgumentParser, s: Setting, alias: Alias) -> None:
     name = alias.flag or s.name.replace("_", "-")
     default = s.default if alias.default is NO_DEFAULT else alias.default
-    kwargs: dict[str, Any] = {"dest": s.name, "help": alias.help or s.help}
+    # argparse formats help with %: a description's own "%" must not read as a format.
+    kwargs: dict[str, Any] = {"dest": s.name, "help": (alias.help or s.help).replace("%", "%%")}
     if s.type is bool:
         parser.add_argument("--" + name, action=argparse.BooleanOptionalAction, default=default, **kwargs)
         return

@@ -59,7 +59,9 @@ async def serve(handler: type[Handler], config: ClusterConfig, args: argparse.Na
     from shared.engine.llm import build_engine  # vLLM is heavy; only engine services pay for it
 
     instance_id, node = args.instance_id, args.node
-    engine, load = build_engine(config, node)
+    # Colocated, nothing ever reaches a node pool: the engine is plain vLLM, without
+    # the connector's hooks in every step and layer.
+    engine, load = build_engine(config, None if config.mode == "colocated" else node)
     nc = await bus.connect(config.nats_url, instance_id, args.nats_credentials)
     instance = Instance(handler.ROLE, instance_id, node, config, nc, load)
     await bus.subscribe(nc, handler.subject(instance_id), handler.REQUEST, handler(instance, engine).on_request)

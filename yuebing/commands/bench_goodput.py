@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         driver = Driver(spec, model.name, lambda text: print(text, flush=True), bar)
         base = base_rate(driver.raw)
         print(f"{len(driver.raw)} requests of the conversation trace ({base:.2f} req/s at speed 1), lengths "
-              f"× {spec.length_factor:g}; SLOs: TTFT {spec.slo_ttft_ms:g} ms, mean TBT {spec.slo_tbt_ms:g} ms; "
+              f"× {spec.length_factor:g}; SLOs: TTFT {spec.slo_ttft_ms:g} ms, TBT {spec.slo_tbt_ms:g} ms (longest 10 % of gaps); "
               f"target {spec.target:.0%}; rates {spec.min_rate:g}–{spec.max_rate:g} req/s, {spec.probes} probes; "
               f"logs in {work}", flush=True)
         results = [_one(driver, work, model, mode) for mode in spec.mode_list]

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from services.conductor.modes import CONDITIONAL_RULES, MODES
 from services.conductor.policy import ADMISSIONS, PREFILL_POLICIES
 from shared.config import ClusterConfig
 from yuebing.flags import Alias, add_flags, from_args
@@ -33,6 +34,8 @@ CONFIG_ALIASES = {
     "ssd_dir": Alias(path=True),
     "policy": Alias(choices=tuple(PREFILL_POLICIES)),
     "admission": Alias(choices=ADMISSIONS),
+    "mode": Alias(choices=MODES),
+    "conditional_rule": Alias(choices=tuple(CONDITIONAL_RULES)),
     "eviction": Alias(choices=("lru", "lfu")),
     "pool_bytes": Alias("pool-mib", scale=MIB, help="each node's KV block pool, MiB"),
     "ssd_bytes": Alias("ssd-mib", scale=MIB, help="SSD tier size per node, MiB"),
