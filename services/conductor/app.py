@@ -223,7 +223,7 @@ class Conductor:
         log.debug("serving mode", request_id=req.request_id, **choice.record())
 
     def _schedule_colocated(self, req: Request, ask: ScheduleRequest, view: View, now: float) -> ScheduleReply:
-        """Every instance prefills and decodes: the lowest predicted TTFT among them."""
+        """Every instance prefills and decodes: the least delay among them (modes.place_colocated)."""
         loads = [self._colocated_load(x, ask.block_hashes, view, now) for x in view.decodes]
         out = place_colocated(req, loads, self.state.predictor, self.config.block_size, self.config.step_tokens,
                               self.config.admission)

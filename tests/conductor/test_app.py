@@ -206,7 +206,7 @@ def test_colocated_places_on_the_instance_whose_engine_holds_the_prefix_and_book
     again = c.schedule(ask("r2", ["a", "b", "c", "d", "e"]), now=0.3)
     assert again.placement.decode_id == placement.decode_id  # four of its blocks are cached there
     assert again.predicted_ttft_ms < first.predicted_ttft_ms
-    assert c.stats(now=0.3).modes == {"colocated:lowest_ttft": 2}
+    assert c.stats(now=0.3).modes == {"colocated:least_delay": 2}
 
 
 def test_conditional_prefills_a_short_prompt_on_its_decode_and_a_long_one_on_prefill():

@@ -11,6 +11,7 @@ from services.conductor.modes import (
     LocalPrefill,
     ModeParams,
     choose_mode,
+    colocated_stall_s,
     colocated_ttft_s,
     mixed_step_s,
     place_colocated,
@@ -102,15 +103,29 @@ def test_colocated_ttft_counts_the_queue_the_chunks_and_the_decodes_beside_them(
     assert colocated_ttft_s(idle, req(), PRED, BS, 512) == pytest.approx(2 * 0.005 + 1.024)
 
 
-def test_colocated_placement_prefers_the_cache_then_the_instance_without_decodes():
+def test_colocated_placement_prefers_the_cache_and_spares_running_decodes():
     busy = ColocatedLoad("c0", 0, 0, batch=20, ctx_tokens=20_000)
     idle = ColocatedLoad("c1", 0, 0, 0, 0)
-    cached = ColocatedLoad("c2", 0, prefix_blocks=1, batch=20, ctx_tokens=20_000)
+    cached_busy = ColocatedLoad("c2", 0, prefix_blocks=1, batch=20, ctx_tokens=20_000)
     assert place_colocated(req(), [busy, idle], PRED, BS, 512).instance_id == "c1"  # interference
-    choice = place_colocated(req(), [busy, idle, cached], PRED, BS, 512)
-    assert isinstance(choice, ColocatedChoice) and (choice.instance_id, choice.cached_blocks) == ("c2", 1)
+    # 128 cached tokens do not pay for stalling twenty decodes for 896 tokens' prefill.
+    assert place_colocated(req(), [busy, idle, cached_busy], PRED, BS, 512).instance_id == "c1"
+    cached_idle = ColocatedLoad("c3", 0, prefix_blocks=1, batch=0, ctx_tokens=0)
+    choice = place_colocated(req(), [idle, cached_idle], PRED, BS, 512)
+    assert isinstance(choice, ColocatedChoice) and (choice.instance_id, choice.cached_blocks) == ("c3", 1)
+    choice = place_colocated(req(), [busy], PRED, BS, 512)
     assert choice.tbt_s == pytest.approx(PRED.decode_step_s(21, 20_000 + 1024))
     assert choice.mixed_tbt_s > choice.tbt_s  # a step with a full chunk beside it
+
+
+def test_colocated_placement_queues_a_prompt_behind_another_rather_than_stall_many_decodes():
+    decoding = ColocatedLoad("c0", queued_tokens=0, prefix_blocks=0, batch=8, ctx_tokens=8_000)
+    prefilling = ColocatedLoad("c1", queued_tokens=512, prefix_blocks=0, batch=1, ctx_tokens=1_000)
+    r = req(prompt_len=512)
+    assert colocated_ttft_s(decoding, r, PRED, BS, 2048) < colocated_ttft_s(prefilling, r, PRED, BS, 2048)
+    assert place_colocated(r, [decoding, prefilling], PRED, BS, 2048).instance_id == "c1"
+    stalls = [colocated_stall_s(x, r, PRED, BS) for x in (decoding, prefilling)]
+    assert stalls[0] == pytest.approx(8 * stalls[1])
 
 
 def test_colocated_placement_skips_full_and_avoided_instances_and_admits_by_slo():

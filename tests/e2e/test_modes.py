@@ -78,8 +78,8 @@ def test_colocated_sends_a_shared_prefix_back_to_the_engine_that_holds_it(moded,
     _, again = complete(moded_client, shared + prompt(30, seed=12))
     assert again["decode_instance"] == first["decode_instance"]
     assert again["decode_kv_loaded_tokens"] >= 5 * BLOCK  # its engine's prefix cache: not computed again
-    assert (again["serving_mode"]["rule"], again["serving_mode"]["reason"]) == ("colocated", "lowest_ttft")
-    assert conductor_stats(cluster).modes["colocated:lowest_ttft"] >= 2
+    assert (again["serving_mode"]["rule"], again["serving_mode"]["reason"]) == ("colocated", "least_delay")
+    assert conductor_stats(cluster).modes["colocated:least_delay"] >= 2
 
 
 def test_conditional_prefills_a_short_prompt_on_decode_and_a_long_one_on_prefill(moded, moded_client, reference):

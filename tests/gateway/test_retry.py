@@ -179,7 +179,7 @@ class Fleet:
             placement = Placement(prefill_id=prefill if prefilled else "", decode_id=decode,
                                   decode_node=self.nodes.get(decode, "node-1"), kv_blocks=2 if prefilled else 0,
                                   local_prefill=local)
-            mode = ModeRecord(mode="colocated", rule="colocated", reason="lowest_ttft") if local else None
+            mode = ModeRecord(mode="colocated", rule="colocated", reason="least_delay") if local else None
             reply = ScheduleReply(request_id=ask.request_id, accepted=True, placement=placement, predicted_ttft_ms=10.0,
                                   mode=mode)
         await msg.respond(encode(reply))
@@ -375,7 +375,7 @@ async def test_a_local_prefill_is_decoded_from_the_prompt_alone_and_its_first_to
         assert (asked.prompt_token_ids, asked.first_token_id, asked.kv_blocks) == (PROMPT, NO_TOKEN, 0)
         assert asked.sampling.max_tokens == 12  # every token is decode's
         assert report.mode.mode == "colocated" and report.placement.local_prefill
-        assert f.pipeline.modes.labels("colocated", "colocated", "lowest_ttft")._value.get() == 1
+        assert f.pipeline.modes.labels("colocated", "colocated", "least_delay")._value.get() == 1
         # The Conductor's books hear its prefill is done, from the gateway, at its first token.
         await eventually(lambda: RequestUpdate(request_id="r7", kind="prefill_done", instance_id="d0") in f.published)
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from msgspec import Meta
 
+from yuebing.bench.soak import Slo
 from yuebing.lab.outcome import Outcome
 from yuebing.lab.trace import TRACE_BLOCK_TOKENS, TraceRequest, load_trace, rescale
 
@@ -92,12 +93,6 @@ class GoodputSpec:
     @property
     def mode_list(self) -> tuple[str, ...]:
         return tuple(m.strip() for m in self.modes.split(",") if m.strip())
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_s: float
-    tbt_s: float  # on a request's TBT as the paper and the simulator judge it: its longest 10 % of gaps
 
 
 @dataclass(frozen=True)

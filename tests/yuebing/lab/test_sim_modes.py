@@ -38,7 +38,7 @@ def test_a_colocated_prefill_is_chunked_into_the_decode_batchs_steps():
     assert first.end_s == pytest.approx(1.504 + 1.054 + (200 - 48 - 3) * 0.010)
     assert second.end_s == pytest.approx(1.024 + 200 * 0.010)  # the other instance: no interference
     assert first.tbt_tail_s > 0.05 > second.tbt_tail_s
-    assert run.result["mode"] == "colocated" and run.result["mode_decisions"] == {"colocated:lowest_ttft": 3}
+    assert run.result["mode"] == "colocated" and run.result["mode_decisions"] == {"colocated:least_delay": 3}
 
 
 def test_a_step_budget_sized_to_the_tbt_slo_keeps_it():
