@@ -21,12 +21,11 @@ from yuebing.bench.goodput import (
     Search,
     Slo,
     attainment,
-    base_rate,
     search,
     spread,
 )
 from yuebing.lab.outcome import Outcome
-from yuebing.lab.trace import TraceRequest
+from yuebing.lab.trace import TraceRequest, base_rate
 
 SLO = Slo(ttft_s=1.0, tbt_s=0.05)
 

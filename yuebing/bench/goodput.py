@@ -37,7 +37,7 @@ from msgspec import Meta
 
 from yuebing.bench.soak import Slo
 from yuebing.lab.outcome import Outcome
-from yuebing.lab.trace import TRACE_BLOCK_TOKENS, TraceRequest, load_trace, rescale
+from yuebing.lab.trace import TRACE_BLOCK_TOKENS, TraceRequest, base_rate, load_trace, rescale
 
 if TYPE_CHECKING:
     from yuebing.lab.replay import ReplayOptions
@@ -259,12 +259,6 @@ def plot(results: Sequence[ModeResult], target: float, path: str | Path) -> str:
 
 
 # --- pure: the trace at a rate ---------------------------------------------------
-
-
-def base_rate(trace: Sequence[TraceRequest]) -> float:
-    """Requests/s of the trace at speed 1 (as `yuebing sim --find-capacity` counts it)."""
-    span_s = max(r.timestamp_ms for r in trace) / 1e3
-    return len(trace) / span_s if span_s > 0 else 0.0
 
 
 def spread(trace: Sequence[TraceRequest]) -> list[TraceRequest]:

@@ -27,7 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yuebing.bench.goodput import Driver, GoodputSpec, base_rate, plot, table, to_json
+    from yuebing.bench.goodput import Driver, GoodputSpec, plot, table, to_json
+    from yuebing.lab.trace import base_rate
     from yuebing.progress import progress
 
     spec = from_args(GoodputSpec, args)

@@ -52,7 +52,7 @@ from services.conductor.state import ClusterState
 from shared.predictor import Predictor
 from yuebing.lab.outcome import Outcome, segment_stats, summarize
 from yuebing.lab.sim_config import SimConfig
-from yuebing.lab.trace import TraceRequest
+from yuebing.lab.trace import TraceRequest, base_rate
 from yuebing.progress import progress as progress_bar
 
 
@@ -636,5 +636,4 @@ def find_capacity(
         if on_probe:
             on_probe(found | probes[-1])
         lo, hi = (mid, hi) if probes[-1]["slo_attainment"] >= target else (lo, mid)
-    rate = len(trace) / (max(r.timestamp_ms for r in trace) / 1e3) if len(trace) > 1 else 0.0
-    return found | {"capacity_speed": lo, "capacity_rps": rate * lo, "probes": probes}
+    return found | {"capacity_speed": lo, "capacity_rps": base_rate(trace) * lo, "probes": probes}

@@ -112,6 +112,12 @@ def synthetic(spec: SyntheticSpec) -> list[TraceRequest]:
     return out
 
 
+def base_rate(trace: Sequence[TraceRequest]) -> float:
+    """Requests/s of the trace at speed 1: its requests over the span of its timestamps."""
+    span_s = max((r.timestamp_ms for r in trace), default=0.0) / 1e3
+    return len(trace) / span_s if len(trace) > 1 and span_s > 0 else 0.0
+
+
 def rescale(trace: Sequence[TraceRequest], speed: float = 1.0, length_factor: float = 1.0,
             max_input: int | None = None, max_output: int | None = None) -> list[TraceRequest]:
     """Replay `speed`× faster and with lengths × `length_factor` (hash ids kept, so a
