@@ -38,9 +38,11 @@ class Instance:
     """Identity, load counters and the task of every request this instance runs."""
 
     def __init__(
-        self, role: Role, instance_id: str, node: str, config: ClusterConfig, nc: Client, load: EngineLoad | None = None
+        self, role: Role, instance_id: str, node: str, config: ClusterConfig, nc: Client, load: EngineLoad | None = None,
+        stages: int = 1,
     ) -> None:
         self.role = role
+        self.stages = stages  # its engine's pipeline stages (a CPP prefill group: more than 1)
         self.load = load or EngineLoad()
         self.instance_id = instance_id
         self.node = node
@@ -100,6 +102,7 @@ class Instance:
             aborted_total=self.aborted_total,
             endpoint=self.endpoint,
             slowdown=self.slowdown(),
+            stages=self.stages,
         )
 
     def slowdown(self) -> float:

@@ -73,6 +73,8 @@ class Heartbeat(Message):
     endpoint: str = ""  # messengers: where other messengers send blocks
     # Decode: its steps' observed time over the time model's (shared/calibration.py).
     slowdown: float = 1.0
+    # Prefill: the pipeline stages of its engine; above 1 it is a CPP group (services/conductor/cpp.py).
+    stages: int = 1
 
 
 # --- scheduling ---------------------------------------------------------------
@@ -139,6 +141,8 @@ class ScheduleReply(Message):
     reason: str = ""
     retry_after_s: float = 0.0
     mode: ModeRecord | None = None  # when accepted
+    # With a CPP group live: "cpp:faster", "single:short_input" or "single:group_slower_now" (policy.Route).
+    route: str = ""
 
 
 class ConductorStats(Message):
@@ -152,6 +156,8 @@ class ConductorStats(Message):
     slowdown: dict[str, float] = {}
     # Serving-mode decisions since it started, by "mode:reason" (ModeRecord).
     modes: dict[str, int] = {}
+    # With a CPP group live, where each prefill went and why, by "cpp|single:reason" (policy.Route).
+    routes: dict[str, int] = {}
 
 
 # --- generation ---------------------------------------------------------------

@@ -16,6 +16,7 @@ from yuebing.commands import (
     bench_soak,
     bench_transfer,
     bench_ttft,
+    long_context,
     model,
     profile,
     replay,
@@ -26,8 +27,8 @@ from yuebing.commands import (
 
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    model, up, secrets, profile, sim, bench_conductor, bench_hash, bench_transfer, bench_ttft, bench_reuse,
-    bench_chaos, bench_soak, bench_goodput, replay,
+    model, up, secrets, profile, sim, long_context, bench_conductor, bench_hash, bench_transfer, bench_ttft,
+    bench_reuse, bench_chaos, bench_soak, bench_goodput, replay,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help
 

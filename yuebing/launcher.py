@@ -50,6 +50,11 @@ class UpOptions:
     config: ClusterConfig
     prefill: Annotated[int, Meta(description="prefill instances")] = 1
     decode: Annotated[int, Meta(description="decode instances")] = 1
+    cpp_groups: Annotated[
+        int, Meta(description="CPP prefill groups besides --prefill: each one engine pipelined over --cpp-stages "
+                              "processes, for long prompts")
+    ] = 0
+    cpp_stages: Annotated[int, Meta(description="pipeline stages of each CPP prefill group")] = 2
     nodes: Annotated[int, Meta(description="nodes (one messenger each)")] = 1
     host: Annotated[str, Meta(description="address the API listens on")] = "127.0.0.1"
     port: Annotated[int, Meta(description="port the API listens on")] = 8000
@@ -74,8 +79,12 @@ class UpOptions:
         if self.config.conditional_rule not in CONDITIONAL_RULES:
             raise ValueError(f"unknown --conditional-rule {self.config.conditional_rule!r}; "
                              f"choose from {', '.join(CONDITIONAL_RULES)}")
-        if self.prefill < 1 and self.config.mode != "colocated":
+        if self.prefill + self.cpp_groups < 1 and self.config.mode != "colocated":
             raise ValueError(f"--mode {self.config.mode} needs at least one prefill instance")
+        if self.cpp_groups < 0 or self.cpp_stages < 2:
+            raise ValueError("--cpp-groups must not be negative and --cpp-stages at least 2")
+        if self.cpp_groups and self.config.mode == "colocated":
+            raise ValueError("CPP groups are prefill instances: --mode colocated has none")
 
     @property
     def instances(self) -> tuple[int, int]:
@@ -83,7 +92,7 @@ class UpOptions:
         and decode: they run as decode instances that prefill their requests too."""
         if self.config.mode == "colocated":
             return 0, self.prefill + self.decode
-        return self.prefill, self.decode
+        return self.prefill + self.cpp_groups, self.decode
 
     def layout(self) -> str:
         prefill, decode = self.instances
@@ -91,7 +100,12 @@ class UpOptions:
         if self.config.mode == "colocated":
             return f"{decode} colocated, {nodes}"
         rule = f" ({self.config.conditional_rule} rule)" if self.config.mode == "conditional" else ""
-        return f"{self.config.mode}{rule}: {prefill} prefill, {decode} decode, {nodes}"
+        cpp = f" ({self.cpp_groups} as CPP groups of {self.cpp_stages} stages)" if self.cpp_groups else ""
+        return f"{self.config.mode}{rule}: {prefill} prefill{cpp}, {decode} decode, {nodes}"
+
+    def stages(self, prefill: int) -> int:
+        """Pipeline stages of prefill instance `prefill`: CPP groups come after the singles."""
+        return self.cpp_stages if prefill >= self.prefill else 1
 
 
 @dataclass
@@ -150,7 +164,8 @@ class Cluster:
         prefills, decodes = o.instances
         for i in range(prefills):
             node = f"node-{i % o.nodes}"
-            add(f"prefill-{i}", [*py, "services.prefill", "--instance-id", f"prefill-{i}", "--node", node])
+            stages = ["--stages", str(o.stages(i))] if o.stages(i) > 1 else []
+            add(f"prefill-{i}", [*py, "services.prefill", "--instance-id", f"prefill-{i}", "--node", node, *stages])
         for i in range(decodes):
             node = f"node-{(o.nodes - 1 - i) % o.nodes}"
             add(f"decode-{i}", [*py, "services.decode", "--instance-id", f"decode-{i}", "--node", node])

@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 from nats.aio.msg import Msg
 
+from services.conductor.cpp import PipelineGroup
 from services.conductor.index import PoolIndex, PrefixIndex
 from services.conductor.modes import (
     CONDITIONAL_RULES,
@@ -110,6 +111,7 @@ class Conductor:
         self.view_whole_at = float("-inf")  # see listening()
         self.mode_params = mode_params(config)
         self.modes: dict[str, int] = {}  # serving-mode decisions, by ModeChoice.key
+        self.routes: dict[str, int] = {}  # CPP group or single instance, by Route.key
 
     def listening(self, now: float) -> None:
         """Heartbeats start arriving now. Until every live instance has sent one (two
@@ -132,11 +134,19 @@ class Conductor:
             # New, back from the dead or restarted: whatever the books hold for it is stale.
             self._forget(hb.instance_id)
             log.info("instance up", instance_id=hb.instance_id, role=hb.role, node=hb.node, pid=hb.pid)
-            self.state.add_instance(hb.role, hb.instance_id)
+            self.state.add_instance(hb.role, hb.instance_id, self.group(hb))
             if hb.role == "messenger":
                 self.messenger_nodes[hb.instance_id] = hb.node
         self.expire(now)
         return fresh and hb.role == "messenger"
+
+    def group(self, hb: Heartbeat) -> PipelineGroup | None:
+        """A prefill instance of several stages is a CPP group, cutting prompts in the
+        cluster's step size. Its stages share a machine here: the hand-over between
+        them is a copy, counted as free."""
+        if hb.role != "prefill" or hb.stages <= 1:
+            return None
+        return PipelineGroup(hb.stages, self.config.step_tokens)
 
     def expire(self, now: float) -> None:
         for gone in self.registry.expire(now):
@@ -175,6 +185,7 @@ class Conductor:
             decode_time_ms=self.state.decode_time_s * 1e3,
             slowdown=self.slowdowns(now),
             modes=dict(self.modes),
+            routes=dict(self.routes),
         )
 
     def slowdowns(self, now: float) -> dict[str, float]:
@@ -207,6 +218,9 @@ class Conductor:
             if choice.local:
                 return self._accept_local(req, ask, out.decode_id, x.uncached_tokens, choice, view, now)
         self._accepted(req, ask, choice)
+        if out.route is not None:
+            self.routes[out.route.key] = self.routes.get(out.route.key, 0) + 1
+            log.debug("prefill route", request_id=req.request_id, route=out.route.key, detail=out.route.detail)
         return ScheduleReply(
             request_id=req.request_id,
             accepted=True,
@@ -214,6 +228,7 @@ class Conductor:
             predicted_ttft_ms=out.prefill.ttft_s * 1e3,
             predicted_tbt_ms=out.tbt_s * 1e3,
             mode=ModeRecord(**choice.record()),
+            route=out.route.key if out.route else "",
         )
 
     def _accepted(self, req: Request, ask: ScheduleRequest, choice: ModeChoice) -> None:
@@ -411,6 +426,7 @@ class Wiring:
             prefill=placement.prefill_id if placement else None,
             decode=placement.decode_id if placement else None,
             mode=f"{reply.mode.mode}:{reply.mode.reason}" if reply.mode else None,
+            route=reply.route or None,
             ttft_ms=round(reply.predicted_ttft_ms, 1),
             pull_from=(placement.pull_from or None) if placement else None,
             reason=reply.reason or None,

@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
+from services.conductor.cpp import PipelineGroup, pipeline_prefill_s
 from shared.predictor import Predictor
 
 
@@ -49,6 +50,7 @@ class PrefillLoad:
     window_load_s: float = 0.0  # prefill seconds assigned to it over the recent window
     free_blocks: int = 1 << 30  # cache room before it must evict
     slowdown: float = 1.0  # its times observed over predicted (shared/calibration.py)
+    group: PipelineGroup | None = None  # a CPP pipeline group (services/conductor/cpp.py); None: one instance
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +96,25 @@ class PrefillChoice:
 
 
 @dataclass(frozen=True)
+class Route:
+    """Why a prefill went to a CPP group or a single instance, when both were live:
+    counted by the Conductor like its other decisions."""
+
+    kind: Literal["cpp", "single"]
+    reason: str  # faster (cpp); short_input, group_slower_now (single)
+    detail: str  # the predicted TTFTs compared
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.reason}"
+
+
+@dataclass(frozen=True)
 class Decision:
     prefill: PrefillChoice
     decode_id: str
     tbt_s: float  # predicted TBT on the decode instance once this request joins
+    route: Route | None = None  # None: no CPP group was live
 
 
 @dataclass(frozen=True)
@@ -144,11 +161,19 @@ PrefillPolicy = Callable[[Request, Sequence[PrefillLoad], Context], PrefillChoic
 
 
 # --- prefill policies ---------------------------------------------------------
+def prefill_s(predictor: Predictor, group: PipelineGroup | None, new_tokens: int, cached_tokens: int) -> float:
+    """A prompt's prefill on one instance, or chunk by chunk through a CPP group's stages."""
+    if group is None:
+        return predictor.prefill_s(new_tokens, cached_tokens)
+    return pipeline_prefill_s(predictor, group, new_tokens, cached_tokens)
+
+
 def _ttft(load: PrefillLoad, cached_blocks: int, req: Request, ctx: Context, transfer_s: float = 0.0) -> float:
     """Queue, then prefill of what is not cached (at least the last token is computed),
     at the pace the instance keeps now."""
     cached = min(cached_blocks * ctx.params.block_size, req.prompt_len - 1)
-    return load.slowdown * (load.queue_s + transfer_s + ctx.predictor.prefill_s(req.prompt_len - cached, cached))
+    work = prefill_s(ctx.predictor, load.group, req.prompt_len - cached, cached)
+    return load.slowdown * (load.queue_s + transfer_s + work)
 
 
 def _plain(load: PrefillLoad, req: Request, ctx: Context) -> PrefillChoice:
@@ -236,7 +261,23 @@ def _preble_cost(load: PrefillLoad, req: Request, ctx: Context) -> float:
     evicted = max(0, new_blocks - load.free_blocks)
     # An evicted block costs its recomputation, as often as the instance's blocks get reused.
     eviction = load.hit_ratio * ctx.predictor.prefill_s(evicted * bs, 0)
-    return load.window_load_s + eviction + ctx.predictor.prefill_s(req.prompt_len - cached, cached)
+    return load.window_load_s + eviction + prefill_s(ctx.predictor, load.group, req.prompt_len - cached, cached)
+
+
+def route_long(req: Request, choice: PrefillChoice, groups: Sequence[PrefillLoad], ctx: Context
+               ) -> tuple[PrefillChoice, Route]:
+    """CPP (Mooncake §5.1): the policy chose among single instances; the best CPP
+    group takes the prompt instead when its predicted TTFT is lower (long uncached
+    inputs, whose chunks overlap across its stages). A short prompt stays: a group
+    pays a stage hand-over and every stage's step cost for no overlap."""
+    group = min(groups, key=lambda x: (_ttft(x, x.prefix_blocks, req, ctx), x.instance_id))
+    ttft = _ttft(group, group.prefix_blocks, req, ctx)
+    detail = f"{group.instance_id} {ttft * 1e3:.0f} ms, {choice.instance_id} {choice.ttft_s * 1e3:.0f} ms"
+    if ttft < choice.ttft_s:
+        return PrefillChoice(group.instance_id, ttft, group.prefix_blocks), Route("cpp", "faster", detail)
+    idle = replace(group, queue_s=0.0, slowdown=1.0)
+    busy = _ttft(idle, group.prefix_blocks, req, ctx) < choice.ttft_s  # its queue or measured pace lost it
+    return choice, Route("single", "group_slower_now" if busy else "short_input", detail)
 
 
 PREFILL_POLICIES: dict[str, PrefillPolicy] = {
@@ -308,7 +349,7 @@ class Scheduler:
         if not prefills or not decodes:
             missing = "prefill" if not prefills else "decode"
             return Rejection("unavailable", f"no live {missing} instance", retry_after_s=1.0)
-        choice = self.policy(req, prefills, self.ctx)
+        choice, route = self._prefill(req, prefills)
         prefill_end = now + choice.ttft_s
         # Decode is chosen for when this request will be on it: from the end of its
         # prefill for t_d (Mooncake's uniform decode time), judged at its busiest, so
@@ -334,7 +375,15 @@ class Scheduler:
                     else f"decode instance {decode.instance_id} has no room for it",
                     retry_after_s=self._decode_drain_s(decode, when, now),
                 )
-        return Decision(choice, decode.instance_id, tbt)
+        return Decision(choice, decode.instance_id, tbt, route)
+
+    def _prefill(self, req: Request, prefills: Sequence[PrefillLoad]) -> tuple[PrefillChoice, Route | None]:
+        """The policy's choice among single instances, or a CPP group's (`route_long`)."""
+        singles = [x for x in prefills if x.group is None]
+        groups = [x for x in prefills if x.group is not None]
+        if not singles or not groups:
+            return self.policy(req, prefills, self.ctx), None
+        return route_long(req, self.policy(req, singles, self.ctx), groups, self.ctx)
 
     def place_decode(self, req: Request, decodes: Sequence[DecodeLoad], now: float) -> DecodeDecision | Rejection:
         """A decode instance for a request whose prefill is done (its first decode

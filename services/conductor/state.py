@@ -11,8 +11,18 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from services.conductor.cpp import PipelineGroup
 from services.conductor.index import PrefixIndex
-from services.conductor.policy import Decision, DecodeItem, DecodeLoad, Params, PrefillLoad, Request, decode_context
+from services.conductor.policy import (
+    Decision,
+    DecodeItem,
+    DecodeLoad,
+    Params,
+    PrefillLoad,
+    Request,
+    decode_context,
+    prefill_s,
+)
 from shared.calibration import Calibration
 from shared.predictor import Predictor
 
@@ -32,6 +42,9 @@ class Assigned:
 
 @dataclass
 class PrefillBook:
+    # A CPP group's stages; None: one instance. Its queue is kept whole (busy until
+    # the last stage ends), though the next prompt's first chunks could start sooner.
+    group: PipelineGroup | None = None
     busy_until: float = 0.0
     outstanding: dict[str, Assigned] = field(default_factory=dict)
     active_blocks: int = 0  # sum over outstanding
@@ -89,9 +102,9 @@ class ClusterState:
         self.decode_time_s = self.params.decode_time_s
 
     # --- membership ---------------------------------------------------------
-    def add_instance(self, role: str, instance_id: str) -> None:
+    def add_instance(self, role: str, instance_id: str, group: PipelineGroup | None = None) -> None:
         if role == "prefill":
-            self.prefill.setdefault(instance_id, PrefillBook())
+            self.prefill.setdefault(instance_id, PrefillBook(group))
         elif role == "decode":
             self.decode.setdefault(instance_id, {})
 
@@ -125,6 +138,7 @@ class ClusterState:
                     window_load_s=book.window_prefill_s,
                     free_blocks=self.index.capacity_blocks - self.index.used_blocks(iid),
                     slowdown=1.0 if self.calibration_z is None else book.calibration.pace(now, self.calibration_z),
+                    group=book.group,
                 )
             )
         return loads
@@ -147,11 +161,11 @@ class ClusterState:
         choice = decision.prefill
         bs = self.params.block_size
         cached = min(choice.cached_blocks * bs, req.prompt_len - 1)
-        prefill_s = self.predictor.prefill_s(req.prompt_len - cached, cached)
         book = self.prefill[choice.instance_id]
+        work_s = prefill_s(self.predictor, book.group, req.prompt_len - cached, cached)
         start = max(now, book.busy_until)
-        book.busy_until = start + prefill_s + self.predictor.transfer_s(choice.pull_blocks * bs)
-        book.add(req.request_id, Assigned(req.prompt_blocks, prefill_s, cached, req.prompt_len, now,
+        book.busy_until = start + work_s + self.predictor.transfer_s(choice.pull_blocks * bs)
+        book.add(req.request_id, Assigned(req.prompt_blocks, work_s, cached, req.prompt_len, now,
                                           ttft_s=book.busy_until - now))
         # The prefill engine keeps these blocks in its prefix cache afterwards.
         self.index.insert(choice.instance_id, hashes)

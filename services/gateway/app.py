@@ -525,6 +525,8 @@ def yuebing_field(report: Report, prompt_tokens: int, decoded: bool) -> dict[str
         "migrations": report.migrations,
         # where its prefill ran and why: the Conductor's serving-mode decision (mode, rule, reason, figures)
         "serving_mode": msgspec.to_builtins(report.mode) if report.mode else None,
+        # with a CPP group live: whether its prefill went to the group or a single instance, and why
+        "prefill_route": report.route or None,
     }
 
 

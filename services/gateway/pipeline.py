@@ -91,6 +91,7 @@ class Report:
     attempts: int = 0  # placements it went through (services/gateway/retry.py); 1: no retry
     migrations: int = 0  # decodes that died mid-stream and were continued on another
     mode: ModeRecord | None = None  # where its prefill ran and why, as the Conductor decided
+    route: str = ""  # a CPP group or a single prefill instance, and why (ScheduleReply.route)
 
 
 class Rejected(Exception):
@@ -203,7 +204,7 @@ class Pipeline:
         decode instance prefill it."""
         attempt = await self._place(job, tries, None)
         while True:
-            report.placement, report.mode = attempt.placement, attempt.mode
+            report.placement, report.mode, report.route = attempt.placement, attempt.mode, attempt.route
             if attempt.placement.local_prefill:
                 return None
             try:
@@ -294,7 +295,8 @@ class Pipeline:
         reply = await self._schedule(job, attempt_id, tries.avoid, order)
         assert reply.placement is not None
         # Current before anything else awaits: whatever ends the request from here closes it.
-        tries.current = Attempt(attempt_id, reply.placement, reply.predicted_ttft_ms, mode=reply.mode)
+        tries.current = Attempt(attempt_id, reply.placement, reply.predicted_ttft_ms, mode=reply.mode,
+                                route=reply.route)
         if reply.mode is not None:
             self.modes.labels(reply.mode.mode, reply.mode.rule, reply.mode.reason).inc()
         return tries.current

@@ -133,6 +133,7 @@ class Attempt:
     placement: Placement
     predicted_ttft_ms: float = 0.0
     mode: ModeRecord | None = None  # the Conductor's serving-mode decision
+    route: str = ""  # the Conductor's CPP-or-single decision (ScheduleReply.route)
     finished: bool = False  # its last token reached the client
     update: RequestUpdate | None = None  # when it ends; None: "finished", completed if `finished`
 

@@ -67,8 +67,14 @@ def kv_transfer_config(config: ClusterConfig, node: str):  # -> vllm KVTransferC
     )
 
 
-def build_engine(config: ClusterConfig, node: str | None = None) -> tuple[Any, EngineLoad]:  # (vllm AsyncLLM, its live load)
-    """An engine; with `node`, wired to that node's pool through the KV connector."""
+def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
+                 ) -> tuple[Any, EngineLoad]:  # (vllm AsyncLLM, its live load)
+    """An engine; with `node`, wired to that node's pool through the KV connector.
+    With `stages` > 1, a CPP group: vLLM's pipeline parallelism over that many worker
+    processes, each owning a share of the layers. vLLM advances a prompt's computed
+    tokens when it schedules a chunk, so with chunked prefill the next chunk of the
+    same prompt enters stage 0 while the last one is on stage 1 (README, "Long
+    context")."""
     for key, value in engine_environment(config).items():
         os.environ.setdefault(key, value)
     # Imported here: vLLM takes seconds to import, and only engine services need it.
@@ -103,6 +109,9 @@ def build_engine(config: ClusterConfig, node: str | None = None) -> tuple[Any, E
         seed=0,
         block_size=config.block_size,
         max_num_batched_tokens=config.step_tokens,
+        pipeline_parallel_size=stages,
+        # Pipeline stages are processes; vLLM's CPU platform insists on them anyway.
+        distributed_executor_backend="mp" if stages > 1 else None,
         kv_transfer_config=kv_transfer_config(config, node) if node else None,
     )
     return AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder]), load

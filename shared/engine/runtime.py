@@ -58,12 +58,14 @@ async def serve(handler: type[Handler], config: ClusterConfig, args: argparse.Na
     service exits with ENGINE_DEAD_EXIT, for its supervisor to start it again."""
     from shared.engine.llm import build_engine  # vLLM is heavy; only engine services pay for it
 
-    instance_id, node = args.instance_id, args.node
+    instance_id, node, stages = args.instance_id, args.node, args.stages
+    if stages < 1 or (stages > 1 and handler.ROLE != "prefill"):
+        raise ValueError(f"--stages {stages}: only a prefill instance runs as a pipeline group (stages > 1)")
     # Colocated, nothing ever reaches a node pool: the engine is plain vLLM, without
     # the connector's hooks in every step and layer.
-    engine, load = build_engine(config, None if config.mode == "colocated" else node)
+    engine, load = build_engine(config, None if config.mode == "colocated" else node, stages)
     nc = await bus.connect(config.nats_url, instance_id, args.nats_credentials)
-    instance = Instance(handler.ROLE, instance_id, node, config, nc, load)
+    instance = Instance(handler.ROLE, instance_id, node, config, nc, load, stages)
     await bus.subscribe(nc, handler.subject(instance_id), handler.REQUEST, handler(instance, engine).on_request)
     await instance.start()
     log.info(f"{handler.ROLE} ready", model=config.model, node=node)

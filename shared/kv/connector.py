@@ -69,7 +69,10 @@ class YuebingConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = ConnectorScheduler(opts)
         else:
-            self.worker = ConnectorWorker(opts, self._kv_cache_config.num_blocks)
+            # A pipeline stage holds some layers; the pool block holds the model's.
+            stages = vllm_config.parallel_config.pipeline_parallel_size
+            model_layers = vllm_config.model_config.get_total_num_hidden_layers() if stages > 1 else 0
+            self.worker = ConnectorWorker(opts, self._kv_cache_config.num_blocks, model_layers=model_layers)
 
     def _meta(self) -> YuebingMeta:
         meta = self._get_connector_metadata()

@@ -6,6 +6,11 @@ soon as the model has computed it and tell the messenger, which streams it on.
 A load that cannot complete (the pool is gone, a copy fails, a claimed block was
 never pinned) is reported through `load_errors`, and vLLM computes those blocks.
 
+In a pipeline-parallel engine (a CPP prefill group) each stage's worker holds only
+its stage's layers: it names each by the model's layer number, not its place here,
+and carves the pool for the whole model, so a pool block becomes ready once every
+stage has written its layers.
+
 A messenger that restarts holds no pool until an engine says hello: a `HelloWatch`
 says it again as soon as the new messenger ticks, and the first step that names the
 new pool maps its (new) file here.
@@ -40,18 +45,33 @@ def blocks_first(cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
     return cache.movedim(list(cache.shape).index(num_blocks), 0)
 
 
-def geometry_of(caches: list[torch.Tensor]) -> Geometry:
-    """One pool block of these (blocks-first) layer caches."""
+def geometry_of(caches: list[torch.Tensor], layers: int = 0) -> Geometry:
+    """One pool block of these (blocks-first) layer caches, of `layers` layers in all
+    (default: these)."""
     block = caches[0][0]
     shape = (int(torch.tensor(block.shape[:-2]).prod()), block.shape[-2], block.shape[-1])
     order = sorted(range(caches[0].dim()), key=lambda d: -caches[0].stride(d))
     return Geometry(
-        layers=len(caches),
+        layers=layers or len(caches),
         shape=shape,
         dtype=str(block.dtype).removeprefix("torch."),
         itemsize=block.element_size(),
         layout="dims" + "".join(map(str, order)),
     )
+
+
+def model_layer(name: str, index: int, model_layers: int) -> int:
+    """The model's number for layer `name` (the `index`-th here): vLLM names attention
+    layers `...layers.<n>...`. Only a worker holding every layer may fall back on its
+    own order."""
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    try:
+        return extract_layer_index(name)
+    except (AssertionError, ValueError):
+        if model_layers:
+            raise ValueError(f"cannot tell which of the model's layers {name!r} is") from None
+        return index
 
 
 @dataclass
@@ -69,12 +89,15 @@ class MappedPool:
 
 
 class ConnectorWorker:
-    def __init__(self, opts: Options, num_blocks: int, client: MessengerClient | None = None) -> None:
+    def __init__(self, opts: Options, num_blocks: int, client: MessengerClient | None = None,
+                 model_layers: int = 0) -> None:
         self.opts = opts
         self.num_blocks = num_blocks
         self.client = client or MessengerClient(opts.kv_dir, opts.node, opts.timeout_s)
-        self.layers: dict[str, int] = {}  # layer name → index
-        self.caches: list[torch.Tensor] = []  # per layer, blocks first
+        self.model_layers = model_layers  # the whole model's (0: the layers here are all of them)
+        self.layers: dict[str, int] = {}  # layer name → index here
+        self.layer_ids: list[int] = []  # index here → the model's layer number (its place in a pool block)
+        self.caches: list[torch.Tensor] = []  # per layer here, blocks first
         self.pool: MappedPool | None = None  # None: no messenger answered; everything is computed
         self.gone_pool_id = ""  # a pool a step named that is not this node's any more
         self.load_errors: set[int] = set()
@@ -85,6 +108,7 @@ class ConnectorWorker:
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         for index, (name, cache) in enumerate(kv_caches.items()):
             self.layers[name] = index
+            self.layer_ids.append(model_layer(name, index, self.model_layers))
             self.caches.append(blocks_first(cache, self.num_blocks))
         self._map_pool()
         self.watch = HelloWatch(self.opts.kv_dir, self.opts.node, self._hello)
@@ -92,7 +116,7 @@ class ConnectorWorker:
     def _hello(self) -> bool:
         """Carve the node's pool with our geometry if nobody has (its messenger restarted);
         mapping it waits for a step that names it, on the worker's own thread."""
-        reply = self.client.call(Hello(geometry=geometry_of(self.caches), model=self.opts.model))
+        reply = self.client.call(Hello(geometry=self.geometry(), model=self.opts.model))
         if reply is None or not reply.ok:
             log.warning("hello to the messenger unanswered", node=self.opts.node,
                         error=reply.error if reply else "no answer")
@@ -100,9 +124,12 @@ class ConnectorWorker:
         log.info("node pool carved again", node=self.opts.node, pool_id=reply.pool_id)
         return True
 
+    def geometry(self) -> Geometry:
+        return geometry_of(self.caches, self.model_layers)
+
     def _map_pool(self) -> bool:
         """Say hello to the messenger and map the pool it answers with."""
-        geometry = geometry_of(self.caches)
+        geometry = self.geometry()
         reply = self.client.call(Hello(geometry=geometry, model=self.opts.model))
         if reply is None or not reply.ok:
             log.warning("node pool unavailable: this engine computes everything", node=self.opts.node,
@@ -146,12 +173,13 @@ class ConnectorWorker:
     def _load(self, pool: MappedPool, loads: list[Load]) -> None:
         """Fill vLLM's blocks from the pool, layer by layer, while the model runs."""
         try:
-            for layer, cache in enumerate(self.caches):
+            for index, cache in enumerate(self.caches):
+                layer = self.layer_ids[index]
                 for load in loads:
                     for block_id, slot in zip(load.block_ids, load.slots):
                         block = cache[block_id]
                         block.copy_(pool.layer(slot, layer, cache.dtype).view(block.shape))
-                self._layer_loaded[layer].set()
+                self._layer_loaded[index].set()
         except Exception:
             for load in loads:
                 log.exception("kv load failed: vLLM computes its blocks", request_id=load.request_id)
@@ -172,8 +200,8 @@ class ConnectorWorker:
         pool = self._pool_ready(meta.pool_id)
         if pool is None:
             return
-        layer = self.layers[layer_name]
-        cache = self.caches[layer]
+        index = self.layers[layer_name]
+        layer, cache = self.layer_ids[index], self.caches[index]
         sums = []
         for save in meta.saves:
             block = cache[save.block_id]

@@ -19,8 +19,8 @@ BLOCKS = 4  # vLLM blocks per layer
 class Messenger:
     """Answers hellos with a pool file of `slots` slots, and keeps the notes."""
 
-    def __init__(self, tmp_path, slots: int = 2) -> None:
-        self.tmp_path, self.slots = tmp_path, slots
+    def __init__(self, tmp_path, slots: int = 2, carve_once: bool = False) -> None:
+        self.tmp_path, self.slots, self.carve_once = tmp_path, slots, carve_once
         self.pool_id = "p1"
         self.hellos = 0
         self.notes: list[object] = []
@@ -29,7 +29,8 @@ class Messenger:
         assert isinstance(message, Hello)
         self.hellos += 1
         path = pool_path(str(self.tmp_path), "n")
-        PoolFile(path, self.slots * message.geometry.slot_bytes, create=True).close()
+        if self.hellos == 1 or not self.carve_once:  # else: later engines map the pool the first carved
+            PoolFile(path, self.slots * message.geometry.slot_bytes, create=True).close()
         return Reply(pool_id=self.pool_id, pool_path=str(path), pool_slots=self.slots)
 
     def note(self, message: object) -> bool:
@@ -92,3 +93,35 @@ def test_any_layout_puts_vllm_blocks_first(shape):
     from shared.kv.worker import blocks_first
 
     assert blocks_first(torch.zeros(shape), BLOCKS).shape[0] == BLOCKS
+
+
+def test_pipeline_stages_each_write_their_own_layers_into_one_pool_block(tmp_path):
+    """A CPP group: stage 0 holds layers 0-1, stage 1 layers 2-3; each names the
+    model's layer numbers, and one stage-less reader gets all four back."""
+    messenger = Messenger(tmp_path, carve_once=True)
+    opts = Options(kv_dir=str(tmp_path), node="n", block_size=4, salt=b"s", model="m")
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+    caches = {name: torch.randn(2, BLOCKS, 2, 4, 8) for name in names}
+    stages = [ConnectorWorker(opts, BLOCKS, client=messenger, model_layers=4) for _ in range(2)]  # type: ignore[arg-type]
+    stages[0].register_kv_caches({n: caches[n] for n in names[:2]})
+    stages[1].register_kv_caches({n: caches[n] for n in names[2:]})
+    assert [s.geometry().layers for s in stages] == [4, 4]  # one pool geometry, whichever stage says hello
+    saving = YuebingMeta(pool_id="p1", saves=[Save(block_id=1, slot=0, block_hash=b"h" * 16)])
+    for stage, stage_names in zip(stages, (names[:2], names[2:])):
+        for name in stage_names:
+            stage.save_kv_layer(saving, name)
+    assert [n.layer for n in messenger.notes if isinstance(n, Written)] == [0, 1, 2, 3]
+    reader = ConnectorWorker(opts, BLOCKS, client=messenger)  # type: ignore[arg-type]
+    copies = {name: torch.zeros(2, BLOCKS, 2, 4, 8) for name in names}
+    reader.register_kv_caches(copies)
+    reader.start_load_kv(YuebingMeta(pool_id="p1", loads=[Load("r", block_ids=[2], slots=[0])]))
+    reader.wait_for_save()
+    for name in names:
+        assert torch.equal(copies[name][:, 2], caches[name][:, 1]), name
+
+
+def test_a_stage_whose_layer_names_carry_no_number_is_refused(tmp_path):
+    opts = Options(kv_dir=str(tmp_path), node="n", block_size=4, salt=b"s", model="m")
+    stage = ConnectorWorker(opts, BLOCKS, client=Messenger(tmp_path), model_layers=4)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="which of the model's layers"):
+        stage.register_kv_caches({"attn": torch.randn(2, BLOCKS, 2, 4, 8)})
