@@ -12,23 +12,24 @@ from yuebing.commands import (
     bench_conductor,
     bench_goodput,
     bench_hash,
+    bench_long_context,
     bench_reuse,
     bench_soak,
     bench_transfer,
     bench_ttft,
-    long_context,
     model,
     profile,
     replay,
     secrets,
     sim,
+    sim_long_context,
     up,
 )
 
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    model, up, secrets, profile, sim, long_context, bench_conductor, bench_hash, bench_transfer, bench_ttft,
-    bench_reuse, bench_chaos, bench_soak, bench_goodput, replay,
+    model, up, secrets, profile, sim, sim_long_context, bench_conductor, bench_hash, bench_transfer, bench_ttft,
+    bench_reuse, bench_chaos, bench_soak, bench_goodput, bench_long_context, replay,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help
 

@@ -39,6 +39,7 @@ class Streamed:
     sent_at: float
     status: int = 0  # HTTP status; 0 when no response came (connection error, timeout)
     token_times: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # where the server sends them (`return_token_ids`)
     text: str = ""
     usage: dict[str, Any] | None = None
     yuebing: dict[str, Any] | None = None  # the gateway's extension; None from plain vLLM
@@ -132,16 +133,18 @@ def _take(result: Streamed, line: bytes) -> bool:
         return True
     now = time.monotonic()
     for choice in chunk.get("choices") or []:
-        text, tokens = _choice(choice)
+        text, tokens, ids = _choice(choice)
         result.text += text
         result.token_times.extend([now] * tokens)
+        result.token_ids.extend(ids)
     result.usage = chunk.get("usage") or result.usage
     result.yuebing = chunk.get("yuebing") or result.yuebing
     return False
 
 
-def _choice(choice: dict[str, Any]) -> tuple[str, int]:
-    """A streamed choice's text (completions or chat) and how many tokens it carries."""
+def _choice(choice: dict[str, Any]) -> tuple[str, int, list[int]]:
+    """A streamed choice's text (completions or chat), how many tokens it carries, and
+    their ids when the server sends them."""
     text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
     ids = choice.get("token_ids")
-    return text, len(ids) if ids is not None else int(bool(text))
+    return text, len(ids) if ids is not None else int(bool(text)), list(ids or [])

@@ -79,10 +79,10 @@ class UpOptions:
         if self.config.conditional_rule not in CONDITIONAL_RULES:
             raise ValueError(f"unknown --conditional-rule {self.config.conditional_rule!r}; "
                              f"choose from {', '.join(CONDITIONAL_RULES)}")
-        if self.prefill + self.cpp_groups < 1 and self.config.mode != "colocated":
-            raise ValueError(f"--mode {self.config.mode} needs at least one prefill instance")
         if self.cpp_groups < 0 or self.cpp_stages < 2:
             raise ValueError("--cpp-groups must not be negative and --cpp-stages at least 2")
+        if self.prefill + self.cpp_groups < 1 and self.config.mode != "colocated":
+            raise ValueError(f"--mode {self.config.mode} needs at least one prefill instance")
         if self.cpp_groups and self.config.mode == "colocated":
             raise ValueError("CPP groups are prefill instances: --mode colocated has none")
 

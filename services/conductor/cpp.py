@@ -23,13 +23,16 @@ class PipelineGroup:
     stages: int
     chunk_tokens: int
     # Activations one token hands to the next stage (hidden size × dtype bytes), and
-    # the link between stages; 0 bytes models a hand-over that costs nothing.
+    # the link between stages (one 200 Gbps NIC, as the simulator's KV link); 0 bytes
+    # models a hand-over that costs nothing. A hand-over follows its chunk's compute
+    # and never waits for the link: two chunks' hand-overs do not compete.
     boundary_bytes_per_token: int = 0
-    link_bytes_per_s: float = 10e9
+    link_bytes_per_s: float = 25e9
 
     def __post_init__(self) -> None:
-        if self.stages < 1 or self.chunk_tokens < 1:
-            raise ValueError(f"a pipeline group needs stages ≥ 1 and chunk_tokens ≥ 1, got {self}")
+        if self.stages < 1 or self.chunk_tokens < 1 or self.boundary_bytes_per_token < 0 or self.link_bytes_per_s <= 0:
+            raise ValueError(f"a pipeline group needs stages ≥ 1, chunk_tokens ≥ 1, boundary bytes ≥ 0 and a "
+                             f"positive link, got {self}")
 
 
 def chunks(new_tokens: int, cached_tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:

@@ -241,3 +241,21 @@ def test_an_unknown_mode_or_rule_stops_the_conductor_at_start():
         Conductor(config(mode="split"))
     with pytest.raises(ValueError, match="unknown conditional rule"):
         Conductor(config(mode="conditional", conditional_rule="sglang"))
+
+
+def test_a_long_prompt_goes_to_the_cpp_group_and_a_short_one_stays_on_a_single_instance():
+    c = Conductor(config(policy="cache_aware", step_tokens=512))
+    c.on_heartbeat(hb("p0", "prefill"), now=0.0)
+    c.on_heartbeat(msgspec.structs.replace(hb("p1", "prefill"), stages=2), now=0.0)
+    c.on_heartbeat(hb("d0", "decode"), now=0.0)
+    long = c.schedule(ask("long", [f"l{i}" for i in range(24)]), now=0.0)
+    short = c.schedule(ask("short", ["s0"]), now=0.0)
+    assert (long.placement.prefill_id, long.route) == ("p1", "cpp:faster")
+    assert (short.placement.prefill_id, short.route) == ("p0", "single:short_input")
+    assert c.stats(now=0.0).routes == {"cpp:faster": 1, "single:short_input": 1}
+
+
+def test_without_a_cpp_group_no_route_is_recorded():
+    c = conductor()
+    reply = c.schedule(ask("r1", [f"l{i}" for i in range(24)]), now=0.0)
+    assert reply.accepted and reply.route == "" and c.stats(now=0.0).routes == {}

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from services.conductor.cpp import PipelineGroup
 from services.conductor.policy import (
     PREFILL_POLICIES,
     Decision,
@@ -238,3 +239,30 @@ def test_cache_aware_prefers_the_instance_that_runs_faster_now():
     loads = [replace(p("a", queue_s=0.01), slowdown=4.0), p("b", queue_s=0.03)]
     assert prefill_of(sched(), req(1024), loads) == "b"
     assert prefill_of(sched(), req(1024), [replace(loads[0], slowdown=1.0), loads[1]]) == "a"
+
+
+GROUP = PipelineGroup(stages=2, chunk_tokens=1024)
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "cache_aware", "kvcentric"])
+def test_a_cpp_group_takes_a_long_uncached_prompt_whatever_the_policy(policy):
+    """8,192 tokens: 83 ms on one instance; through 2 stages, 8 chunks of 1,024 and one
+    of fill, each stage step its 1 ms plus half a chunk's 10.24 ms."""
+    out = sched(policy).schedule(req(8192), [p("s0"), replace(p("g0"), group=GROUP)], IDLE_DECODE, now=0.0)
+    assert isinstance(out, Decision) and out.prefill.instance_id == "g0"
+    assert out.route is not None and out.route.key == "cpp:faster"
+    assert out.prefill.ttft_s == pytest.approx(9 * (0.001 + 0.01024 / 2))
+
+
+def test_a_short_prompt_or_a_busy_group_leaves_the_prompt_on_a_single_instance():
+    s = sched()
+    short = s.schedule(req(100), [p("s0"), replace(p("g0"), group=GROUP)], IDLE_DECODE, now=0.0)
+    busy = s.schedule(req(8192), [p("s0"), replace(p("g0", queue_s=0.05), group=GROUP)], IDLE_DECODE, now=0.0)
+    assert (short.prefill.instance_id, short.route.key) == ("s0", "single:short_input")
+    assert (busy.prefill.instance_id, busy.route.key) == ("s0", "single:group_slower_now")
+    assert "g0" in busy.route.detail and "s0" in busy.route.detail  # the compared figures
+
+
+def test_without_single_instances_the_policy_chooses_among_groups():
+    out = sched("round_robin").schedule(req(100), [replace(p("g0"), group=GROUP)], IDLE_DECODE, now=0.0)
+    assert out.prefill.instance_id == "g0" and out.route is None

@@ -135,3 +135,16 @@ def test_a_local_prefill_joins_its_decode_at_once_and_leaves_its_queue_at_its_fi
     s.assign_local(Request("r2", 100, 25, 10, 10.0, 1.0), hashes, "d0", 20, 0.1, now=0.5)
     s.finished("r2", now=0.6)  # failed before its first token: off the queue too
     assert s.local_queued("d0") == 0 and list(s.placed) == ["r1"]  # r1 still decodes
+
+
+def test_a_cpp_group_is_booked_for_its_pipeline_time_not_a_single_instances():
+    from services.conductor.cpp import PipelineGroup, pipeline_prefill_s
+
+    s = state()
+    group = PipelineGroup(stages=2, chunk_tokens=250)
+    s.add_instance("prefill", "g0", group)
+    req = Request("r1", 1000, 250, 10, 10.0, 1.0)
+    s.assign(req, [f"h{i}" for i in range(250)], Decision(PrefillChoice("g0", 0.6, 0), "d0", 0.01), now=0.0)
+    load = next(x for x in s.prefill_loads([], now=0.0) if x.instance_id == "g0")
+    assert load.group == group
+    assert load.queue_s == pytest.approx(pipeline_prefill_s(PRED, group, 1000)) == pytest.approx(0.625)  # not 1.0 s

@@ -25,6 +25,8 @@ from yuebing.model import default_model_dir
 from yuebing.process import free_port
 
 MAX_MODEL_LEN = 1024
+# The reference takes prompts up to the model's limit (tests/e2e/test_long_context.py).
+REFERENCE_MAX_MODEL_LEN = 4096
 # Pinned on both sides of every greedy comparison: the cluster's default is vLLM's
 # own choice ("auto"), which may differ from what the reference engine picks.
 DTYPE = "float32"
@@ -160,7 +162,8 @@ class Reference:
             os.environ.setdefault(key, value)
         from vllm import LLM
 
-        self.llm = LLM(model=str(model_dir), max_model_len=MAX_MODEL_LEN, dtype=DTYPE, enforce_eager=True, seed=0)
+        self.llm = LLM(model=str(model_dir), max_model_len=REFERENCE_MAX_MODEL_LEN, dtype=DTYPE, enforce_eager=True,
+                       seed=0)
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         from vllm import SamplingParams

@@ -136,3 +136,25 @@ def test_colocated_runs_as_many_engines_all_as_instances_that_prefill_and_decode
 def test_a_layout_the_mode_cannot_serve_is_refused(mode, prefill, error):
     with pytest.raises(ValueError, match=error):
         UpOptions(config=ClusterConfig(mode=mode), prefill=prefill)
+
+
+def test_cpp_groups_are_prefill_instances_after_the_singles_each_told_its_stages(tmp_path):
+    options = UpOptions(config=ClusterConfig(), prefill=1, cpp_groups=1, cpp_stages=3, decode=1)
+    c = Cluster(options)
+    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, nats_port=4333))
+    argv = {child.name: child.argv for child in c.children}
+    assert "--stages" not in argv["prefill-0"]
+    assert argv["prefill-1"][argv["prefill-1"].index("--stages") + 1] == "3"
+    assert (tmp_path / "secrets" / "prefill-1.nats.json").exists()  # the group logs in as a prefill instance
+    assert "1 as CPP groups of 3 stages" in options.layout()
+    assert UpOptions(config=ClusterConfig(), prefill=0, cpp_groups=1).instances == (1, 1)  # a group alone is enough
+
+
+@pytest.mark.parametrize(("flags", "error"), [
+    ({"cpp_groups": -1}, "--cpp-groups must not be negative"),
+    ({"cpp_groups": 1, "cpp_stages": 1}, "--cpp-stages at least 2"),
+    ({"cpp_groups": 1, "config": ClusterConfig(mode="colocated")}, "colocated has none"),
+])
+def test_a_cpp_layout_that_cannot_run_is_refused(flags, error):
+    with pytest.raises(ValueError, match=error):
+        UpOptions(**{"config": ClusterConfig(), **flags})

@@ -1,7 +1,7 @@
 """Long prompts (8k–128k tokens) on a pool of prefill instances: plain single-instance
 prefill against Mooncake's chunked pipeline parallelism (CPP, §5.1) and LoongServe's
 elastic sequence parallelism (ESP), in TTFT and in instance-seconds per request
-(`yuebing long-context`).
+(`yuebing sim-long-context`).
 
 Every strategy runs the same seeded Poisson stream of prompts of one length, FIFO:
 - `single`: a prompt on one instance, chunk by chunk (`cpp.chunked_prefill_s`), on
@@ -53,7 +53,7 @@ fill and drain are charged to the request that leaves them idle, never twice.
 Bytes between instances per request: CPP's (S−1)·l·hidden·2 at the stage
 boundaries, ESP's (D−1)·l·kv_bytes (every KV block visits every other instance).
 
-Pure: no I/O; yuebing/commands/long_context.py loads the profile and prints.
+Pure: no I/O; yuebing/commands/sim_long_context.py loads the profile and prints.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The long-context study (yuebing/lab/long_context.py, `yuebing long-context`):
+"""The long-context study (yuebing/lab/long_context.py, `yuebing sim-long-context`):
 single, CPP and elastic sequence parallelism on the shipped GPU profile."""
 
 import json
@@ -119,7 +119,7 @@ def test_lone_times_match_the_lone_runs():
 
 def test_the_command_prints_the_table_and_writes_its_json(tmp_path, capsys):
     out = tmp_path / "lc.json"
-    assert cli.main(["long-context", "--lengths", "8192,65536", "--requests", "30", "--stages", "2,4",
+    assert cli.main(["sim-long-context", "--lengths", "8192,65536", "--requests", "30", "--stages", "2,4",
                      "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "where each wins:" in printed and "extrapolate" in printed and "cpp-4" in printed
@@ -130,5 +130,5 @@ def test_the_command_prints_the_table_and_writes_its_json(tmp_path, capsys):
         assert set(row["lone"]) == set(row["loaded"]) == {"single", "cpp-2", "cpp-4", "esp"}
         assert set(row["loaded"]["esp"]) == {"ttft_mean_s", "ttft_p90_s", "instance_s", "degree_mean", "link_gb"}
     assert set(result["wins"]) >= {"TTFT alone", "instance-s loaded"}
-    assert cli.main(["long-context", "--profile-model", "gpt-9"]) != 0  # no shape known for it
+    assert cli.main(["sim-long-context", "--profile-model", "gpt-9"]) != 0  # no shape known for it
     assert "--profile-model" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`yuebing long-context`: long prompts on a pool of prefill instances in the
+"""`yuebing sim-long-context`: long prompts on a pool of prefill instances in the
 simulator (yuebing/lab/long_context.py): plain single-instance prefill, Mooncake's
 chunked pipeline parallelism (CPP groups of S stages) and LoongServe's elastic
 sequence parallelism (ESP), in TTFT and in instance-seconds per request, one prompt
@@ -30,7 +30,7 @@ def _ints(text: str) -> list[int]:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("long-context", help="simulate long prompts: single-instance prefill, CPP groups and "
+    p = subparsers.add_parser("sim-long-context", help="simulate long prompts: single-instance prefill, CPP groups and "
                               "elastic sequence parallelism, in TTFT and instance-seconds")
     p.add_argument("--profile", default=str(data.GPU_PROFILE), help="timing profile (default: an H100's, shipped in "
                    "yuebing/lab/data)")
