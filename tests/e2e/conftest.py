@@ -21,6 +21,7 @@ import pytest
 
 from shared.config import ClusterConfig, load_config
 from shared.engine.llm import engine_environment
+from tests.e2e.ops import openai_client
 from yuebing.model import default_model_dir
 from yuebing.process import free_port
 
@@ -182,9 +183,7 @@ def reference(model_dir, cluster_process) -> Reference:
 
 @pytest.fixture(scope="session")
 def client(cluster):
-    from openai import OpenAI
-
-    return OpenAI(base_url=cluster.api, api_key="unused", timeout=120, max_retries=0)
+    return openai_client(cluster)
 
 
 @pytest.fixture(scope="session")

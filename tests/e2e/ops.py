@@ -34,6 +34,17 @@ class Cluster(Protocol):
     nats_url: str
     admin_credentials: Path
 
+    @property
+    def api(self) -> str: ...
+
+
+def openai_client(cluster: Cluster):  # -> openai.OpenAI
+    """The OpenAI client every e2e test talks to a cluster with (no retries: a test
+    sees what the cluster answered)."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=cluster.api, api_key="unused", timeout=120, max_retries=0)
+
 
 async def admin(cluster: Cluster) -> Client:
     return await bus.connect(cluster.nats_url, "tests", load_credentials(str(cluster.admin_credentials)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.ops import conductor_stats
+from tests.e2e.ops import conductor_stats, openai_client
 from tests.e2e.test_transfer import BLOCK, MAX_TOKENS, complete, prompt
 
 pytestmark = pytest.mark.e2e
@@ -32,9 +32,7 @@ def cpp_cluster(launcher, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cpp_client(cpp_cluster):
-    from openai import OpenAI
-
-    return OpenAI(base_url=cpp_cluster.api, api_key="unused", timeout=120, max_retries=0)
+    return openai_client(cpp_cluster)
 
 
 def test_a_long_prompt_is_prefilled_by_the_cpp_group_and_decode_loads_every_full_block(cpp_client, reference):

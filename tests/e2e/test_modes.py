@@ -14,7 +14,7 @@ import re
 import httpx
 import pytest
 
-from tests.e2e.ops import conductor_stats
+from tests.e2e.ops import conductor_stats, openai_client
 from tests.e2e.test_transfer import BLOCK, MAX_TOKENS, complete, prompt
 
 pytestmark = pytest.mark.e2e
@@ -38,9 +38,7 @@ def moded(request, launcher, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def moded_client(moded):
-    from openai import OpenAI
-
-    return OpenAI(base_url=moded[1].api, api_key="unused", timeout=120, max_retries=0)
+    return openai_client(moded[1])
 
 
 def decisions(cluster) -> dict[tuple[str, str], float]:

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from shared.block_hash import hex_hashes
-from tests.e2e.ops import conductor_stats, messenger
+from tests.e2e.ops import conductor_stats, messenger, openai_client
 
 pytestmark = pytest.mark.e2e
 
@@ -36,9 +36,7 @@ def store_cluster(launcher, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def store_client(store_cluster):
-    from openai import OpenAI
-
-    return OpenAI(base_url=store_cluster.api, api_key="unused", timeout=120, max_retries=0)
+    return openai_client(store_cluster)
 
 
 def tokens(n: int, rnd: random.Random) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e import test_faults, test_transfer
+from tests.e2e.ops import openai_client
 from tests.messenger.test_mooncake_transport import WHY_NOT
 
 pytestmark = pytest.mark.e2e
@@ -29,9 +30,7 @@ def cluster(launcher, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(cluster):
-    from openai import OpenAI
-
-    return OpenAI(base_url=cluster.api, api_key="unused", timeout=120, max_retries=0)
+    return openai_client(cluster)
 
 
 def test_the_messengers_run_the_transfer_engine(cluster):
