@@ -9,6 +9,8 @@ Prefill policies, by name:
   cache_aware    min over instances of queue + prefill(uncached tokens)
   kvcentric      Mooncake's Algorithm 1: cache_aware + cache load balancing (pulls)
   preble         Preble's E2: exploit long matches, explore by load otherwise
+A CPP pipeline group (services/conductor/cpp.py) takes a prompt from whatever the
+policy chose among single instances when it would finish it sooner (`route_long`).
 Admission, by name: none, early_reject, predictive (Mooncake §7).
 """
 
@@ -172,7 +174,10 @@ def _ttft(load: PrefillLoad, cached_blocks: int, req: Request, ctx: Context, tra
     """Queue, then prefill of what is not cached (at least the last token is computed),
     at the pace the instance keeps now."""
     cached = min(cached_blocks * ctx.params.block_size, req.prompt_len - 1)
-    work = prefill_s(ctx.predictor, load.group, req.prompt_len - cached, cached)
+    if load.group is None:  # `prefill_s` written out: this is the scheduler's hot path
+        work = ctx.predictor.prefill_s(req.prompt_len - cached, cached)
+    else:
+        work = pipeline_prefill_s(ctx.predictor, load.group, req.prompt_len - cached, cached)
     return load.slowdown * (load.queue_s + transfer_s + work)
 
 
