@@ -17,8 +17,10 @@ They are not encrypted either: run this transport only where the network (or the
 RDMA fabric) is trusted. Payloads that are not in the registered pool (the fault
 injector's damaged copies) travel inline over ZeroMQ, as `ZmqTransport` sends them.
 
-Engine writes run on one writer thread (they release the GIL and block), batched per
-peer; their notes go back to the event loop to be sent.
+Engine writes run on one writer thread (they release the GIL), batched per peer, up to
+IN_FLIGHT batches submitted at once; their notes go back to the event loop to be sent.
+The writer sleeps through most of a batch's expected time before the engine's wait,
+which spins on a core (see `Writer`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import itertools
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +45,14 @@ from services.messenger.transport import SEND_HWM, ZmqTransport
 log = structlog.get_logger(__name__)
 Placement = Callable[[bytes], memoryview | None]  # a layer header → where its bytes go here, or None
 WRITE_BATCH = 64  # engine writes per batch at most
+# Batches submitted to the engine before the writer waits for the oldest: the next one
+# is already queued in the engine while the writer waits for the GIL (up to the
+# interpreter's 5 ms switch interval while the event loop runs) to hand over notes.
+IN_FLIGHT = 2
+SLEEP_SHARE = 0.8  # of a batch's expected time slept before the engine's (spinning) wait
+RATE_WEIGHT = 0.5  # of the last batch in the engine's rate estimate
+OVERSLEPT_S = 50e-6  # a wait this short found the batch over already
+SLEEP_MAX_S = 0.05  # a stalled peer's batch lowers the estimate: never sleep longer than this
 RDMA_DEVICES = "/sys/class/infiniband"
 
 
@@ -60,6 +71,9 @@ def engine_protocol() -> str:
 def why_unavailable() -> str:
     """Why the engine cannot load here ("" if it can): checked before a cluster starts,
     so that `--kv-transport mooncake` fails at once rather than in every messenger."""
+    # The engine logs a line at INFO for every async batch it waits for (hundreds a
+    # second): keep its warnings and errors, unless the operator sets MC_LOG_LEVEL.
+    os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
     try:
         import mooncake.engine  # noqa: F401
     except ImportError as e:  # no wheel, or libibverbs.so.1 missing (the wheel links it even for TCP)
@@ -123,6 +137,66 @@ class Write:
     target: int = 0
 
 
+@dataclass(frozen=True)
+class Submitted:
+    """One engine batch on its way: its writes (one peer's), its id (0: refused), when and how big."""
+
+    writes: list[Write]
+    batch: int
+    at: float
+    nbytes: int
+
+
+class Writer:
+    """Engine batches without a spinning wait. The engine's own waits (a sync write, or
+    the status of an async batch) poll its status in a loop that never yields, so a
+    waiting writer took a core; on a small host that core is what the engine's own
+    I/O threads and the messengers' loops needed (at 64 KiB the wait cost about 0.5 s
+    of CPU per GiB moved, more than either messenger's event loop). So the writer
+    sleeps until shortly before a batch should be done, by the rate the last batches
+    ran at, then waits."""
+
+    def __init__(self, engine: Any, rate: float = 10e9) -> None:
+        self.engine = engine
+        # Bytes/s the engine moved lately; at first above any TCP rate, so the first
+        # batches are waited for (spinning) rather than overslept.
+        self.rate = rate
+        self._done_at = 0.0  # when the last batch ended: the next one ran from then on, or from its start
+
+    def submit(self, writes: list[Write]) -> list[Submitted]:
+        """`writes` submitted to the engine, one batch per peer."""
+        out = []
+        for session in {w.session for w in writes}:
+            mine = [w for w in writes if w.session == session]
+            batch = self.engine.batch_transfer_async_write(
+                session, [w.source for w in mine], [w.target for w in mine], [w.length for w in mine])
+            refused = not 0 < batch < 1 << 63  # 0, or the binding's -1 as an unsigned id
+            out.append(Submitted(mine, 0 if refused else batch, time.monotonic(), sum(w.length for w in mine)))
+        return out
+
+    def wait(self, s: Submitted) -> bool:
+        """Until the batch ends; whether every write of it landed."""
+        if not s.batch:
+            return False
+        began = max(s.at, self._done_at)
+        expected = min(SLEEP_SHARE * s.nbytes / self.rate, SLEEP_MAX_S)
+        time.sleep(max(0.0, began + expected - time.monotonic()))
+        woke = time.monotonic()
+        ok = self.engine.get_batch_transfer_status([s.batch]) == 0
+        self._done_at = time.monotonic()
+        if ok and self._done_at > began:
+            self._learn(s.nbytes / (self._done_at - began), self._done_at - woke)
+        return ok
+
+    def _learn(self, measured: float, spun: float) -> None:
+        """The rate from one batch. One already over when the writer woke ran faster than
+        it measures (the writer overslept it): the estimate goes up beyond it, so that a
+        low estimate (a slow start, a peer that stalled) does not keep the engine idle."""
+        self.rate += RATE_WEIGHT * (measured - self.rate)
+        if spun < OVERSLEPT_S:
+            self.rate *= 1.5
+
+
 class MooncakeTransport:
     """`Transport` with Transfer Engine writes for the bytes; `notes` (a ZmqTransport)
     is the sealed channel for everything else. Notes are batched: the asks made in one
@@ -146,8 +220,9 @@ class MooncakeTransport:
         self._ids = itertools.count(1)
         self._writes: queue.SimpleQueue[Write | None] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._writer = threading.Thread(target=self._write_forever, name="mooncake-writer", daemon=True)
-        self._writer.start()
+        self._writer = Writer(self.engine)
+        self._thread = threading.Thread(target=self._write_forever, name="mooncake-writer", daemon=True)
+        self._thread.start()
         self.written = 0  # layers the engine wrote into peers' pools
         self.inline = 0  # layers sent inline over ZeroMQ (not in the registered pool)
         self.write_failures = 0
@@ -212,18 +287,33 @@ class MooncakeTransport:
 
     def _write_forever(self) -> None:
         """The writer thread: engine writes in batches per peer, then their notes on the loop."""
-        while (first := self._writes.get()) is not None:
-            batch = [first]
-            while len(batch) < WRITE_BATCH and not self._writes.empty():
-                if (more := self._writes.get()) is None:
-                    return
-                batch.append(more)
-            for session in {w.session for w in batch}:
-                writes = [w for w in batch if w.session == session]
-                ok = self.engine.batch_transfer_sync_write(
-                    session, [w.source for w in writes], [w.target for w in writes], [w.length for w in writes]) == 0
-                assert self._loop is not None  # set by the receive or send that led here
-                self._loop.call_soon_threadsafe(self._landed, writes, ok)
+        in_flight: collections.deque[Submitted] = collections.deque()
+        while (writes := self._next_writes(wait=not in_flight)) is not None:
+            in_flight.extend(self._writer.submit(writes))
+            if not writes or len(in_flight) >= IN_FLIGHT:
+                self._finish(in_flight.popleft())
+        for submitted in in_flight:  # closing: what the engine took ends before the pool is unregistered
+            self._writer.wait(submitted)
+
+    def _next_writes(self, wait: bool) -> list[Write] | None:
+        """Up to WRITE_BATCH queued writes ([] if none and not `wait`); None: closing."""
+        try:
+            first = self._writes.get(block=wait)
+        except queue.Empty:
+            return []
+        writes: list[Write] = []
+        while first is not None:
+            writes.append(first)
+            if len(writes) == WRITE_BATCH or self._writes.empty():
+                return writes
+            first = self._writes.get()
+        self._writes.put(None)  # closing after this batch
+        return writes or None
+
+    def _finish(self, submitted: Submitted) -> None:
+        ok = self._writer.wait(submitted)
+        assert self._loop is not None  # set by the receive or send that led here
+        self._loop.call_soon_threadsafe(self._landed, submitted.writes, ok)
 
     def _landed(self, writes: list[Write], ok: bool) -> None:
         if not ok:  # the receiver's slots stay unfilled: their readers compute those blocks
@@ -285,7 +375,7 @@ class MooncakeTransport:
 
     def close(self) -> None:
         self._writes.put(None)
-        self._writer.join(timeout=5)
+        self._thread.join(timeout=5)
         if self._region[0]:  # before the messenger unmaps the pool: no peer may write into it after
             self.engine.unregister_memory(self._region[0])
             self._region = (0, 0)

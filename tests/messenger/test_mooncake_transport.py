@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,7 +16,14 @@ import pytest
 from services.messenger import mooncake_transport
 from services.messenger.app import kv_transport
 from services.messenger.messenger import Messenger
-from services.messenger.mooncake_transport import MooncakeTransport, MooncakeUnavailable, load_engine
+from services.messenger.mooncake_transport import (
+    SLEEP_MAX_S,
+    MooncakeTransport,
+    MooncakeUnavailable,
+    Write,
+    Writer,
+    load_engine,
+)
 from services.messenger.transport import ZmqTransport
 from shared.config import ClusterConfig
 from shared.kv.keys import generate_keys
@@ -149,3 +157,60 @@ def test_a_messenger_asked_for_an_engine_that_cannot_load_stops_saying_why(monke
     zmq_transport = kv_transport(ClusterConfig(), messenger_args())  # the default needs no engine
     assert isinstance(zmq_transport, ZmqTransport)
     zmq_transport.close()
+
+
+class SlowEngine:
+    """An engine whose async batches take `seconds` each, one after the other; the
+    test reads when its spinning wait was entered."""
+
+    def __init__(self, seconds: float, refuse: bool = False, fail: bool = False) -> None:
+        self.seconds, self.refuse, self.fail = seconds, refuse, fail
+        self.ends: dict[int, float] = {}
+        self.waited_at: list[float] = []
+
+    def batch_transfer_async_write(self, session, sources, targets, lengths) -> int:
+        if self.refuse:
+            return (1 << 64) - 1  # the binding's -1, unsigned
+        start = max([time.monotonic(), *self.ends.values()])
+        self.ends[len(self.ends) + 1] = start + self.seconds
+        return len(self.ends)
+
+    def get_batch_transfer_status(self, batches: list[int]) -> int:
+        self.waited_at.append(time.monotonic())
+        while time.monotonic() < self.ends[batches[0]]:  # as the engine waits: spinning
+            pass
+        return -1 if self.fail else 0
+
+
+def writes(n: int, session: str = "s", length: int = 1 << 20) -> list[Write]:
+    return [Write("e", b"h", 4096 * i, length, session, 8192 * i) for i in range(n)]
+
+
+def test_the_writer_sleeps_through_most_of_a_batch_before_the_engines_spinning_wait():
+    engine = SlowEngine(0.05)
+    writer = Writer(engine, rate=(4 << 20) / 0.05)  # the rate it ran at: 4 MiB in 50 ms
+    (submitted,) = writer.submit(writes(4))
+    assert writer.wait(submitted)
+    assert engine.waited_at[0] - submitted.at >= 0.8 * 0.05 - 0.005  # slept, then waited
+    assert writer.rate == pytest.approx((4 << 20) / 0.05, rel=0.3)
+
+
+def test_the_writer_batches_per_peer_and_reports_refused_and_failed_batches():
+    engine = SlowEngine(0.0)
+    both = Writer(engine).submit(writes(2, "s1") + writes(3, "s2"))
+    assert sorted(len(s.writes) for s in both) == [2, 3] and all(Writer(engine).wait(s) for s in both)
+    engine.refuse = True
+    (refused,) = Writer(engine).submit(writes(1))
+    assert refused.batch == 0 and not Writer(engine).wait(refused)
+    engine.refuse, engine.fail = False, True
+    (failed,) = Writer(engine).submit(writes(1))
+    assert not Writer(engine).wait(failed)
+
+
+def test_a_stalled_batch_never_makes_the_writer_sleep_long():
+    engine = SlowEngine(0.0)
+    writer = Writer(engine, rate=1.0)  # a byte a second: a stalled peer dragged the estimate down
+    (submitted,) = writer.submit(writes(1))
+    started = time.monotonic()
+    assert writer.wait(submitted)
+    assert time.monotonic() - started < SLEEP_MAX_S + 0.05
