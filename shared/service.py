@@ -40,8 +40,6 @@ def parser(service: str, instance: bool) -> argparse.ArgumentParser:
     if instance:
         p.add_argument("--instance-id", required=True, help="unique id, [A-Za-z0-9_-]")
         p.add_argument("--node", default="node-0", help="the node (messenger) this instance belongs to")
-        p.add_argument("--stages", type=int, default=1,
-                       help="pipeline stages of this instance's engine: above 1, a CPP prefill group")
     return p
 
 

@@ -275,8 +275,7 @@ def route_long(req: Request, choice: PrefillChoice, groups: Sequence[PrefillLoad
     group takes the prompt instead when its predicted TTFT is lower (long uncached
     inputs, whose chunks overlap across its stages). A short prompt stays: a group
     pays a stage hand-over and every stage's step cost for no overlap."""
-    group = min(groups, key=lambda x: (_ttft(x, x.prefix_blocks, req, ctx), x.instance_id))
-    ttft = _ttft(group, group.prefix_blocks, req, ctx)
+    ttft, _, group = min((_ttft(x, x.prefix_blocks, req, ctx), x.instance_id, x) for x in groups)
     detail = f"{group.instance_id} {ttft * 1e3:.0f} ms, {choice.instance_id} {choice.ttft_s * 1e3:.0f} ms"
     if ttft < choice.ttft_s:
         return PrefillChoice(group.instance_id, ttft, group.prefix_blocks), Route("cpp", "faster", detail)

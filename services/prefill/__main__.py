@@ -6,8 +6,18 @@ from shared import service
 from shared.engine.runtime import serving
 
 
+def stage_count(text: str) -> int:
+    stages = int(text)
+    if stages < 1:
+        raise argparse.ArgumentTypeError(f"a pipeline has at least 1 stage, got {stages}")
+    return stages
+
+
 def parser() -> argparse.ArgumentParser:
-    return service.parser("prefill", instance=True)
+    p = service.parser("prefill", instance=True)
+    p.add_argument("--stages", type=stage_count, default=1,
+                   help="pipeline stages of this instance's engine: above 1, a CPP prefill group")
+    return p
 
 
 if __name__ == "__main__":

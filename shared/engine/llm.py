@@ -14,6 +14,7 @@ from typing import Any
 
 from shared.config import ClusterConfig
 from shared.engine.spin import SPIN_ENV
+from shared.engine.stages import STAGES_ENV
 from shared.instance import EngineLoad
 from shared.messages import FinishReason, Sampling
 
@@ -77,6 +78,7 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
     context")."""
     for key, value in engine_environment(config).items():
         os.environ.setdefault(key, value)
+    os.environ[STAGES_ENV] = str(stages)  # read by the stage-buffer plugin in the engine's processes
     # Imported here: vLLM takes seconds to import, and only engine services need it.
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -58,9 +58,8 @@ async def serve(handler: type[Handler], config: ClusterConfig, args: argparse.Na
     service exits with ENGINE_DEAD_EXIT, for its supervisor to start it again."""
     from shared.engine.llm import build_engine  # vLLM is heavy; only engine services pay for it
 
-    instance_id, node, stages = args.instance_id, args.node, args.stages
-    if stages < 1 or (stages > 1 and handler.ROLE != "prefill"):
-        raise ValueError(f"--stages {stages}: only a prefill instance runs as a pipeline group (stages > 1)")
+    instance_id, node = args.instance_id, args.node
+    stages = getattr(args, "stages", 1)  # only prefill's parser has --stages: a CPP group is a prefill instance
     # Colocated, nothing ever reaches a node pool: the engine is plain vLLM, without
     # the connector's hooks in every step and layer.
     engine, load = build_engine(config, None if config.mode == "colocated" else node, stages)

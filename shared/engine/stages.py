@@ -7,14 +7,23 @@ skips that warm-up when the engine is eager (`enforce_eager`, as every Yuebing e
 is) and its KV cache size is given (VLLM_CPU_KVCACHE_SPACE), so the second stage's
 first step fails on `assert self.intermediate_tensors is not None`. This allocates
 the buffer on first use, exactly as vLLM's own warm-up (`_dummy_run`) would.
+
+Only a pipelined engine needs it: `build_engine` sets STAGES_ENV for its processes,
+and elsewhere the plugin imports nothing (vLLM's model runner takes 0.7 s to import
+in a process that would not otherwise).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+STAGES_ENV = "YUEBING_PIPELINE_STAGES"
 
 
 def allocate_stage_buffers_on_first_use() -> None:
+    if int(os.environ.get(STAGES_ENV, "1")) <= 1:
+        return
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except ImportError:  # a vLLM without this runner has its own way

@@ -19,7 +19,7 @@ import asyncio
 import random
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -28,24 +28,21 @@ from msgspec import Meta
 from shared.config import ClusterConfig
 from shared.engine.llm import engine_environment
 from yuebing import client
+from yuebing.bench.ttft import LiveBench, prompts
+from yuebing.bench.ttft import cluster_flags as live_flags
 from yuebing.launcher import up_process
-from yuebing.model import default_model_dir
 
 WARMUP = 2  # prompts each cluster serves before it is measured (first long prompts allocate)
 
 
 @dataclass(frozen=True)
-class LongContextBench:
-    """`bench long-context`'s run; each field is also a flag."""
+class LongContextBench(LiveBench):
+    """`bench long-context`'s run: a live benchmark's settings (the command asks for a
+    prompt near the context limit) and the group's; each field is also a flag."""
 
-    model: Annotated[Path, Meta(description="the model folder")] = field(default_factory=default_model_dir)
-    prompt_tokens: Annotated[int, Meta(description="tokens of each measured prompt (near the context limit)")] = 4000
     output_tokens: Annotated[int, Meta(description="greedy tokens generated per prompt, compared with plain vLLM")] = 16
-    repeats: Annotated[int, Meta(description="measured prompts per cluster (medians are reported)")] = 5
     stages: Annotated[int, Meta(description="pipeline stages of the CPP group")] = 2
     chunk_tokens: Annotated[int, Meta(description="prefill chunk, both clusters (--step-tokens)")] = 512
-    max_model_len: Annotated[int, Meta(description="the engines' context limit, tokens")] = 4096
-    dtype: Annotated[str, Meta(description="the engines' dtype, on every side")] = "float32"
 
     def __post_init__(self) -> None:
         if self.prompt_tokens + self.output_tokens > self.max_model_len:
@@ -70,11 +67,6 @@ class Run:
         return statistics.median(self.ttft_s)
 
 
-def prompts(count: int, length: int, seed: int) -> list[list[int]]:
-    rnd = random.Random(seed)
-    return [[rnd.randrange(32, 127) for _ in range(length)] for _ in range(count)]
-
-
 async def measure(url: str, spec: LongContextBench, name: str, batch: list[list[int]], warmup: list[list[int]]) -> Run:
     async with client.session() as session:
         for p in warmup:
@@ -88,8 +80,7 @@ async def measure(url: str, spec: LongContextBench, name: str, batch: list[list[
 
 def cluster_flags(spec: LongContextBench, cpp: bool) -> list[str]:
     layout = ["--prefill", "0", "--cpp-groups", "1", "--cpp-stages", str(spec.stages)] if cpp else ["--prefill", "1"]
-    return ["--model", str(spec.model), "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype,
-            "--step-tokens", str(spec.chunk_tokens), "--decode", "1", *layout]
+    return live_flags(spec, "--step-tokens", str(spec.chunk_tokens), "--decode", "1", *layout)
 
 
 def plain_vllm(spec: LongContextBench, batch: list[list[int]]) -> list[list[int]]:
@@ -108,14 +99,14 @@ def plain_vllm(spec: LongContextBench, batch: list[list[int]]) -> list[list[int]
 
 
 def run(spec: LongContextBench, say=print) -> dict:
-    batch = prompts(spec.repeats, spec.prompt_tokens, seed=1)
+    batch = prompts(spec.repeats, spec.prompt_tokens, random.Random(1))
     runs = []
     with tempfile.TemporaryDirectory(prefix="yuebing-long-") as tmp:
         for cpp in (False, True):
             name = f"cpp-{spec.stages}" if cpp else "single"
             say(f"{name}: yuebing up {' '.join(cluster_flags(spec, cpp)[6:])} …")
             # A different warm-up per cluster, none sharing a block with the measured prompts.
-            warmup = prompts(WARMUP, spec.prompt_tokens, seed=2 + cpp)
+            warmup = prompts(WARMUP, spec.prompt_tokens, random.Random(2 + cpp))
             with up_process(Path(tmp), name, *cluster_flags(spec, cpp)) as url:
                 runs.append(asyncio.run(measure(url, spec, name, batch, warmup)))
     say("plain vLLM: the same prompts, greedy …")

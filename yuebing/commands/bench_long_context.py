@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 
 from yuebing.commands import add_json_flag, write_json
-from yuebing.flags import Alias, add_flags, from_args
+from yuebing.commands.bench_ttft import LIVE_ALIASES
+from yuebing.flags import add_flags, from_args
 
 GROUP = "bench"
-ALIASES = {"model": Alias(path=True)}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -18,16 +18,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("long-context", help="TTFT of a prompt near the context limit: one prefill instance "
                                                    "vs a CPP group, live")
-    add_flags(p, LongContextBench, ALIASES)
+    add_flags(p, LongContextBench, LIVE_ALIASES)
     add_json_flag(p)
-    p.set_defaults(func=run)
+    # A prompt near the tiny model's 4,096-token limit, and fewer repeats than `bench ttft`'s.
+    p.set_defaults(func=run, prompt_tokens=4000, repeats=5)
 
 
 def run(args: argparse.Namespace) -> int:
     from yuebing.bench.long_context import LongContextBench, table
     from yuebing.bench.long_context import run as bench
 
-    out = bench(from_args(LongContextBench, args, ALIASES))
+    out = bench(from_args(LongContextBench, args, LIVE_ALIASES))
     print(table(out))
     write_json(out, args.json)
     return 0 if out["outputs_match"] else 1

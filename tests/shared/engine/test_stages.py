@@ -3,12 +3,15 @@ buffer is allocated on its first step, as vLLM's skipped warm-up would have."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from importlib.metadata import entry_points
 from types import SimpleNamespace
 
 import torch
 
-from shared.engine.stages import allocate_stage_buffers_on_first_use
+from shared.engine.stages import STAGES_ENV, allocate_stage_buffers_on_first_use
 
 
 class Model:
@@ -20,9 +23,10 @@ class Model:
         return {"hidden_states": torch.zeros(batch_size, 4, dtype=dtype, device=device)}
 
 
-def test_a_stage_without_its_buffer_gets_one_on_first_use_and_keeps_it():
+def test_a_stage_without_its_buffer_gets_one_on_first_use_and_keeps_it(monkeypatch):
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    monkeypatch.setenv(STAGES_ENV, "2")  # a pipelined engine's process (build_engine sets it)
     allocate_stage_buffers_on_first_use()
     allocate_stage_buffers_on_first_use()  # vLLM may load plugins twice in a process: patched once
     runner = SimpleNamespace(intermediate_tensors=None, model=Model(), max_num_tokens=16,
@@ -38,3 +42,11 @@ def test_a_stage_without_its_buffer_gets_one_on_first_use_and_keeps_it():
 def test_vllm_loads_it_as_a_general_plugin():
     names = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
     assert names.get("yuebing_stage_buffers") == "shared.engine.stages:allocate_stage_buffers_on_first_use"
+
+
+def test_an_engine_without_stages_imports_nothing_for_it():
+    code = ("import sys; from shared.engine.stages import allocate_stage_buffers_on_first_use as f; f(); "
+            "print('vllm.v1.worker.gpu_model_runner' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={k: v for k, v in os.environ.items() if k != STAGES_ENV})
+    assert out.stdout.strip() == "False"
