@@ -352,7 +352,9 @@ class NodePool:
         """The slot part a layer about to be written here by another messenger goes to
         (the block's slot is taken now, FILLING); None when it is not wanted."""
         slot = self._receiving(frame, allocate=True)
-        return None if slot is None else self.slots.layer(slot.index, frame.layer)
+        if slot is None or frame.layer in slot.checksums:  # a layer in and checked is never written over
+            return None
+        return self.slots.layer(slot.index, frame.layer)
 
     def _receiving(self, frame: LayerFrame, allocate: bool) -> Slot | None:
         """The FILLING slot an arriving layer belongs in, or None (dropped: another

@@ -3,8 +3,11 @@ uses; `ZmqTransport` implements it over ZeroMQ TCP, `MooncakeTransport`
 (mooncake_transport.py) with Mooncake's Transfer Engine (TCP or RDMA).
 
 Sends never block the messenger's event loop: a peer that is gone or too slow
-makes `send` return False (the block is then computed by its reader), and the
-payload goes out as a zero-copy frame straight from the pool's shared memory.
+makes `send` return False (the block is then computed by its reader). A peer's
+layers go out in batches of about a MiB, one ZeroMQ message each; a sealed batch is
+sealed into one buffer that ZeroMQ sends without a copy, and opened on arrival
+straight into the slot the pool gives each layer (`place`), so every byte is copied
+by a cipher and the kernel, and by nobody else.
 
 Only the cluster's messengers may put a block into a pool (a planted block with a
 matching checksum would poison every request that reuses its prefix). With the
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from typing import Literal, Protocol
 
 import msgspec
+import numpy as np
 import structlog
 import zmq
 import zmq.asyncio
@@ -49,9 +53,10 @@ SEND_HWM = 20_000
 # of about this many bytes: a ZeroMQ message per 64 KiB layer cost more than the
 # layer (bare ZeroMQ moved 1.3-1.7 GB/s in 64 KiB messages, 4-7 GB/s in 1 MiB ones).
 BATCH_BYTES = 1 << 20
-# Payloads up to this size are copied into ZeroMQ's message: a zero-copy send is
-# released through pyzmq's garbage-collector thread, a wake-up and a GIL hand-off per
-# message that cost more than copying a small layer (measured at 64-256 KiB).
+# Plaintext payloads up to this size are copied into ZeroMQ's message: a zero-copy
+# send is released through pyzmq's garbage-collector thread, a wake-up and a GIL
+# hand-off per message that cost more than copying a small layer (measured at 64-256
+# KiB). A sealed batch is one zero-copy frame: its own buffer, one release per batch.
 COPY_MAX_BYTES = 512 << 10
 
 
@@ -180,11 +185,29 @@ class Sealer:
         if len(sealed) < TAG_BYTES:
             return None
         out = self._opened.take(len(sealed) - TAG_BYTES)
+        return out if self.open_into(header, nonce, sealed, out) else None
+
+    def open_into(self, header: bytes, nonce: bytes, sealed: memoryview, out: memoryview) -> bool:
+        """Open `sealed` into `out` (exactly its payload's size); False, `out` garbled, if it
+        does not open with our key."""
         try:
             self._aead.decrypt_into(nonce, sealed, header, out)
-            return out
+            return True
         except (InvalidTag, ValueError):
-            return None
+            return False
+
+    def seal_index(self, index: bytes) -> bytes:
+        """A batch's index authenticated (a nonce and AES-GCM's tag over it, nothing
+        encrypted), so its headers can be trusted before any payload is opened."""
+        nonce = self._nonce()
+        return nonce + self._aead.encrypt(nonce, b"", index)
+
+    def opens_index(self, index: bytes, seal: bytes) -> bool:
+        try:
+            self._aead.decrypt(seal[:NONCE_BYTES], seal[NONCE_BYTES:], index)
+            return True
+        except (InvalidTag, ValueError):
+            return False
 
 
 class Scratch:
@@ -200,20 +223,34 @@ class Scratch:
 
 
 Layer = tuple[bytes, "memoryview | bytes"]  # (header, payload)
+Entry = tuple[bytes, bytes, int]  # a batch's index entry: (layer header, nonce, payload bytes on the wire)
 _index_encoder = msgspec.msgpack.Encoder()
-_index_decoder = msgspec.msgpack.Decoder(list[tuple[bytes, bytes]])
+_index_decoder = msgspec.msgpack.Decoder(list[tuple[bytes, bytes, int]])
 
 
-def encode_index(index: list[tuple[bytes, bytes]]) -> bytes:
-    """A batch's first frame: (layer header, nonce) per payload frame after it (nonce b"": not sealed)."""
+def encode_index(index: list[Entry]) -> bytes:
+    """A batch's first frame: (layer header, nonce, bytes) per payload after it (nonce
+    b"": not sealed). A batch is [index, index seal, payloads]: plaintext, no seal and
+    a frame per payload; sealed, the seal and every sealed payload in one frame."""
     return _index_encoder.encode(index)
 
 
-def decode_index(data: bytes) -> list[tuple[bytes, bytes]] | None:
+def decode_index(data: bytes) -> list[Entry] | None:
     try:
         return _index_decoder.decode(data)
     except msgspec.DecodeError:
         return None
+
+
+def split(frame: memoryview, sizes: list[int]) -> list[memoryview] | None:
+    """A sealed batch's one payload frame cut into its payloads (None: the sizes do not add up)."""
+    if sum(sizes) != len(frame) or min(sizes, default=0) < 0:
+        return None
+    out, at = [], 0
+    for size in sizes:
+        out.append(frame[at : at + size])
+        at += size
+    return out
 
 
 def batches(layers: list[Layer]) -> list[list[Layer]]:
@@ -256,8 +293,8 @@ class ZmqTransport:
         self.endpoint = f"tcp://{advertise_host or host}:{port}"
         self._peers: dict[str, zmq.Socket] = {}
         self._outbox: dict[str, list[Layer]] = {}  # sent, not flushed yet
-        self._inbox: collections.deque[tuple[tuple[bytes, bytes], zmq.Frame]] = collections.deque()
-        self._sealed = Scratch()
+        self._inbox: collections.deque[tuple[Entry, memoryview]] = collections.deque()
+        self._place: Callable[[bytes], memoryview | None] | None = None
         self._rejected = 0
         self._logged_at = float("-inf")
 
@@ -275,7 +312,9 @@ class ZmqTransport:
         return self._rejected
 
     def attach(self, region: memoryview, place: Callable[[bytes], memoryview | None]) -> None:
-        pass  # payloads travel in the messages
+        """A sealed payload is then opened straight into its place in the pool (no copy
+        after); unattached (the notes under MooncakeTransport), it is handed over."""
+        self._place = place
 
     def connect(self, endpoint: str) -> None:
         if endpoint not in self._peers:
@@ -318,23 +357,26 @@ class ZmqTransport:
         try:
             if self._sealer is None:
                 frames: list = [zmq.Frame(p, copy=False) if len(p) > COPY_MAX_BYTES else p for _, p in batch]
-                sock.send_multipart([encode_index([(h, b"") for h, _ in batch]), *frames], flags=zmq.NOBLOCK)
+                index = encode_index([(h, b"", len(p)) for h, p in batch])
+                sock.send_multipart([index, b"", *frames], flags=zmq.NOBLOCK)
             else:
-                sock.send_multipart(self._sealed_batch(batch), flags=zmq.NOBLOCK)  # copied: the buffer is reused
+                sock.send_multipart(self._sealed_batch(batch), flags=zmq.NOBLOCK, copy=False)
             return True
         except zmq.Again:
             return False
 
     def _sealed_batch(self, batch: list[Layer]) -> list:
+        """[index, its seal, every payload sealed into one buffer of this batch's own]:
+        ZeroMQ sends that buffer without copying it."""
         assert self._sealer is not None
         sizes = [self._sealer.sealed_bytes(len(p)) for _, p in batch]
-        out = self._sealed.take(sum(sizes))
-        frames, nonces, at = [], [], 0
+        out = memoryview(np.empty(sum(sizes), np.uint8))  # not zeroed: every byte is sealed into
+        index, at = [], 0
         for (header, payload), size in zip(batch, sizes):
-            nonces.append(self._sealer.seal(header, payload, out[at : at + size]))
-            frames.append(out[at : at + size])
+            index.append((header, self._sealer.seal(header, payload, out[at : at + size]), size))
             at += size
-        return [encode_index([(h, n) for (h, _), n in zip(batch, nonces)]), *frames]
+        data = encode_index(index)
+        return [data, self._sealer.seal_index(data), out]
 
     async def receive(self) -> tuple[bytes, memoryview | None]:
         while (layer := self._next()) is None:
@@ -351,18 +393,43 @@ class ZmqTransport:
 
     def _unpack(self, frames: list[zmq.Frame]) -> None:
         """A batch in: its layers wait in the inbox, opened one at a time as they are taken."""
-        index = decode_index(frames[0].bytes)
-        if index is None or len(index) != len(frames) - 1:
-            self._reject("a message that is not a batch of layers")
-            return
-        self._inbox.extend(zip(index, frames[1:]))
+        payloads = self._payloads(frames)
+        if payloads is not None:
+            self._inbox.extend(payloads)
 
-    def _next(self) -> tuple[bytes, memoryview] | None:
+    def _payloads(self, frames: list[zmq.Frame]) -> list[tuple[Entry, memoryview]] | None:
+        """A batch's (index entry, payload) pairs; None, counted, if it is not a batch of
+        layers or (sealed) its index does not open with the cluster's key."""
+        if len(frames) < 3:
+            self._reject("a message that is not a batch of layers")
+            return None
+        index = frames[0].bytes
+        if self._sealer is not None and not self._sealer.opens_index(index, frames[1].bytes):
+            self._reject("a message that does not open with the cluster's key")
+            return None
+        entries = decode_index(index)
+        payloads: list[memoryview] | None = None
+        if entries is not None and self._sealer is None:
+            payloads = [f.buffer for f in frames[2:]]
+        elif entries is not None and len(frames) == 3:
+            payloads = split(frames[2].buffer, [size for _, _, size in entries])
+        if payloads is None or len(payloads) != len(entries or ()):
+            self._reject("a message that is not a batch of layers")
+            return None
+        return list(zip(entries, payloads))
+
+    def _next(self) -> tuple[bytes, memoryview | None] | None:
         while self._inbox:
-            (header, nonce), frame = self._inbox.popleft()
-            payload = frame.buffer if self._sealer is None else self._sealer.open(header, nonce, frame.buffer)
-            if payload is not None:
+            (header, nonce, _), payload = self._inbox.popleft()
+            if self._sealer is None:
                 return header, payload
+            if self._place is None:
+                if (opened := self._sealer.open(header, nonce, payload)) is not None:
+                    return header, opened
+            elif (target := self._place(header)) is None:
+                continue  # not wanted here: not even opened
+            elif self._sealer.open_into(header, nonce, payload, target):
+                return header, None  # in its place: the messenger checks it there
             self._reject("a message that does not open with the cluster's key")
         return None
 

@@ -75,7 +75,7 @@ def push(endpoint: str, frames: Frames, curve: tuple[bytes, bytes, bytes] | None
         # Never block: a CURVE handshake the server refused drops the only pipe, and a
         # blocking PUSH send with no pipe waits forever (the refusal is counted either way).
         with contextlib.suppress(zmq.Again):
-            sock.send_multipart([encode_index([(header, b"")]), payload], flags=zmq.NOBLOCK)
+            sock.send_multipart([encode_index([(header, b"", len(payload))]), b"", payload], flags=zmq.NOBLOCK)
     return lambda: sock.close(0)
 
 
