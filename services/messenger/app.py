@@ -132,6 +132,7 @@ class MessengerService:
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("control", self._control_once), ("notes", self._notes_once),
             ("transfer", self._transfer_once), ("tick", self._tick_once), ("peers", self._peers_once),
+            ("backlog", self.messenger.node.transport.backlog),  # then the loop flushes what waits
         ]
         self.tasks = [asyncio.create_task(self._forever(name, step), name=name) for name, step in loops]
 

@@ -40,11 +40,12 @@ from typing import Any
 import msgspec
 import structlog
 
-from services.messenger.transport import SEND_HWM, ZmqTransport
+from services.messenger.transport import ZmqTransport
 
 log = structlog.get_logger(__name__)
 Placement = Callable[[bytes], memoryview | None]  # a layer header → where its bytes go here, or None
 WRITE_BATCH = 64  # engine writes per batch at most
+ASKS_MAX = 20_000  # layers asked for and not granted yet, at most: a few prompts' worth
 # Batches submitted to the engine before the writer waits for the oldest: the next one
 # is already queued in the engine while the writer waits for the GIL (up to the
 # interpreter's 5 ms switch interval while the event loop runs) to hand over notes.
@@ -255,7 +256,7 @@ class MooncakeTransport:
         if source is None:  # not in the pool: inline, as ZeroMQ sends it
             self.inline += 1
             return self.notes.send(endpoint, header, payload)
-        if len(self._asked) >= SEND_HWM:
+        if len(self._asked) >= ASKS_MAX:
             return False
         ask = next(self._ids)
         self._asked[ask] = Write(endpoint, header, source, len(payload))
@@ -372,6 +373,9 @@ class MooncakeTransport:
 
     async def watch(self) -> None:
         await self.notes.watch()
+
+    async def backlog(self) -> None:
+        await self.notes.backlog()
 
     def close(self) -> None:
         self._writes.put(None)

@@ -26,6 +26,7 @@ GB/s on one core (AES-NI), CURVE at about 1 GB/s per connection.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import ctypes
 import os
@@ -47,8 +48,15 @@ from shared.kv.keys import ClusterKeys, message_key
 
 log = structlog.get_logger(__name__)
 
-# Messages queued per peer before sends fail: a few prompts' worth of layers.
-SEND_HWM = 20_000
+# Batches ZeroMQ holds per peer, each way; more wait in the messenger, unsealed, until
+# the peer takes them. A queue thousands deep (it was) grew the heap without bound
+# while a peer lagged, and every fresh page of it cost a fault as it was sealed into.
+QUEUE_BATCHES = 32
+WAIT_MAX_S = 10.0  # a layer waiting this long for its peer is dropped: its reader computes the block
+# While layers wait, how often the peers' room is looked at again: a few MiB at
+# GB/s, well inside what ZeroMQ and the kernel still hold (every look costs a turn of
+# the event loop; at 0.5 ms they took a tenth of the sender's core).
+RETRY_S = 0.002
 # A peer's layers queued in one turn of the event loop go out together, in batches
 # of about this many bytes: a ZeroMQ message per 64 KiB layer cost more than the
 # layer (bare ZeroMQ moved 1.3-1.7 GB/s in 64 KiB messages, 4-7 GB/s in 1 MiB ones).
@@ -79,8 +87,11 @@ class Transport(Protocol):
         False if it cannot be queued."""
 
     def flush(self) -> tuple[int, int]:
-        """Send what was queued (the messenger calls it after every step of its loops);
-        the layers and bytes that could not go."""
+        """Send what was queued (the messenger calls it after every step of its loops),
+        as far as the peers take it; the layers and bytes that could not go."""
+
+    async def backlog(self) -> None:
+        """Until some layers wait for a peer's room, and a moment more: time to `flush` again."""
 
     async def receive(self) -> tuple[bytes, memoryview | None]:
         """The next (header, payload) message from any peer, the payload valid until the
@@ -253,17 +264,14 @@ def split(frame: memoryview, sizes: list[int]) -> list[memoryview] | None:
     return out
 
 
-def batches(layers: list[Layer]) -> list[list[Layer]]:
-    """Consecutive runs of `layers` of about BATCH_BYTES each (one big layer alone)."""
-    out: list[list[Layer]] = []
-    size = BATCH_BYTES
-    for layer in layers:
-        if size >= BATCH_BYTES:
-            out.append([])
-            size = 0
-        out[-1].append(layer)
+def take_batch(waiting: collections.deque[tuple[float, Layer]]) -> list[Layer]:
+    """The oldest waiting layers, about BATCH_BYTES of them (one big layer alone)."""
+    batch, size = [], 0
+    while waiting and size < BATCH_BYTES:
+        layer = waiting.popleft()[1]
+        batch.append(layer)
         size += len(layer[1])
-    return out
+    return batch
 
 
 class ZmqTransport:
@@ -278,7 +286,7 @@ class ZmqTransport:
         self._auth = self._authenticator(self.keys)
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
-        self._pull.setsockopt(zmq.RCVHWM, SEND_HWM)
+        self._pull.setsockopt(zmq.RCVHWM, QUEUE_BATCHES)
         self._pull.setsockopt(zmq.RCVBUF, 8 << 20)
         if self.keys is not None:
             self._pull.curve_server = True
@@ -293,6 +301,8 @@ class ZmqTransport:
         self.endpoint = f"tcp://{advertise_host or host}:{port}"
         self._peers: dict[str, zmq.Socket] = {}
         self._outbox: dict[str, list[Layer]] = {}  # sent, not flushed yet
+        self._waiting: dict[str, collections.deque[tuple[float, Layer]]] = {}  # (since, layer) by peer
+        self._backlog = asyncio.Event()  # set while batches wait
         self._inbox: collections.deque[tuple[Entry, memoryview]] = collections.deque()
         self._place: Callable[[bytes], memoryview | None] | None = None
         self._rejected = 0
@@ -320,7 +330,7 @@ class ZmqTransport:
         if endpoint not in self._peers:
             sock = self._send_ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+            sock.setsockopt(zmq.SNDHWM, QUEUE_BATCHES)
             sock.setsockopt(zmq.SNDBUF, 8 << 20)
             if self.keys is not None:  # we talk only to a peer that holds the cluster's secret, too
                 sock.curve_serverkey = self.keys.public
@@ -329,6 +339,7 @@ class ZmqTransport:
             self._peers[endpoint] = sock
 
     def disconnect(self, endpoint: str) -> None:
+        self._waiting.pop(endpoint, None)
         sock = self._peers.pop(endpoint, None)
         if sock is not None:
             sock.close(0)
@@ -340,20 +351,41 @@ class ZmqTransport:
 
     def flush(self) -> tuple[int, int]:
         """Send what `send` queued, a peer's layers together in batches of about
-        BATCH_BYTES; returns the layers and bytes that could not go (peer too slow)."""
-        dropped_layers = dropped_bytes = 0
+        BATCH_BYTES, while the peer has room (the rest waits, see `backlog`); returns
+        the layers and bytes that could not go (a peer gone, or too slow for WAIT_MAX_S)."""
+        now = time.monotonic()
         outbox, self._outbox = self._outbox, {}
         for endpoint, layers in outbox.items():
-            for batch in batches(layers):
-                if not self._send_batch(endpoint, batch):
-                    dropped_layers += len(batch)
-                    dropped_bytes += sum(len(payload) for _, payload in batch)
+            self._waiting.setdefault(endpoint, collections.deque()).extend((now, layer) for layer in layers)
+        dropped_layers = dropped_bytes = 0
+        for endpoint in list(self._waiting):
+            layers, nbytes = self._pump(endpoint, now)
+            dropped_layers, dropped_bytes = dropped_layers + layers, dropped_bytes + nbytes
+        if self._waiting:
+            self._backlog.set()
         return dropped_layers, dropped_bytes
 
-    def _send_batch(self, endpoint: str, batch: list[Layer]) -> bool:
-        sock = self._peers.get(endpoint)
-        if sock is None:  # disconnected since
-            return False
+    def _pump(self, endpoint: str, now: float) -> tuple[int, int]:
+        """Send `endpoint`'s waiting layers while its socket has room (a batch is sealed
+        only then), after dropping those that waited too long. The layers and bytes dropped."""
+        waiting, sock = self._waiting[endpoint], self._peers.get(endpoint)
+        dropped: list[Layer] = []
+        while waiting and (sock is None or now - waiting[0][0] >= WAIT_MAX_S):
+            dropped.append(waiting.popleft()[1])
+        while waiting and sock is not None and sock.get(zmq.EVENTS) & zmq.POLLOUT:
+            batch = take_batch(waiting)
+            if not self._send_batch(sock, batch):
+                dropped.extend(batch)
+        if not waiting:
+            del self._waiting[endpoint]
+        return len(dropped), sum(len(payload) for _, payload in dropped)
+
+    async def backlog(self) -> None:
+        await self._backlog.wait()
+        self._backlog.clear()
+        await asyncio.sleep(RETRY_S)
+
+    def _send_batch(self, sock: zmq.Socket, batch: list[Layer]) -> bool:
         try:
             if self._sealer is None:
                 frames: list = [zmq.Frame(p, copy=False) if len(p) > COPY_MAX_BYTES else p for _, p in batch]
