@@ -19,7 +19,7 @@ from services.messenger.node import Faults, Node, SecurityStats, Upkeep
 from services.messenger.node_pool import NodePool, PoolOptions, SsdRead, Unattached
 from services.messenger.transport import Transport
 from shared.kv.pool_file import PoolFile
-from shared.kv.wire import Bye, Control, Hello, Note, Release, Renew, Reply, frame_decoder, pool_path
+from shared.kv.wire import Bye, Control, Hello, LayerFrame, Note, Release, Renew, Reply, frame_decoder, pool_path
 from shared.messages import KvSnapshot, MessengerAck, MessengerStats
 from shared.private_file import private_dir
 
@@ -35,6 +35,7 @@ class Messenger:
         private_dir(kv_dir, repair=True)  # the pool file is the node's KV cache: ours alone
         file = PoolFile(pool_path(kv_dir, node), options.pool_bytes, create=True)
         self.pool: Unattached | NodePool = Unattached(file, options, self.node)
+        self._placed: tuple[bytes, LayerFrame | None] = (b"", None)  # the last header placed, decoded
         transport.attach(file.view, self.place)
         log.info("pool file created", path=str(file.path), pool_bytes=options.pool_bytes)
 
@@ -68,21 +69,29 @@ class Messenger:
     # --- other messengers ----------------------------------------------------------
     def received(self, header: bytes, payload: memoryview | None) -> None:
         """One layer from another messenger (None: written in place already, to be checked)."""
-        try:
-            frame = frame_decoder.decode(header)
-        except msgspec.DecodeError as e:
-            log.warning("bad transfer frame dropped", error=str(e))
-            return
-        self.pool.received(frame, payload)
+        frame = self._frame(header)
+        if frame is not None:
+            self.pool.received(frame, payload)
 
     def place(self, header: bytes) -> memoryview | None:
         """Where the layer another messenger is about to write goes in our pool (None: nowhere)."""
+        frame = self._frame(header)
+        if frame is None:
+            return None
+        self._placed = (header, frame)
+        return self.pool.place(frame)
+
+    def _frame(self, header: bytes) -> LayerFrame | None:
+        """The header decoded; once only for a layer placed and then received (the
+        transports place a layer right before they hand it over)."""
+        placed_header, frame = self._placed
+        if header == placed_header:
+            return frame
         try:
-            frame = frame_decoder.decode(header)
+            return frame_decoder.decode(header)
         except msgspec.DecodeError as e:
             log.warning("bad transfer frame dropped", error=str(e))
             return None
-        return self.pool.place(frame)
 
     def send_to(self, dest: str, hashes: list[bytes], skip: int = 0, owner: str = "") -> int:
         return self.pool.send_to(dest, hashes, skip, owner)

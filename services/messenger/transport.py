@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import ctypes
 import os
 import time
@@ -49,14 +50,13 @@ from shared.kv.keys import ClusterKeys, message_key
 log = structlog.get_logger(__name__)
 
 # Batches ZeroMQ holds per peer, each way; more wait in the messenger, unsealed, until
-# the peer takes them. A queue thousands deep (it was) grew the heap without bound
-# while a peer lagged, and every fresh page of it cost a fault as it was sealed into.
-QUEUE_BATCHES = 32
+# the peer takes them (ZeroMQ's socket wakes the loop when it has room again). A few
+# MiB in flight stay in the CPU's cache from the cipher to the kernel and back: at
+# 1 MiB a block, 8 queued moved 1.8 GB/s and 64 queued 1.4; the thousands it was
+# grew the heap without bound while a peer lagged, a page fault per fresh page.
+QUEUE_BATCHES = 8
 WAIT_MAX_S = 10.0  # a layer waiting this long for its peer is dropped: its reader computes the block
-# While layers wait, how often the peers' room is looked at again: a few MiB at
-# GB/s, well inside what ZeroMQ and the kernel still hold (every look costs a turn of
-# the event loop; at 0.5 ms they took a tenth of the sender's core).
-RETRY_S = 0.002
+RETRY_S = 0.01  # while layers wait, a flush at least this often (should a wake-up from ZeroMQ be missed)
 # A peer's layers queued in one turn of the event loop go out together, in batches
 # of about this many bytes: a ZeroMQ message per 64 KiB layer cost more than the
 # layer (bare ZeroMQ moved 1.3-1.7 GB/s in 64 KiB messages, 4-7 GB/s in 1 MiB ones).
@@ -302,7 +302,8 @@ class ZmqTransport:
         self._peers: dict[str, zmq.Socket] = {}
         self._outbox: dict[str, list[Layer]] = {}  # sent, not flushed yet
         self._waiting: dict[str, collections.deque[tuple[float, Layer]]] = {}  # (since, layer) by peer
-        self._backlog = asyncio.Event()  # set while batches wait
+        self._backlog = asyncio.Event()  # set when a peer with layers waiting may have room
+        self._watched: set[int] = set()  # the file descriptors of peers' sockets the loop watches for room
         self._inbox: collections.deque[tuple[Entry, memoryview]] = collections.deque()
         self._place: Callable[[bytes], memoryview | None] | None = None
         self._rejected = 0
@@ -342,6 +343,7 @@ class ZmqTransport:
         self._waiting.pop(endpoint, None)
         sock = self._peers.pop(endpoint, None)
         if sock is not None:
+            self._watch_room(sock, False)
             sock.close(0)
 
     def send(self, endpoint: str, header: bytes, payload: memoryview | bytes) -> bool:
@@ -361,8 +363,6 @@ class ZmqTransport:
         for endpoint in list(self._waiting):
             layers, nbytes = self._pump(endpoint, now)
             dropped_layers, dropped_bytes = dropped_layers + layers, dropped_bytes + nbytes
-        if self._waiting:
-            self._backlog.set()
         return dropped_layers, dropped_bytes
 
     def _pump(self, endpoint: str, now: float) -> tuple[int, int]:
@@ -378,12 +378,34 @@ class ZmqTransport:
                 dropped.extend(batch)
         if not waiting:
             del self._waiting[endpoint]
+        if sock is not None:
+            self._watch_room(sock, bool(waiting))
         return len(dropped), sum(len(payload) for _, payload in dropped)
 
+    def _watch_room(self, sock: zmq.Socket, on: bool) -> None:
+        """Have the event loop wake `backlog` when ZeroMQ signals a change on `sock`
+        (its room is then looked at again), while layers wait for it."""
+        fd = sock.get(zmq.FD)
+        if on == (fd in self._watched):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # flushed outside a loop (tests): the caller flushes again itself
+            return
+        if on:
+            loop.add_reader(fd, self._backlog.set)
+            self._watched.add(fd)
+        else:
+            loop.remove_reader(fd)
+            self._watched.discard(fd)
+
     async def backlog(self) -> None:
-        await self._backlog.wait()
+        if self._waiting:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._backlog.wait(), RETRY_S)
+        else:
+            await self._backlog.wait()
         self._backlog.clear()
-        await asyncio.sleep(RETRY_S)
 
     def _send_batch(self, sock: zmq.Socket, batch: list[Layer]) -> bool:
         try:
@@ -478,6 +500,7 @@ class ZmqTransport:
 
     def close(self) -> None:
         for sock in self._peers.values():
+            self._watch_room(sock, False)
             sock.close(0)
         self._pull.disable_monitor()
         self._monitor.close(0)

@@ -170,6 +170,8 @@ class PoolSlots:
     def __init__(self, file: PoolFile, geometry: Geometry) -> None:
         self.file = file
         self.geometry = geometry
+        # Sizes kept as numbers: the messenger looks up a slot's layer for every layer it moves.
+        self._slot_bytes, self._layer_bytes = geometry.slot_bytes, geometry.layer_bytes
         self.count = file.size // geometry.slot_bytes
         if self.count < 1:
             raise ValueError(f"a pool of {file.size} bytes holds no block of {geometry.slot_bytes} bytes")
@@ -184,17 +186,18 @@ class PoolSlots:
         return self.file.view
 
     def slot(self, slot: int) -> memoryview:
-        start = slot * self.geometry.slot_bytes
-        return self.file.view[start : start + self.geometry.slot_bytes]
+        start = slot * self._slot_bytes
+        return self.file.view[start : start + self._slot_bytes]
 
     def layer(self, slot: int, layer: int) -> memoryview:
         """One layer's part of a slot: writable, zero-copy."""
-        start = slot * self.geometry.slot_bytes + self.geometry.layer_offset(layer)
-        return self.file.view[start : start + self.geometry.layer_bytes]
+        start = slot * self._slot_bytes + HEADER_BYTES + layer * self._layer_bytes
+        return self.file.view[start : start + self._layer_bytes]
 
     def write_header(self, slot: int, header: Header) -> None:
         packed = header.pack()
-        self.slot(slot)[: len(packed)] = packed
+        start = slot * self._slot_bytes
+        self.file.view[start : start + len(packed)] = packed
 
     def close(self) -> None:
         self.file.close()
