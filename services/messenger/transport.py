@@ -54,7 +54,7 @@ log = structlog.get_logger(__name__)
 # MiB in flight stay in the CPU's cache from the cipher to the kernel and back: at
 # 1 MiB a block, 8 queued moved 1.8 GB/s and 64 queued 1.4; the thousands it was
 # grew the heap without bound while a peer lagged, a page fault per fresh page.
-QUEUE_BATCHES = 8
+QUEUE_BATCHES = 4
 WAIT_MAX_S = 10.0  # a layer waiting this long for its peer is dropped: its reader computes the block
 RETRY_S = 0.01  # while layers wait, a flush at least this often (should a wake-up from ZeroMQ be missed)
 # A peer's layers queued in one turn of the event loop go out together, in batches
