@@ -322,6 +322,11 @@ class ZmqTransport:
     def rejected(self) -> int:
         return self._rejected
 
+    @property
+    def waiting(self) -> int:
+        """Layers waiting for their peer's room."""
+        return sum(len(w) for w in self._waiting.values())
+
     def attach(self, region: memoryview, place: Callable[[bytes], memoryview | None]) -> None:
         """A sealed payload is then opened straight into its place in the pool (no copy
         after); unattached (the notes under MooncakeTransport), it is handed over."""

@@ -153,3 +153,37 @@ def test_a_quiet_peer_has_its_socket_closed_and_a_moved_one_its_old_socket(tmp_p
     assert node.meet("c", "tcp://c:1", now=72.0)  # a heartbeat brings c back
     m.upkeep(now=72.0)  # upkeep uses the messenger's own forget time (60 s): both stay
     assert set(node.peers) == {"b", "c"}
+
+
+def test_a_layer_written_in_place_is_checked_there_and_never_placed_again(tmp_path):
+    # One-sided transports (a sealed ZeroMQ batch opened into the slot, a Transfer
+    # Engine write) ask `place` first: a layer already in and checked must not be
+    # written over, or a replayed or forged write could change a checked layer.
+    a, b = start(tmp_path / "a", "a"), start(tmp_path / "b", "b")
+    store_for(a, 6, "b")
+    (_, header, payload), *rest = sent(a)
+    target = b.place(header)
+    assert target is not None and len(target) == GEOMETRY.layer_bytes
+    target[:] = payload
+    b.received(header, None)
+    assert b.stats().layers_in == 1 and b.place(header) is None
+    for _, later, data in rest:
+        b.place(later)[:] = data
+        b.received(later, None)
+    assert [(e.kind, e.hashes) for e in b.node.take_events()] == [("ready", [h(6)])]
+
+
+def test_a_layer_written_in_place_with_other_bytes_fails_its_block(tmp_path):
+    a, b = start(tmp_path / "a", "a"), start(tmp_path / "b", "b")
+    store_for(a, 7, "b")
+    _, header, payload = sent(a)[0]
+    b.place(header)[:] = bytes(len(payload))  # not what was summed
+    b.received(header, None)
+    assert [e.kind for e in b.node.take_events()] == ["failed"] and b.stats().checksum_failures == 1
+
+
+def store_for(m, i: int, dest: str) -> None:
+    """Block i written on `m` (every layer byte i) for `dest`."""
+    slot = m.control(Reserve(owner=f"r{i}", hashes=[h(i)], dest=dest)).slots[0]
+    for layer in range(GEOMETRY.layers):
+        write_layer(m, slot, layer, i)

@@ -13,11 +13,13 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import zmq
 
+from services.messenger import transport as transport_module
 from services.messenger.messenger import Messenger
-from services.messenger.transport import KV_SECURITY, KvSecurity, ZmqTransport, encode_index
+from services.messenger.transport import BATCH_BYTES, KV_SECURITY, QUEUE_BATCHES, KvSecurity, ZmqTransport, encode_index
 from shared.kv.keys import ClusterKeys, generate_keys
 from tests.messenger.nodes import GEOMETRY, h, pool, sent, start, store
 from tests.messenger.test_metrics import page
+from yuebing.process import free_port
 
 Frames = list[tuple[bytes, bytes]]
 KEYS, OTHER = generate_keys(), generate_keys()
@@ -151,3 +153,82 @@ def test_a_peer_disconnected_has_its_socket_closed_and_a_send_opens_it_again():
         assert list(t._peers) == ["tcp://127.0.0.1:9"]
     finally:
         t.close()
+
+
+def sealed(frames: Frames, keys: ClusterKeys = KEYS) -> list:
+    """`frames` as one sealed batch, as a member's transport sends it."""
+    t = ZmqTransport(keys=keys)
+    try:
+        return [bytes(f) for f in t._sealed_batch(frames)]
+    finally:
+        t.close()
+
+
+def flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 1]) + data[at + 1 :]
+
+
+@pytest.mark.parametrize("part", ["index", "payload"])
+async def test_a_sealed_batch_altered_on_the_way_is_refused_and_a_genuine_one_still_lands(tmp_path, part):
+    # The index is authenticated before any payload is placed, and a payload is opened
+    # straight into its slot: an altered one must neither count nor block the genuine one.
+    async with receiver(tmp_path, KEYS) as b:
+        genuine = sealed(block_frames(tmp_path, 5))
+        index, seal, payload = genuine
+        bad = [flip(index, len(index) // 2), seal, payload] if part == "index" else [index, seal, flip(payload, 100)]
+        sock = zmq.Context.instance().socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(b.node.transport.endpoint)
+        sock.send_multipart(bad)
+        await eventually("the altered batch refused", lambda: b.security().kv_peers_rejected >= 1)
+        # An altered index refuses the whole batch; an altered payload only its own layer.
+        assert not holds(b, 5) and b.stats().layers_in == (0 if part == "index" else GEOMETRY.layers - 1)
+        sock.send_multipart(genuine)
+        await eventually("block 5 lands after all", lambda: holds(b, 5))
+        sock.close(0)
+        assert bytes(pool(b).slots.layer(pool(b).blocks.get(h(5)).index, 0)) == bytes([5]) * GEOMETRY.layer_bytes
+
+
+def big_layers(count: int) -> Frames:
+    """Layers big enough to go one per batch."""
+    return [(b"h%d" % i, bytes(BATCH_BYTES)) for i in range(count)]
+
+
+async def test_layers_wait_for_a_peer_without_room_and_go_when_it_has_room():
+    sender = ZmqTransport(keys=KEYS)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"  # nobody there yet: ZeroMQ queues QUEUE_BATCHES, no more
+    layers = big_layers(QUEUE_BATCHES + 3)
+    for header, payload in layers:
+        assert sender.send(endpoint, header, payload)
+    assert sender.flush() == (0, 0) and sender.waiting == 3
+    peer = ZmqTransport(port=int(endpoint.rsplit(":", 1)[1]), keys=KEYS)
+    got: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 10
+        while len(got) < len(layers):
+            assert time.monotonic() < deadline, f"{len(got)}/{len(layers)} layers arrived"
+            if sender.waiting:
+                await sender.backlog()  # woken when the peer takes what ZeroMQ holds
+                assert sender.flush() == (0, 0)
+            message = peer.receive_nowait()
+            if message is None:
+                await asyncio.sleep(0.001)
+            else:
+                got.append(message[0])
+        assert got == [header for header, _ in layers] and sender.waiting == 0  # in order, every one
+    finally:
+        sender.close()
+        peer.close()
+
+
+def test_layers_that_wait_too_long_for_their_peer_are_dropped_and_reported(monkeypatch):
+    monkeypatch.setattr(transport_module, "WAIT_MAX_S", 0.05)
+    sender = ZmqTransport(keys=KEYS)
+    try:
+        for header, payload in big_layers(QUEUE_BATCHES + 2):
+            sender.send("tcp://127.0.0.1:9", header, payload)  # nobody listens there
+        assert sender.flush() == (0, 0) and sender.waiting == 2
+        time.sleep(0.06)  # the wait is what is under test
+        assert sender.flush() == (2, 2 * BATCH_BYTES) and sender.waiting == 0
+    finally:
+        sender.close()

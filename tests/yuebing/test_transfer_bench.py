@@ -1,5 +1,5 @@
 """`yuebing bench transfer` with real messenger processes, on small sizes: every
-transport in one run, beside the bare Transfer Engine."""
+transport in one run, beside the bare Transfer Engine; and its verdict over runs."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import sys
 
 import pytest
 
-from yuebing.bench.transfer import engine_unavailable
-
-pytestmark = pytest.mark.e2e
+from yuebing.bench.transfer import TransferResult, engine_unavailable, to_json, verdict
 
 
+@pytest.mark.e2e
 def test_transfer_bench_moves_every_block_and_writes_json(tmp_path):
     out = tmp_path / "xfer.json"
     run = subprocess.run(
@@ -32,3 +31,17 @@ def test_transfer_bench_moves_every_block_and_writes_json(tmp_path):
         assert r["gbps"] == max(r["zmq"], r["mooncake"])
         assert r["ratio_to_mooncake"] == (r["gbps"] / r["mooncake_gbps"] if engine else 0.0)
     assert "| 1 MiB |" in run.stdout and "bare Mooncake TE" in run.stdout
+
+
+def result(block_bytes: int, ratio: float) -> TransferResult:
+    return TransferResult(block_bytes, 4, ratio, 1.0, ratio, ratio, 0.5, 1.0, 0.5, 10.0, 1.0, 0.5)
+
+
+def test_the_verdict_takes_the_lowest_ratio_of_every_run_per_block_size():
+    runs = [[result(65536, 1.2), result(1 << 20, 1.1)], [result(65536, 0.9), result(1 << 20, 1.3)]]
+    text = verdict(runs)
+    assert "64 KiB: 1.20, 0.90 (lowest 0.90; >= 1.0 in every run: no)" in text
+    assert "1 MiB: 1.10, 1.30 (lowest 1.10; >= 1.0 in every run: yes)" in text
+    data = to_json(runs[-1], runs)
+    assert [r["ratio_to_mooncake"] for r in data["results"]] == [0.9, 1.3] and len(data["runs"]) == 2
+    assert "runs" not in to_json(runs[0], runs[:1])

@@ -305,8 +305,24 @@ def table(results: list[TransferResult]) -> str:
     return "\n".join(lines)
 
 
-def to_json(results: list[TransferResult]) -> dict:
-    return {"transport": "tcp-loopback", "results": [asdict(r) for r in results]}
+def verdict(runs: list[list[TransferResult]]) -> str:
+    """Per block size, the best of Yuebing's transports against the bare engine in every
+    run: the lowest ratio, and whether it reached 1.0 in all of them."""
+    lines = [f"best / bare Mooncake TE over {len(runs)} runs in a row:"]
+    for i, first in enumerate(runs[0]):
+        ratios = [run[i].ratio_to_mooncake for run in runs]
+        every = "yes" if min(ratios) >= 1.0 else "no"
+        lines.append(f"  {_size(first.block_bytes):>8}: {', '.join(f'{r:.2f}' for r in ratios)}"
+                     f" (lowest {min(ratios):.2f}; >= 1.0 in every run: {every})")
+    return "\n".join(lines)
+
+
+def to_json(results: list[TransferResult], runs: list[list[TransferResult]] | None = None) -> dict:
+    """The last run's rows (`results`), and every run's when there were several."""
+    out: dict = {"transport": "tcp-loopback", "results": [asdict(r) for r in results]}
+    if runs is not None and len(runs) > 1:
+        out["runs"] = [[asdict(r) for r in run] for run in runs]
+    return out
 
 
 # --- the bare Transfer Engine ------------------------------------------------------------

@@ -42,6 +42,14 @@ def cluster_paths(args: argparse.Namespace, name: str) -> tuple[Path, Path]:
     return Path(args.model or default_model_dir()), work
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number, at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the result here")
 

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import argparse
 
-from yuebing.commands import add_json_flag, write_json
+from yuebing.commands import add_json_flag, positive_int, write_json
 
 GROUP = "bench"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("transfer", help="messenger→messenger throughput vs bare Mooncake TE and memcpy")
-    p.add_argument("--sizes-kib", type=int, nargs="+", default=[64, 256, 1024, 4096, 16384], help="block sizes, KiB")
-    p.add_argument("--total-mib", type=int, default=256, help="bytes moved per block size, MiB")
+    p.add_argument("--sizes-kib", type=positive_int, nargs="+", default=[64, 256, 1024, 4096, 16384],
+                   help="block sizes, KiB")
+    p.add_argument("--total-mib", type=positive_int, default=256, help="bytes moved per block size, MiB")
+    p.add_argument("--runs", type=positive_int, default=1,
+                   help="whole runs one after the other, each printed, then the verdict per block size")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -22,8 +25,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from yuebing.bench import transfer
 
-    print(f"messenger → messenger over ZeroMQ and Mooncake TE (TCP loopback), {args.total_mib} MiB per block size:")
-    results = transfer.run([k * 1024 for k in args.sizes_kib], args.total_mib << 20)
-    print(transfer.table(results))
-    write_json(transfer.to_json(results), args.json)
+    runs = []
+    for i in range(args.runs):
+        print(f"run {i + 1}/{args.runs}: messenger → messenger over ZeroMQ and Mooncake TE (TCP loopback), "
+              f"{args.total_mib} MiB per block size:")
+        runs.append(transfer.run([k * 1024 for k in args.sizes_kib], args.total_mib << 20))
+        print(transfer.table(runs[-1]))
+    if args.runs > 1:
+        print(transfer.verdict(runs))
+    write_json(transfer.to_json(runs[-1], runs), args.json)
     return 0

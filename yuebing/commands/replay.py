@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from yuebing.commands import write_json
+from yuebing.commands import positive_int, write_json
 from yuebing.commands.sim import add_trace_flags, load_trace, trace_name
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--pool-blocks", type=int, default=2048, help="prefix-cache blocks per prefill engine")
     f.add_argument("--profile", default="", help="the live profile (default: the shipped one)")
     f.add_argument("--plot-dir", default="", help="write TTFT/TBT CDFs and per-request live-vs-sim plots here")
-    f.add_argument("--repeats", type=_positive_int, default=1,
+    f.add_argument("--repeats", type=positive_int, default=1,
                    help="calibrate and replay this many times (fresh prompts each) and compare the means over the runs")
     f.set_defaults(func=run_fidelity)
 
@@ -58,13 +58,6 @@ def _add_live_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=os.environ.get("YUEBING_API_KEY"), help="default: $YUEBING_API_KEY")
     p.add_argument("--prompt-seed", type=int, default=int(time.time()),
                    help="salt of the prompt tokens (default: now, so nothing is cached from an earlier run)")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def replay_trace(args: argparse.Namespace) -> list[TraceRequest]:
