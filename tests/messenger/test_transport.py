@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -15,8 +16,11 @@ import zmq
 
 from services.messenger import transport as transport_module
 from services.messenger.messenger import Messenger
+from services.messenger.node_pool import PoolOptions
 from services.messenger.transport import BATCH_BYTES, KV_SECURITY, QUEUE_BATCHES, KvSecurity, ZmqTransport, encode_index
 from shared.kv.keys import ClusterKeys, generate_keys
+from shared.kv.pool_file import Geometry, checksum
+from shared.kv.wire import Hello, LayerFrame, control_encoder
 from tests.messenger.nodes import GEOMETRY, h, pool, sent, start, store
 from tests.messenger.test_metrics import page
 from yuebing.process import free_port
@@ -77,7 +81,7 @@ def push(endpoint: str, frames: Frames, curve: tuple[bytes, bytes, bytes] | None
         # Never block: a CURVE handshake the server refused drops the only pipe, and a
         # blocking PUSH send with no pipe waits forever (the refusal is counted either way).
         with contextlib.suppress(zmq.Again):
-            sock.send_multipart([encode_index([(header, b"", len(payload))]), b"", payload], flags=zmq.NOBLOCK)
+            sock.send_multipart([encode_index([(header, b"", len(payload), 0)]), b"", payload], flags=zmq.NOBLOCK)
     return lambda: sock.close(0)
 
 
@@ -159,7 +163,7 @@ def sealed(frames: Frames, keys: ClusterKeys = KEYS) -> list:
     """`frames` as one sealed batch, as a member's transport sends it."""
     t = ZmqTransport(keys=keys)
     try:
-        return [bytes(f) for f in t._sealed_batch(frames)]
+        return [bytes(f) for f in t._sealed_batch([(header, payload, 0) for header, payload in frames])]
     finally:
         t.close()
 
@@ -232,3 +236,47 @@ def test_layers_that_wait_too_long_for_their_peer_are_dropped_and_reported(monke
         assert sender.flush() == (2, 2 * BATCH_BYTES) and sender.waiting == 0
     finally:
         sender.close()
+
+
+async def drain(sender: ZmqTransport, timeout_s: float = 10.0) -> None:
+    """Flush until nothing waits for the peer's room, as the messenger's backlog loop does."""
+    assert sender.flush() == (0, 0)
+    deadline = time.monotonic() + timeout_s
+    while sender.waiting:
+        assert time.monotonic() < deadline, f"{sender.waiting} layers still waiting"
+        await sender.backlog()
+        assert sender.flush() == (0, 0)
+
+
+BIG = Geometry(layers=2, shape=(1, 1, BATCH_BYTES * 5 // 2), dtype="uint8", itemsize=1, layout="x")
+
+
+async def test_a_layer_bigger_than_a_batch_goes_in_pieces_put_together_in_its_slot(tmp_path):
+    transport = ZmqTransport(keys=KEYS)
+    b = Messenger("b", str(tmp_path / "kv"), PoolOptions(pool_bytes=2 * BIG.slot_bytes), transport)
+    assert b.control(Hello(geometry=BIG, model="m")).ok
+
+    async def transfers() -> None:
+        while True:
+            b.received(*await transport.receive())
+
+    task = asyncio.create_task(transfers())
+    sender = ZmqTransport(keys=KEYS)
+    sender.attach(memoryview(bytearray(1)), lambda header: None)  # a messenger's: it cuts big layers
+    try:
+        payloads = [os.urandom(BIG.layer_bytes) for _ in range(BIG.layers)]
+        for layer, payload in enumerate(payloads):
+            frame = LayerFrame(block_hash=h(9), layer=layer, checksum=checksum(payload), geometry=BIG, model="m")
+            assert sender.send(transport.endpoint, control_encoder.encode(frame), payload)
+        assert [start for _, _, start in sender._outbox[transport.endpoint]] == [0, BATCH_BYTES, 2 * BATCH_BYTES] * 2
+        await drain(sender)
+        await eventually("block 9 put together", lambda: holds(b, 9))
+        slot = pool(b).blocks.get(h(9)).index
+        assert [bytes(pool(b).slots.layer(slot, layer)) for layer in range(BIG.layers)] == payloads
+        assert b.stats().layers_in == BIG.layers and b.security().kv_peers_rejected == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        sender.close()
+        transport.close()
+        b.close()
