@@ -145,6 +145,7 @@ class NodePool:
     def __init__(self, file: PoolFile, hello: Hello, options: PoolOptions, node: Node) -> None:
         self.slots = PoolSlots(file, hello.geometry)
         self.model = hello.model
+        self.model_id = model_id(hello.model)
         self.options = options
         self.node = node
         self.pool_id = uuid.uuid4().hex[:12]
@@ -152,7 +153,7 @@ class NodePool:
                                 lease_s=options.lease_s)
         self.ssd: SsdTier | None = None
         if options.ssd_path:
-            self.ssd = SsdTier(Path(options.ssd_path), options.ssd_bytes, hello.geometry, model_id(hello.model),
+            self.ssd = SsdTier(Path(options.ssd_path), options.ssd_bytes, hello.geometry, self.model_id,
                                queue_bytes=options.ssd_queue_bytes)
             node.kv_event("stored", "ssd", self.ssd.hashes())
         self._failed: dict[bytes, float] = {}  # blocks given up on, and when
@@ -443,7 +444,7 @@ class NodePool:
 
     def _ready(self, slot: Slot, dests: set[str]) -> None:
         sums = [slot.checksums[i] for i in range(self.blocks.layers)]
-        self.slots.write_header(slot.index, Header(slot.block_hash, model_id(self.model), self.slots.geometry, sums))
+        self.slots.write_header(slot.index, Header(slot.block_hash, self.model_id, self.slots.geometry, sums))
         if not self.options.stream_layers:
             for dest in dests:
                 self._send_block(slot, dest)
