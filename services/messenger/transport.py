@@ -2,12 +2,13 @@
 uses; `ZmqTransport` implements it over ZeroMQ TCP, `MooncakeTransport`
 (mooncake_transport.py) with Mooncake's Transfer Engine (TCP or RDMA).
 
-Sends never block the messenger's event loop: a peer that is gone or too slow
-makes `send` return False (the block is then computed by its reader). A peer's
-layers go out in batches of about a MiB, one ZeroMQ message each; a sealed batch is
-sealed into one buffer that ZeroMQ sends without a copy, and opened on arrival
-straight into the slot the pool gives each layer (`place`), so every byte is copied
-by a cipher and the kernel, and by nobody else.
+Sends never block the messenger's event loop. A peer's layers go out in batches of
+about a MiB, one ZeroMQ message each, while ZeroMQ has room for that peer (a few
+batches); the rest wait in the messenger until it has, and a layer that waits too
+long for a peer gone or too slow is dropped (its block is then computed by its
+reader). A sealed batch is sealed into one buffer that ZeroMQ sends without a copy,
+and opened on arrival straight into the slot the pool gives each layer (`place`),
+so every byte is copied by a cipher and the kernel, and by nobody else.
 
 Only the cluster's messengers may put a block into a pool (a planted block with a
 matching checksum would poison every request that reuses its prefix). With the

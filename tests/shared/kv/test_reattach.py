@@ -28,13 +28,17 @@ BLOCKS = 4
 
 
 class Quiet(Recorder):
-    """No other messenger ever sends: receive and watch wait forever."""
+    """No other messenger ever sends, nothing ever waits for a peer: receive, watch and
+    backlog wait forever."""
 
     async def receive(self) -> tuple[bytes, memoryview]:
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
     async def watch(self) -> None:
+        await asyncio.Event().wait()
+
+    async def backlog(self) -> None:
         await asyncio.Event().wait()
 
 
