@@ -321,7 +321,7 @@ class ZmqTransport:
         self._outbox: dict[str, list[Layer]] = {}  # sent, not flushed yet
         self._waiting: dict[str, collections.deque[tuple[float, Layer]]] = {}  # (since, layer) by peer
         self._backlog = asyncio.Event()  # set when a peer with layers waiting may have room
-        self._watched: set[int] = set()  # the file descriptors of peers' sockets the loop watches for room
+        self._watched: set[zmq.Socket] = set()  # peers' sockets the loop watches for room
         self._inbox: collections.deque[tuple[Entry, memoryview]] = collections.deque()
         self._place: Callable[[bytes], memoryview | None] | None = None
         self._rejected = 0
@@ -412,19 +412,18 @@ class ZmqTransport:
     def _watch_room(self, sock: zmq.Socket, on: bool) -> None:
         """Have the event loop wake `backlog` when ZeroMQ signals a change on `sock`
         (its room is then looked at again), while layers wait for it."""
-        fd = sock.get(zmq.FD)
-        if on == (fd in self._watched):
+        if on == (sock in self._watched):
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # flushed outside a loop (tests): the caller flushes again itself
             return
         if on:
-            loop.add_reader(fd, self._backlog.set)
-            self._watched.add(fd)
+            loop.add_reader(sock.get(zmq.FD), self._backlog.set)
+            self._watched.add(sock)
         else:
-            loop.remove_reader(fd)
-            self._watched.discard(fd)
+            loop.remove_reader(sock.get(zmq.FD))
+            self._watched.discard(sock)
 
     async def backlog(self) -> None:
         if self._waiting:

@@ -317,10 +317,10 @@ def verdict(runs: list[list[TransferResult]]) -> str:
     return "\n".join(lines)
 
 
-def to_json(results: list[TransferResult], runs: list[list[TransferResult]] | None = None) -> dict:
-    """The last run's rows (`results`), and every run's when there were several."""
-    out: dict = {"transport": "tcp-loopback", "results": [asdict(r) for r in results]}
-    if runs is not None and len(runs) > 1:
+def to_json(runs: list[list[TransferResult]]) -> dict:
+    """The last run's rows, and every run's when there were several."""
+    out: dict = {"transport": "tcp-loopback", "results": [asdict(r) for r in runs[-1]]}
+    if len(runs) > 1:
         out["runs"] = [[asdict(r) for r in run] for run in runs]
     return out
 

@@ -33,5 +33,5 @@ def run(args: argparse.Namespace) -> int:
         print(transfer.table(runs[-1]))
     if args.runs > 1:
         print(transfer.verdict(runs))
-    write_json(transfer.to_json(runs[-1], runs), args.json)
+    write_json(transfer.to_json(runs), args.json)
     return 0
