@@ -292,13 +292,172 @@ def take_batch(waiting: collections.deque[tuple[float, Layer]]) -> list[Layer]:
     return batch
 
 
+class Rejections:
+    """Messages and peers refused: all counted, logged once in a while (a refused peer
+    may retry many times a second)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.count = 0
+        self._logged_at = float("-inf")
+
+    def __call__(self, why: str) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self._logged_at >= REJECTION_LOG_S:
+            self._logged_at = now
+            log.warning("kv peer rejected", why=why, endpoint=self.endpoint, rejected=self.count)
+
+
+class Outbox:
+    """Layers on their way out, by peer: queued by `send`, sent in batches of about
+    BATCH_BYTES while the peer has room; a layer that waits WAIT_MAX_S for a peer gone
+    or too slow is dropped (its reader computes the block). `room` is set by the
+    transport when a peer may have room again."""
+
+    def __init__(self) -> None:
+        self._queued: dict[str, list[Layer]] = {}  # sent, not flushed yet
+        self._waiting: dict[str, collections.deque[tuple[float, Layer]]] = {}  # (since, layer) by peer
+        self.room = asyncio.Event()
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(w) for w in self._waiting.values())
+
+    def peers(self) -> list[str]:
+        """Peers with layers waiting (or queued since the last flush)."""
+        return list({**self._waiting, **self._queued})
+
+    def queue(self, endpoint: str, layers: list[Layer]) -> None:
+        self._queued.setdefault(endpoint, []).extend(layers)
+
+    def forget(self, endpoint: str) -> None:
+        self._queued.pop(endpoint, None)
+        self._waiting.pop(endpoint, None)
+
+    def pump(self, endpoint: str, now: float, room: Callable[[], bool],
+             send: Callable[[list[Layer]], bool] | None) -> tuple[list[Layer], bool]:
+        """Send `endpoint`'s layers while `room()` (send None: the peer is gone), after
+        dropping those that waited too long; (the layers dropped, whether some still wait)."""
+        waiting = self._waiting.setdefault(endpoint, collections.deque())
+        waiting.extend((now, layer) for layer in self._queued.pop(endpoint, ()))
+        dropped: list[Layer] = []
+        while waiting and (send is None or now - waiting[0][0] >= WAIT_MAX_S):
+            dropped.append(waiting.popleft()[1])
+        while waiting and send is not None and room():
+            batch = take_batch(waiting)
+            if not send(batch):
+                dropped.extend(batch)
+        if not waiting:
+            del self._waiting[endpoint]
+        return dropped, bool(waiting)
+
+    async def backlog(self) -> None:
+        if self._waiting:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.room.wait(), RETRY_S)
+        else:
+            await self.room.wait()
+        self.room.clear()
+
+
+def dropped_counts(dropped: list[Layer]) -> tuple[int, int]:
+    """(layers, bytes) of what was dropped: a layer in pieces counts once."""
+    return len({header for header, _, _ in dropped}), sum(len(payload) for _, payload, _ in dropped)
+
+
+class Batches:
+    """Layers into batches and back, the part every transport that moves batches shares.
+    Sealed (a Sealer), a batch is (index, the index's seal, every payload sealed into
+    one buffer), and each layer is opened on arrival straight into the place `place`
+    gives it in the pool; plaintext, the payloads go as they are."""
+
+    def __init__(self, sealer: Sealer | None, reject: Callable[[str], None]) -> None:
+        self.sealer = sealer
+        self.place: Callable[[bytes], memoryview | None] | None = None
+        self._reject = reject
+        self._inbox: collections.deque[tuple[Entry, memoryview]] = collections.deque()
+
+    def split_layer(self, header: bytes, payload: memoryview | bytes) -> list[Layer]:
+        """A layer as it is queued: in pieces when it is bigger than a batch, sealed and
+        attached here (so at the peer too, which puts the pieces together)."""
+        if self.sealer is not None and self.place is not None and len(payload) > BATCH_BYTES:
+            return pieces(header, payload)
+        return [(header, payload, 0)]
+
+    def seal(self, batch: list[Layer]) -> tuple[bytes, bytes, memoryview]:
+        """(index, its seal, every payload sealed into one buffer of this batch's own)."""
+        assert self.sealer is not None
+        sizes = [self.sealer.sealed_bytes(len(p)) for _, p, _ in batch]
+        out = memoryview(np.empty(sum(sizes), np.uint8))  # not zeroed: every byte is sealed into
+        index, at = [], 0
+        for (header, payload, start), size in zip(batch, sizes):
+            nonce = self.sealer.seal(associated(header, start), payload, out[at : at + size])
+            index.append((header, nonce, size, start))
+            at += size
+        data = encode_index(index)
+        return data, self.sealer.seal_index(data), out
+
+    def entries(self, index: bytes, seal: bytes) -> list[Entry] | None:
+        """A batch's index, once it opens with the cluster's key (sealed); None, counted, if not."""
+        if self.sealer is not None and not self.sealer.opens_index(index, seal):
+            self._reject("a message that does not open with the cluster's key")
+            return None
+        entries = decode_index(index)
+        if entries is None:
+            self._reject("a message that is not a batch of layers")
+        return entries
+
+    def add(self, entries: list[Entry], payloads: list[memoryview] | None) -> bool:
+        """A batch in: its layers wait in the inbox, opened one at a time as they are taken."""
+        if payloads is None or len(payloads) != len(entries):
+            self._reject("a message that is not a batch of layers")
+            return False
+        self._inbox.extend(zip(entries, payloads))
+        return True
+
+    def next(self) -> tuple[bytes, memoryview | None] | None:
+        """The next layer in (payload None: opened in its place already), or None."""
+        while self._inbox:
+            (header, nonce, _, start), payload = self._inbox.popleft()
+            if self.sealer is not None and self.place is not None:
+                outcome = self._open_in_place(header, nonce, payload, start)
+                if outcome == "last":
+                    return header, None  # in its place: the messenger checks it there
+                if outcome != "refused":
+                    continue  # not wanted here, or a piece before the layer's last
+            elif start == 0 and (opened := self._opened(header, nonce, payload)) is not None:
+                return header, opened
+            self._reject("a message that does not open with the cluster's key, or a piece out of place")
+        return None
+
+    def _opened(self, header: bytes, nonce: bytes, payload: memoryview) -> memoryview | None:
+        """A whole payload as it came (plaintext) or opened into a buffer (sealed, unattached)."""
+        if self.sealer is None:
+            return payload
+        return self.sealer.open(associated(header, 0), nonce, payload)
+
+    def _open_in_place(self, header: bytes, nonce: bytes, payload: memoryview, start: int) -> Opened:
+        """Open a sealed layer, or a piece of one, straight into its layer's place in the
+        pool; "last" once the layer's last byte is in (pieces come in order: one stream)."""
+        assert self.sealer is not None and self.place is not None
+        target = self.place(header)
+        if target is None:
+            return "unwanted"
+        end = start + len(payload) - TAG_BYTES
+        if not 0 <= start < end <= len(target):
+            return "refused"
+        if not self.sealer.open_into(associated(header, start), nonce, payload, target[start:end]):
+            return "refused"
+        return "last" if end == len(target) else "piece"
+
+
 class ZmqTransport:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, advertise_host: str = "",
                  keys: ClusterKeys | None = None, security: KvSecurity = "aes-gcm") -> None:
         keep_receive_buffers()
         self.authenticated = keys is not None  # None: plaintext, anyone may send (only with --kv-insecure)
         self.keys = keys if security == "curve" else None  # CURVE on the sockets
-        self._sealer = Sealer(keys) if keys is not None and security == "aes-gcm" else None
         self._ctx = zmq.asyncio.Context()
         self._send_ctx = zmq.Context()  # plain sockets: NOBLOCK sends, no futures
         self._auth = self._authenticator(self.keys)
@@ -318,14 +477,11 @@ class ZmqTransport:
             port = self._pull.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{advertise_host or host}:{port}"
         self._peers: dict[str, zmq.Socket] = {}
-        self._outbox: dict[str, list[Layer]] = {}  # sent, not flushed yet
-        self._waiting: dict[str, collections.deque[tuple[float, Layer]]] = {}  # (since, layer) by peer
-        self._backlog = asyncio.Event()  # set when a peer with layers waiting may have room
+        self._outbox = Outbox()
         self._watched: set[zmq.Socket] = set()  # peers' sockets the loop watches for room
-        self._inbox: collections.deque[tuple[Entry, memoryview]] = collections.deque()
-        self._place: Callable[[bytes], memoryview | None] | None = None
-        self._rejected = 0
-        self._logged_at = float("-inf")
+        self._reject = Rejections(self.endpoint)
+        sealer = Sealer(keys) if keys is not None and security == "aes-gcm" else None
+        self._batches = Batches(sealer, self._reject)
 
     def _authenticator(self, keys: ClusterKeys | None) -> AsyncioAuthenticator | None:
         """ZAP runs on the event loop: it answers once per connection, not per layer."""
@@ -338,17 +494,17 @@ class ZmqTransport:
 
     @property
     def rejected(self) -> int:
-        return self._rejected
+        return self._reject.count
 
     @property
     def waiting(self) -> int:
         """Layers waiting for their peer's room."""
-        return sum(len(w) for w in self._waiting.values())
+        return self._outbox.waiting
 
     def attach(self, region: memoryview, place: Callable[[bytes], memoryview | None]) -> None:
         """A sealed payload is then opened straight into its place in the pool (no copy
         after); unattached (the notes under MooncakeTransport), it is handed over."""
-        self._place = place
+        self._batches.place = place
 
     def connect(self, endpoint: str) -> None:
         if endpoint not in self._peers:
@@ -363,7 +519,7 @@ class ZmqTransport:
             self._peers[endpoint] = sock
 
     def disconnect(self, endpoint: str) -> None:
-        self._waiting.pop(endpoint, None)
+        self._outbox.forget(endpoint)
         sock = self._peers.pop(endpoint, None)
         if sock is not None:
             self._watch_room(sock, False)
@@ -371,43 +527,22 @@ class ZmqTransport:
 
     def send(self, endpoint: str, header: bytes, payload: memoryview | bytes) -> bool:
         self.connect(endpoint)
-        outbox = self._outbox.setdefault(endpoint, [])
-        if self._sealer is not None and self._place is not None and len(payload) > BATCH_BYTES:
-            outbox.extend(pieces(header, payload))  # attached here, so at the peer too: it puts them together
-        else:
-            outbox.append((header, payload, 0))
+        self._outbox.queue(endpoint, self._batches.split_layer(header, payload))
         return True
 
     def flush(self) -> tuple[int, int]:
         """Send what `send` queued, a peer's layers together in batches of about
         BATCH_BYTES, while the peer has room (the rest waits, see `backlog`); returns
         the layers and bytes that could not go (a peer gone, or too slow for WAIT_MAX_S)."""
-        now = time.monotonic()
-        outbox, self._outbox = self._outbox, {}
-        for endpoint, layers in outbox.items():
-            self._waiting.setdefault(endpoint, collections.deque()).extend((now, layer) for layer in layers)
-        dropped_layers = dropped_bytes = 0
-        for endpoint in list(self._waiting):
-            layers, nbytes = self._pump(endpoint, now)
-            dropped_layers, dropped_bytes = dropped_layers + layers, dropped_bytes + nbytes
-        return dropped_layers, dropped_bytes
-
-    def _pump(self, endpoint: str, now: float) -> tuple[int, int]:
-        """Send `endpoint`'s waiting layers while its socket has room (a batch is sealed
-        only then), after dropping those that waited too long. The layers and bytes dropped."""
-        waiting, sock = self._waiting[endpoint], self._peers.get(endpoint)
-        dropped: list[Layer] = []
-        while waiting and (sock is None or now - waiting[0][0] >= WAIT_MAX_S):
-            dropped.append(waiting.popleft()[1])
-        while waiting and sock is not None and sock.get(zmq.EVENTS) & zmq.POLLOUT:
-            batch = take_batch(waiting)
-            if not self._send_batch(sock, batch):
-                dropped.extend(batch)
-        if not waiting:
-            del self._waiting[endpoint]
-        if sock is not None:
-            self._watch_room(sock, bool(waiting))
-        return len({header for header, _, _ in dropped}), sum(len(payload) for _, payload, _ in dropped)
+        now, dropped = time.monotonic(), []
+        for endpoint in self._outbox.peers():
+            sock = self._peers.get(endpoint)
+            gone, waits = self._outbox.pump(endpoint, now, lambda: bool(sock.get(zmq.EVENTS) & zmq.POLLOUT),
+                                            None if sock is None else lambda batch: self._send_batch(sock, batch))
+            dropped.extend(gone)
+            if sock is not None:
+                self._watch_room(sock, waits)
+        return dropped_counts(dropped)
 
     def _watch_room(self, sock: zmq.Socket, on: bool) -> None:
         """Have the event loop wake `backlog` when ZeroMQ signals a change on `sock`
@@ -419,53 +554,34 @@ class ZmqTransport:
         except RuntimeError:  # flushed outside a loop (tests): the caller flushes again itself
             return
         if on:
-            loop.add_reader(sock.get(zmq.FD), self._backlog.set)
+            loop.add_reader(sock.get(zmq.FD), self._outbox.room.set)
             self._watched.add(sock)
         else:
             loop.remove_reader(sock.get(zmq.FD))
             self._watched.discard(sock)
 
     async def backlog(self) -> None:
-        if self._waiting:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._backlog.wait(), RETRY_S)
-        else:
-            await self._backlog.wait()
-        self._backlog.clear()
+        await self._outbox.backlog()
 
     def _send_batch(self, sock: zmq.Socket, batch: list[Layer]) -> bool:
         try:
-            if self._sealer is None:
+            if self._batches.sealer is None:
                 frames: list = [zmq.Frame(p, copy=False) if len(p) > COPY_MAX_BYTES else p for _, p, _ in batch]
                 index = encode_index([(h, b"", len(p), 0) for h, p, _ in batch])
                 sock.send_multipart([index, b"", *frames], flags=zmq.NOBLOCK)
-            else:
-                sock.send_multipart(self._sealed_batch(batch), flags=zmq.NOBLOCK, copy=False)
+            else:  # the sealed buffer is the batch's own: ZeroMQ sends it without copying
+                sock.send_multipart(list(self._batches.seal(batch)), flags=zmq.NOBLOCK, copy=False)
             return True
         except zmq.Again:
             return False
 
-    def _sealed_batch(self, batch: list[Layer]) -> list:
-        """[index, its seal, every payload sealed into one buffer of this batch's own]:
-        ZeroMQ sends that buffer without copying it."""
-        assert self._sealer is not None
-        sizes = [self._sealer.sealed_bytes(len(p)) for _, p, _ in batch]
-        out = memoryview(np.empty(sum(sizes), np.uint8))  # not zeroed: every byte is sealed into
-        index, at = [], 0
-        for (header, payload, start), size in zip(batch, sizes):
-            nonce = self._sealer.seal(associated(header, start), payload, out[at : at + size])
-            index.append((header, nonce, size, start))
-            at += size
-        data = encode_index(index)
-        return [data, self._sealer.seal_index(data), out]
-
     async def receive(self) -> tuple[bytes, memoryview | None]:
-        while (layer := self._next()) is None:
+        while (layer := self._batches.next()) is None:
             self._unpack(await self._pull.recv_multipart(copy=False))
         return layer
 
     def receive_nowait(self) -> tuple[bytes, memoryview | None] | None:
-        while (layer := self._next()) is None:
+        while (layer := self._batches.next()) is None:
             try:
                 self._unpack(self._pull_now.recv_multipart(flags=zmq.NOBLOCK, copy=False))
             except zmq.Again:
@@ -473,76 +589,23 @@ class ZmqTransport:
         return layer
 
     def _unpack(self, frames: list[zmq.Frame]) -> None:
-        """A batch in: its layers wait in the inbox, opened one at a time as they are taken."""
-        payloads = self._payloads(frames)
-        if payloads is not None:
-            self._inbox.extend(payloads)
-
-    def _payloads(self, frames: list[zmq.Frame]) -> list[tuple[Entry, memoryview]] | None:
-        """A batch's (index entry, payload) pairs; None, counted, if it is not a batch of
-        layers or (sealed) its index does not open with the cluster's key."""
+        """A batch in: [index, seal, payloads] (sealed: one frame of every payload)."""
         if len(frames) < 3:
             self._reject("a message that is not a batch of layers")
-            return None
-        index = frames[0].bytes
-        if self._sealer is not None and not self._sealer.opens_index(index, frames[1].bytes):
-            self._reject("a message that does not open with the cluster's key")
-            return None
-        entries = decode_index(index)
+            return
+        entries = self._batches.entries(frames[0].bytes, frames[1].bytes)
+        if entries is None:
+            return
         payloads: list[memoryview] | None = None
-        if entries is not None and self._sealer is None:
+        if self._batches.sealer is None:
             payloads = [f.buffer for f in frames[2:]]
-        elif entries is not None and len(frames) == 3:
+        elif len(frames) == 3:
             payloads = split(frames[2].buffer, [size for _, _, size, _ in entries])
-        if payloads is None or len(payloads) != len(entries or ()):
-            self._reject("a message that is not a batch of layers")
-            return None
-        return list(zip(entries, payloads))
-
-    def _next(self) -> tuple[bytes, memoryview | None] | None:
-        while self._inbox:
-            (header, nonce, _, start), payload = self._inbox.popleft()
-            if self._sealer is not None and self._place is not None:
-                outcome = self._open_in_place(header, nonce, payload, start)
-                if outcome == "last":
-                    return header, None  # in its place: the messenger checks it there
-                if outcome != "refused":
-                    continue  # not wanted here, or a piece before the layer's last
-            elif start == 0 and (opened := self._opened(header, nonce, payload)) is not None:
-                return header, opened
-            self._reject("a message that does not open with the cluster's key, or a piece out of place")
-        return None
-
-    def _opened(self, header: bytes, nonce: bytes, payload: memoryview) -> memoryview | None:
-        """A whole payload as it came (plaintext) or opened into a buffer (sealed, unattached)."""
-        if self._sealer is None:
-            return payload
-        return self._sealer.open(associated(header, 0), nonce, payload)
-
-    def _open_in_place(self, header: bytes, nonce: bytes, payload: memoryview, start: int) -> Opened:
-        """Open a sealed layer, or a piece of one, straight into its layer's place in the
-        pool; "last" once the layer's last byte is in (pieces come in order: one socket)."""
-        assert self._sealer is not None and self._place is not None
-        target = self._place(header)
-        if target is None:
-            return "unwanted"
-        end = start + len(payload) - TAG_BYTES
-        if not 0 <= start < end <= len(target):
-            return "refused"
-        if not self._sealer.open_into(associated(header, start), nonce, payload, target[start:end]):
-            return "refused"
-        return "last" if end == len(target) else "piece"
+        self._batches.add(entries, payloads)
 
     async def watch(self) -> None:
         event = parse_monitor_message(await self._monitor.recv_multipart())
         self._reject(why_rejected(event))
-
-    def _reject(self, why: str) -> None:
-        self._rejected += 1
-        now = time.monotonic()
-        if now - self._logged_at >= REJECTION_LOG_S:
-            self._logged_at = now
-            log.warning("kv peer rejected", why=why, endpoint=self.endpoint, rejected=self._rejected)
 
     def close(self) -> None:
         for sock in self._peers.values():

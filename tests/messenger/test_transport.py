@@ -17,7 +17,16 @@ import zmq
 from services.messenger import transport as transport_module
 from services.messenger.messenger import Messenger
 from services.messenger.node_pool import PoolOptions
-from services.messenger.transport import BATCH_BYTES, KV_SECURITY, QUEUE_BATCHES, KvSecurity, ZmqTransport, encode_index
+from services.messenger.transport import (
+    BATCH_BYTES,
+    KV_SECURITY,
+    QUEUE_BATCHES,
+    Batches,
+    KvSecurity,
+    Sealer,
+    ZmqTransport,
+    encode_index,
+)
 from shared.kv.keys import ClusterKeys, generate_keys
 from shared.kv.pool_file import Geometry, checksum
 from shared.kv.wire import Hello, LayerFrame, control_encoder
@@ -159,13 +168,10 @@ def test_a_peer_disconnected_has_its_socket_closed_and_a_send_opens_it_again():
         t.close()
 
 
-def sealed(frames: Frames, keys: ClusterKeys = KEYS) -> list:
-    """`frames` as one sealed batch, as a member's transport sends it."""
-    t = ZmqTransport(keys=keys)
-    try:
-        return [bytes(f) for f in t._sealed_batch([(header, payload, 0) for header, payload in frames])]
-    finally:
-        t.close()
+def sealed(frames: Frames, keys: ClusterKeys = KEYS) -> list[bytes]:
+    """`frames` as one sealed batch (index, seal, payloads), as a member's transport sends it."""
+    batches = Batches(Sealer(keys), reject=print)
+    return [bytes(part) for part in batches.seal([(header, payload, 0) for header, payload in frames])]
 
 
 def flip(data: bytes, at: int) -> bytes:
@@ -268,7 +274,8 @@ async def test_a_layer_bigger_than_a_batch_goes_in_pieces_put_together_in_its_sl
         for layer, payload in enumerate(payloads):
             frame = LayerFrame(block_hash=h(9), layer=layer, checksum=checksum(payload), geometry=BIG, model="m")
             assert sender.send(transport.endpoint, control_encoder.encode(frame), payload)
-        assert [start for _, _, start in sender._outbox[transport.endpoint]] == [0, BATCH_BYTES, 2 * BATCH_BYTES] * 2
+        assert [start for _, _, start in sender._batches.split_layer(b"h", payloads[0])] == [0, BATCH_BYTES,
+                                                                                              2 * BATCH_BYTES]
         await drain(sender)
         await eventually("block 9 put together", lambda: holds(b, 9))
         slot = pool(b).blocks.get(h(9)).index
