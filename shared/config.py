@@ -135,10 +135,13 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kv_stream_layers: Annotated[
         bool, Meta(description="send each layer as prefill computes it (off: send a block after its last layer)")
     ] = True
-    # "mooncake": Mooncake's Transfer Engine moves the bytes (TCP, RDMA where the NICs
-    # are), ZeroMQ only the sealed notes around them (services/messenger/mooncake_transport.py).
+    # "tcp": the same sealed batches as zmq over plain TCP streams, without ZeroMQ's I/O
+    # thread (services/messenger/tcp_transport.py). "mooncake": Mooncake's Transfer Engine
+    # moves the bytes (TCP, RDMA where the NICs are), ZeroMQ only the sealed notes around
+    # them (services/messenger/mooncake_transport.py).
     kv_transport: Annotated[
-        str, Meta(description="how messengers move KV between nodes: zmq (ZeroMQ TCP) or mooncake (Transfer Engine)")
+        str, Meta(description="how messengers move KV between nodes: zmq (ZeroMQ TCP), tcp (plain TCP streams) "
+                  "or mooncake (Transfer Engine)")
     ] = "zmq"
     # Off, every reuse goes through the node pools (what `yuebing bench reuse` measures).
     engine_prefix_caching: Annotated[bool, Meta(description="vLLM's own prefix cache in each engine")] = True

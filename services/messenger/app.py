@@ -27,6 +27,7 @@ from services.messenger.messenger import Messenger
 from services.messenger.mooncake_transport import MooncakeTransport, MooncakeUnavailable
 from services.messenger.node_pool import PoolOptions
 from services.messenger.pool import EVICTION_POLICIES
+from services.messenger.tcp_transport import TcpTransport
 from services.messenger.transport import KV_SECURITY, Transport, ZmqTransport
 from shared import bus, service
 from shared.config import ClusterConfig
@@ -58,6 +59,9 @@ from shared.private_file import private_dir
 log = structlog.get_logger(__name__)
 TICK_S = 0.25  # how often engines hear that we are alive
 DRAIN_MAX = 256  # layers taken in one go before the other loops get a turn
+# KV events for the Conductor go out joined, at most this often: one NATS message per
+# burst of layers cost the receiving messenger a write and nats-server a wake-up each.
+KV_EVENTS_S = 0.05
 
 
 def parser() -> argparse.ArgumentParser:
@@ -106,6 +110,9 @@ class LocalSockets:
         self.control = self._bind(zmq.ROUTER, control_endpoint(kv_dir, node))
         self.written = self._bind(zmq.PULL, written_endpoint(kv_dir, node))
         self.events = self._bind(zmq.PUB, events_endpoint(kv_dir, node))
+        # The same socket without futures: a PUB send never blocks, and the awaited one
+        # cost several times the send itself, once per burst of layers.
+        self.events_now = zmq.Socket.shadow(self.events.underlying)
 
     def _bind(self, kind: int, endpoint: str) -> zmq.asyncio.Socket:
         sock = self.ctx.socket(kind)
@@ -127,6 +134,7 @@ class MessengerService:
         self.nc: Client | None = None
         self._sends = itertools.count()  # pin owners of sends (pulls from other nodes)
         self._reading: dict[bytes, asyncio.Event] = {}  # blocks being read back from SSD
+        self._kv_sent_at = float("-inf")
 
     def start(self) -> None:
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -204,11 +212,15 @@ class MessengerService:
         self.messenger.node.block_event("tick", self.messenger.pool.pool_id, [])
 
     async def _flush_events(self) -> None:
+        """The layers this step queued go out, the engines hear what changed at once;
+        the Conductor hears it at most every KV_EVENTS_S, joined (or at the next tick)."""
         node = self.messenger.node
-        node.flush()  # the layers this step queued, in batches per peer
+        node.flush()
         for event in node.take_events():
-            await self.sockets.events.send(control_encoder.encode(event))
-        if self.nc is not None:
+            self.sockets.events_now.send(control_encoder.encode(event), zmq.NOBLOCK)
+        now = time.monotonic()
+        if self.nc is not None and node.kv_events and now - self._kv_sent_at >= KV_EVENTS_S:
+            self._kv_sent_at = now
             for kv in node.take_kv_events():
                 await bus.publish(self.nc, KV_EVENTS, kv)
 
@@ -263,15 +275,19 @@ def pool_options(config: ClusterConfig, args: argparse.Namespace) -> PoolOptions
     )
 
 
-KV_TRANSPORTS = ("zmq", "mooncake")
+KV_TRANSPORTS = ("zmq", "tcp", "mooncake")
 
 
 def kv_transport(config: ClusterConfig, args: argparse.Namespace) -> Transport:
-    """ZeroMQ, or Mooncake's Transfer Engine with ZeroMQ for its notes; a messenger
-    asked for an engine that cannot load here stops at once, saying why."""
+    """ZeroMQ, plain TCP streams, or Mooncake's Transfer Engine with ZeroMQ for its
+    notes; a messenger asked for what cannot run here stops at once, saying why."""
     if config.kv_transport not in KV_TRANSPORTS:
         raise SystemExit(f"messenger: kv_transport must be one of {', '.join(KV_TRANSPORTS)}, "
                          f"not {config.kv_transport!r}")
+    if config.kv_transport == "tcp":
+        if args.kv_security != "aes-gcm":
+            raise SystemExit("messenger: kv_transport tcp seals with AES-GCM only; --kv-security curve needs zmq")
+        return TcpTransport(args.host, args.port, args.advertise_host, keys=cluster_keys(args))
     notes = ZmqTransport(args.host, args.port, args.advertise_host, keys=cluster_keys(args),
                          security=args.kv_security)
     if config.kv_transport == "zmq":
