@@ -152,7 +152,7 @@ def test_a_messenger_asked_for_an_engine_that_cannot_load_stops_saying_why(monke
     monkeypatch.setattr(mooncake_transport, "load_engine", cannot_load)
     with pytest.raises(SystemExit, match="--kv-transport mooncake: .*libibverbs"):
         kv_transport(ClusterConfig(kv_transport="mooncake"), messenger_args())
-    with pytest.raises(SystemExit, match="kv_transport must be one of zmq, mooncake"):
+    with pytest.raises(SystemExit, match="kv_transport must be one of zmq, tcp, mooncake"):
         kv_transport(ClusterConfig(kv_transport="rdma"), messenger_args())
     zmq_transport = kv_transport(ClusterConfig(), messenger_args())  # the default needs no engine
     assert isinstance(zmq_transport, ZmqTransport)
