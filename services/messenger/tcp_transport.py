@@ -253,7 +253,8 @@ class TcpTransport:
             peer.close()
 
     def send(self, endpoint: str, header: bytes, payload: memoryview | bytes) -> bool:
-        self.connect(endpoint)
+        if endpoint not in self._peers:  # one that broke is opened again at the flush
+            self.connect(endpoint)
         self._outbox.queue(endpoint, self.batches.split_layer(header, payload))
         return True
 

@@ -94,12 +94,16 @@ class Header:
     layer_checksums: list[int]
 
     def pack(self) -> bytes:
+        out = bytearray(_HEAD.size + 8 * self.geometry.layers)
+        self.pack_into(out, 0)
+        return bytes(out)
+
+    def pack_into(self, buffer: bytearray | memoryview, offset: int) -> None:
+        """Written where it goes (a slot's start): the messenger writes one per block it takes in."""
         g = self.geometry
-        head = _HEAD.pack(
-            MAGIC, HEADER_VERSION, g.layers, self.block_hash, self.model, g.dtype.encode(), *g.shape,
-            g.layer_bytes, payload_checksum(self.layer_checksums),
-        )
-        return head + struct.pack(f"<{g.layers}Q", *self.layer_checksums)
+        _HEAD.pack_into(buffer, offset, MAGIC, HEADER_VERSION, g.layers, self.block_hash, self.model,
+                        g.dtype.encode(), *g.shape, g.layer_bytes, payload_checksum(self.layer_checksums))
+        struct.pack_into(f"<{g.layers}Q", buffer, offset + _HEAD.size, *self.layer_checksums)
 
     @staticmethod
     def unpack(data: bytes | memoryview, itemsize: int, layout: str) -> Header:
@@ -195,9 +199,7 @@ class PoolSlots:
         return self.file.view[start : start + self._layer_bytes]
 
     def write_header(self, slot: int, header: Header) -> None:
-        packed = header.pack()
-        start = slot * self._slot_bytes
-        self.file.view[start : start + len(packed)] = packed
+        header.pack_into(self.file.view, slot * self._slot_bytes)
 
     def close(self) -> None:
         self.file.close()

@@ -1,5 +1,5 @@
-"""`yuebing bench transfer`: messenger → messenger throughput over ZeroMQ and over
-Mooncake's Transfer Engine, against the bare engine and memcpy, per block size
+"""`yuebing bench transfer`: messenger → messenger throughput over ZeroMQ, plain TCP
+and Mooncake's Transfer Engine, against the bare engine and memcpy, per block size
 (yuebing/bench/transfer.py)."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sizes-kib", type=positive_int, nargs="+", default=[64, 256, 1024, 4096, 16384],
                    help="block sizes, KiB")
     p.add_argument("--total-mib", type=positive_int, default=256, help="bytes moved per block size, MiB")
+    p.add_argument("--tries", type=positive_int, default=3,
+                   help="turns each transport and the bare engine take per block size, interleaved; each keeps its best")
     p.add_argument("--runs", type=positive_int, default=1,
                    help="whole runs one after the other, each printed, then the verdict per block size")
     add_json_flag(p)
@@ -27,9 +29,9 @@ def run(args: argparse.Namespace) -> int:
 
     runs = []
     for i in range(args.runs):
-        print(f"run {i + 1}/{args.runs}: messenger → messenger over ZeroMQ and Mooncake TE (TCP loopback), "
-              f"{args.total_mib} MiB per block size:")
-        runs.append(transfer.run([k * 1024 for k in args.sizes_kib], args.total_mib << 20))
+        print(f"run {i + 1}/{args.runs}: messenger → messenger over ZeroMQ, TCP and Mooncake TE (TCP loopback), "
+              f"{args.total_mib} MiB per block size, best of {args.tries} interleaved tries:")
+        runs.append(transfer.run([k * 1024 for k in args.sizes_kib], args.total_mib << 20, args.tries))
         print(transfer.table(runs[-1]))
     if args.runs > 1:
         print(transfer.verdict(runs))
