@@ -59,6 +59,7 @@ from shared.private_file import private_dir
 log = structlog.get_logger(__name__)
 TICK_S = 0.25  # how often engines hear that we are alive
 DRAIN_MAX = 256  # layers taken in one go before the other loops get a turn
+DRAIN_S = 0.002  # and at most this long: engines hear of the blocks that are in, heartbeats go out
 # KV events for the Conductor go out joined, at most this often: one NATS message per
 # burst of layers cost the receiving messenger a write and nats-server a wake-up each.
 KV_EVENTS_S = 0.05
@@ -193,15 +194,19 @@ class MessengerService:
         self.messenger.note(note_decoder.decode(body))
 
     async def _transfer_once(self) -> None:
-        """One layer, then those already queued behind it (up to DRAIN_MAX), before the
-        loop flushes the events they made: one wake-up and one event per burst."""
+        """One layer, then those already here behind it (up to DRAIN_MAX, for at most
+        DRAIN_S), before the loop flushes the events they made: one wake-up and one
+        event per burst."""
         transport = self.messenger.node.transport
         self.messenger.received(*await transport.receive())
+        deadline = time.monotonic() + DRAIN_S
         for _ in range(DRAIN_MAX):
             message = transport.receive_nowait()
             if message is None:
                 return
             self.messenger.received(*message)
+            if time.monotonic() > deadline:
+                return
 
     async def _peers_once(self) -> None:
         await self.messenger.node.transport.watch()  # counts and logs a refused peer

@@ -113,10 +113,10 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def keep_receive_buffers() -> None:
-    """ZeroMQ mallocs a buffer per received message. glibc serves big ones with a
-    fresh mmap and unmaps it on free, so every multi-MiB layer paid a page fault
-    per 4 KiB; keeping them on the heap lets the memory be reused warm."""
+def keep_big_buffers() -> None:
+    """A transport allocates a buffer per batch (the sealed one it sends; ZeroMQ's per
+    message received). glibc serves big ones with a fresh mmap and unmaps it on free,
+    so every MiB paid a page fault per 4 KiB; kept on the heap, the memory is reused warm."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc
@@ -455,7 +455,7 @@ class Batches:
 class ZmqTransport:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, advertise_host: str = "",
                  keys: ClusterKeys | None = None, security: KvSecurity = "aes-gcm") -> None:
-        keep_receive_buffers()
+        keep_big_buffers()
         self.authenticated = keys is not None  # None: plaintext, anyone may send (only with --kv-insecure)
         self.keys = keys if security == "curve" else None  # CURVE on the sockets
         self._ctx = zmq.asyncio.Context()
