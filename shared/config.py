@@ -135,14 +135,16 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kv_stream_layers: Annotated[
         bool, Meta(description="send each layer as prefill computes it (off: send a block after its last layer)")
     ] = True
-    # "tcp": the same sealed batches as zmq over plain TCP streams, without ZeroMQ's I/O
-    # thread (services/messenger/tcp_transport.py). "mooncake": Mooncake's Transfer Engine
-    # moves the bytes (TCP, RDMA where the NICs are), ZeroMQ only the sealed notes around
-    # them (services/messenger/mooncake_transport.py).
+    # "tcp": sealed batches over plain TCP streams read and written by the messenger's own
+    # loop (services/messenger/tcp_transport.py), the fastest here (`yuebing bench
+    # transfer`). "zmq": the same batches over ZeroMQ, which also offers CURVE
+    # (--kv-security curve). "mooncake": Mooncake's Transfer Engine moves the bytes (TCP,
+    # RDMA where the NICs are), ZeroMQ only the sealed notes around them
+    # (services/messenger/mooncake_transport.py).
     kv_transport: Annotated[
-        str, Meta(description="how messengers move KV between nodes: zmq (ZeroMQ TCP), tcp (plain TCP streams) "
+        str, Meta(description="how messengers move KV between nodes: tcp (plain TCP streams), zmq (ZeroMQ) "
                   "or mooncake (Transfer Engine)")
-    ] = "zmq"
+    ] = "tcp"
     # Off, every reuse goes through the node pools (what `yuebing bench reuse` measures).
     engine_prefix_caching: Annotated[bool, Meta(description="vLLM's own prefix cache in each engine")] = True
     # --- KV store: pin leases and bounded state (issue 16; services/messenger, services/conductor/index.py) ---

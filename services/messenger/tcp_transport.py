@@ -193,6 +193,7 @@ class Peer:
         self.stream: Outgoing | None = None
         self.tried_at = float("-inf")
         self.task: asyncio.Task[None] | None = None
+        self.unreachable = False
 
     def open(self, room: asyncio.Event, now: float) -> None:
         if (self.stream is not None and not self.stream.closed) or (self.task is not None and not self.task.done()):
@@ -212,8 +213,12 @@ class Peer:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
                 _, self.stream = await asyncio.get_running_loop().create_connection(
                     lambda: Outgoing(room), host, port)
+            self.unreachable = False
         except (OSError, TimeoutError) as e:
-            log.warning("kv peer unreachable", endpoint=self.endpoint, error=str(e) or type(e).__name__)
+            if not self.unreachable:  # once, not at every retry
+                log.warning("kv peer unreachable: its layers wait, then drop", endpoint=self.endpoint,
+                            error=str(e) or type(e).__name__)
+            self.unreachable = True
             room.set()  # its layers wait, and drop after WAIT_MAX_S
 
     def close(self) -> None:

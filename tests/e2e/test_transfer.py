@@ -47,6 +47,11 @@ def complete_with_id(client, ids: list[int]) -> tuple[list[int], dict, str]:
 LENGTHS = [60, 300, 2 * BLOCK, 1000]
 
 
+def test_the_messengers_run_plain_tcp_by_default(cluster):
+    for node in ("0", "1"):
+        assert '"kv_transport": "tcp"' in cluster.log(f"messenger-{node}")
+
+
 def test_decode_loads_prefill_kv_and_matches_plain_vllm(cluster, client, reference):
     before = messenger(cluster, "node-1")
     prompts = [prompt(n, seed=n) for n in LENGTHS]

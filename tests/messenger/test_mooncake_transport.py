@@ -24,6 +24,7 @@ from services.messenger.mooncake_transport import (
     Writer,
     load_engine,
 )
+from services.messenger.tcp_transport import TcpTransport
 from services.messenger.transport import ZmqTransport
 from shared.config import ClusterConfig
 from shared.kv.keys import generate_keys
@@ -154,7 +155,10 @@ def test_a_messenger_asked_for_an_engine_that_cannot_load_stops_saying_why(monke
         kv_transport(ClusterConfig(kv_transport="mooncake"), messenger_args())
     with pytest.raises(SystemExit, match="kv_transport must be one of zmq, tcp, mooncake"):
         kv_transport(ClusterConfig(kv_transport="rdma"), messenger_args())
-    zmq_transport = kv_transport(ClusterConfig(), messenger_args())  # the default needs no engine
+    default = kv_transport(ClusterConfig(), messenger_args())  # needs no engine
+    assert isinstance(default, TcpTransport)
+    default.close()
+    zmq_transport = kv_transport(ClusterConfig(kv_transport="zmq"), messenger_args())
     assert isinstance(zmq_transport, ZmqTransport)
     zmq_transport.close()
 
