@@ -59,6 +59,7 @@ SOCKET_BYTES = 4 << 20  # kernel buffers each way: a few batches in flight
 RECONNECT_S = 0.1  # a peer we could not reach is tried again after this long
 CONNECT_TIMEOUT_S = 5.0
 CONNECTIONS_MAX = 1024  # streams in from peers at once; more are refused
+STALL_S = 10.0  # a stream silent this long before its first batch, or inside one, is closed
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -82,9 +83,11 @@ class Incoming:
     stream's own: its prefix, its index and seal, then (once those are checked) its
     payloads, which stay valid until the next batch is read."""
 
-    def __init__(self, sock: socket.socket, rejections: Rejections, batches: Batches) -> None:
+    def __init__(self, sock: socket.socket, rejections: Rejections, batches: Batches, now: float) -> None:
         self.sock = sock
         self.closed = False
+        self.trusted = False  # a batch of ours came in whole: the peer holds the cluster's key
+        self.progress_at = now  # when it last sent bytes, or connected
         self._rejections, self._batches = rejections, batches
         self._payloads = Scratch()
         self._prefix = memoryview(bytearray(PREFIX.size))
@@ -107,9 +110,18 @@ class Incoming:
                 self.close()
                 break
             self._got += n
+            self.progress_at = time.monotonic()
             if self._got == len(self._buffer) and (batch := self._then()) is not None:
+                self.trusted = True
                 return batch
         return None
+
+    def stalled(self, now: float) -> bool:
+        """Silent for STALL_S before its first batch, or in the middle of one: a peer
+        that is not sending batches (a port scan, a stuck or hostile client) holds a
+        stream only that long."""
+        between = self._got == 0 and self._buffer is self._prefix
+        return (not self.trusted or not between) and now - self.progress_at > STALL_S
 
     def _prefixed(self) -> None:
         magic, index, seal, payload = PREFIX.unpack(self._prefix)
@@ -239,6 +251,7 @@ class TcpTransport:
         self.rejections = Rejections(self.endpoint)
         self.batches = Batches(Sealer(keys) if keys is not None else None, self.rejections)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the streams in are watched on
+        self._reaper: asyncio.TimerHandle | None = None
         self._incoming: dict[int, Incoming] = {}  # by descriptor
         self._readable: collections.deque[Incoming] = collections.deque()  # streams with data to read, maybe
         self._arrived = asyncio.Event()
@@ -315,6 +328,20 @@ class TcpTransport:
             self._loop = asyncio.get_running_loop()
             self._listener.setblocking(False)
             self._loop.add_reader(self._listener.fileno(), self._accept)
+            self._reaper = self._loop.call_later(STALL_S / 2, self._reap)
+
+    def _reap(self) -> None:
+        """Close the streams in that stalled (see `Incoming.stalled`), counted as refused."""
+        assert self._loop is not None
+        now = time.monotonic()
+        for fd, stream in list(self._incoming.items()):
+            if stream.stalled(now):
+                self._loop.remove_reader(fd)
+                stream.refuse(f"a stream silent for {STALL_S:.0f} s before or inside a batch")
+                del self._incoming[fd]
+                if stream in self._readable:
+                    self._readable.remove(stream)
+        self._reaper = self._loop.call_later(STALL_S / 2, self._reap)
 
     def _accept(self) -> None:
         while True:
@@ -330,7 +357,7 @@ class TcpTransport:
                 sock.close()
                 continue
             sock.setblocking(False)
-            stream = Incoming(sock, self.rejections, self.batches)
+            stream = Incoming(sock, self.rejections, self.batches, time.monotonic())
             self._incoming[sock.fileno()] = stream
             self._readable.append(stream)  # it may have sent already
             self._arrived.set()
@@ -386,4 +413,6 @@ class TcpTransport:
             stream.close()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._listener.fileno())
+        if self._reaper is not None:
+            self._reaper.cancel()
         self._listener.close()

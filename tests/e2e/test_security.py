@@ -18,7 +18,8 @@ from shared import bus
 from shared.identity import load_credentials
 from shared.messages import SCHEDULE, messenger_faults_subject, prefill_subject
 from tests.e2e.ops import eventually, latest_heartbeat, messenger
-from tests.messenger.test_transport import INTRUDERS, block_frames
+from tests.messenger.test_tcp_transport import INTRUDERS
+from tests.messenger.test_transport import block_frames
 
 pytestmark = pytest.mark.e2e
 
@@ -99,8 +100,8 @@ def test_a_kv_peer_without_the_cluster_key_cannot_put_a_block_into_a_pool(cluste
     # in plaintext, and sealed with another cluster's key.
     endpoint = latest_heartbeat(cluster, "messenger-1").endpoint
     before, rejected = messenger(cluster, "node-1"), _rejected(cluster, 1)
-    closes = [INTRUDERS["plaintext"](endpoint, block_frames(tmp_path, 5), "aes-gcm"),
-              INTRUDERS["another cluster's key"](endpoint, block_frames(tmp_path, 6), "aes-gcm")]
+    closes = [INTRUDERS["plaintext"](endpoint, block_frames(tmp_path, 5)),
+              INTRUDERS["another cluster's key"](endpoint, block_frames(tmp_path, 6))]
     try:
         eventually(lambda: _rejected(cluster, 1), lambda n: n >= rejected + 2, "both intruders refused")
     finally:

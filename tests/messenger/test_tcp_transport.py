@@ -10,17 +10,19 @@ import argparse
 import asyncio
 import contextlib
 import os
+import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from services.messenger import tcp_transport
 from services.messenger import transport as transport_module
 from services.messenger.app import kv_transport
 from services.messenger.messenger import Messenger
 from services.messenger.node_pool import PoolOptions
 from services.messenger.tcp_transport import INDEX_MAX, MAGIC, PREFIX, TcpTransport, parse_endpoint
-from services.messenger.transport import BATCH_BYTES
+from services.messenger.transport import BATCH_BYTES, encode_index
 from shared.config import ClusterConfig
 from shared.kv.keys import ClusterKeys
 from shared.kv.pool_file import Geometry, checksum
@@ -80,6 +82,27 @@ def on_the_wire(batch: list[bytes]) -> bytes:
     return PREFIX.pack(MAGIC, len(index), len(seal), len(payload)) + index + seal + payload
 
 
+def intrude(endpoint: str, data: bytes) -> Callable[[], None]:
+    """A bare TCP client (blocking) that wrote `data`; returns its close."""
+    sock = socket.create_connection(parse_endpoint(endpoint), timeout=5)
+    sock.sendall(data)
+    return sock.close
+
+
+def plaintext(frames: Frames) -> bytes:
+    """`frames` as one batch of an insecure (--kv-insecure) messenger: no seal."""
+    index = encode_index([(header, b"", len(payload), 0) for header, payload in frames])
+    payload = b"".join(payload for _, payload in frames)
+    return PREFIX.pack(MAGIC, len(index), 0, len(payload)) + index + payload
+
+
+# Well-formed batches (right layout, right checksums) from outside the cluster.
+INTRUDERS: dict[str, Callable[[str, Frames], Callable[[], None]]] = {
+    "plaintext": lambda endpoint, frames: intrude(endpoint, plaintext(frames)),
+    "another cluster's key": lambda endpoint, frames: intrude(endpoint, on_the_wire(sealed(frames, OTHER))),
+}
+
+
 async def hung_up(reader: asyncio.StreamReader) -> bool:
     """Whether the messenger closed the stream (a reset, when it left bytes unread)."""
     async with asyncio.timeout(10):
@@ -103,12 +126,14 @@ async def test_a_member_puts_a_block_into_the_pool(tmp_path, keys):
         assert bytes(pool(b).slots.layer(pool(b).blocks.get(h(1)).index, 2)) == bytes([1]) * GEOMETRY.layer_bytes
 
 
-async def test_another_clusters_batches_are_refused_and_their_stream_closed(tmp_path):
+@pytest.mark.parametrize("intruder", INTRUDERS)
+async def test_a_peer_without_the_cluster_key_is_refused_and_its_stream_closed(tmp_path, intruder):
     async with receiver(tmp_path, KEYS) as b:
         endpoint = b.node.transport.endpoint
-        async with raw(endpoint, on_the_wire(sealed(block_frames(tmp_path, 2), OTHER))) as intruder:
-            assert await hung_up(intruder)
-        assert b.security().kv_peers_rejected == 1 and not holds(b, 2)
+        close = INTRUDERS[intruder](endpoint, block_frames(tmp_path, 2))
+        await eventually("the intruder refused", lambda: b.security().kv_peers_rejected == 1)
+        close()
+        assert not holds(b, 2) and not b.node.transport._incoming  # its stream closed
         sender = TcpTransport(keys=KEYS)  # a member still gets through
         try:
             await send_all(sender, endpoint, block_frames(tmp_path, 3))
@@ -229,6 +254,25 @@ async def test_a_layer_bigger_than_a_batch_goes_in_pieces_put_together_in_its_sl
         sender.close()
         transport.close()
         b.close()
+
+
+async def test_streams_that_stall_are_closed_and_an_idle_member_is_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(tcp_transport, "STALL_S", 0.2)
+    async with receiver(tmp_path, KEYS) as b:
+        endpoint = b.node.transport.endpoint
+        member = TcpTransport(keys=KEYS)
+        try:
+            await send_all(member, endpoint, block_frames(tmp_path, 1))  # then idle, between batches
+            await eventually("block 1 arrives", lambda: holds(b, 1))
+            silent = intrude(endpoint, b"")  # connects, never sends
+            greeting = intrude(endpoint, b"\xff" + bytes(8) + b"\x7f")  # a ZeroMQ peer's greeting, then waiting
+            await eventually("both stalled streams closed", lambda: b.security().kv_peers_rejected == 2)
+            silent()
+            greeting()
+            await asyncio.sleep(0.3)  # longer than STALL_S: the idle member's stream must outlive it
+            assert len(b.node.transport._incoming) == 1 and not member._peers[endpoint].stream.closed
+        finally:
+            member.close()
 
 
 @pytest.mark.parametrize("endpoint", ["tcp://h:1", "tcp://10.0.0.1:65535", "tcp://[::1]:5555"])
