@@ -111,8 +111,8 @@ class LocalSockets:
         self.control = self._bind(zmq.ROUTER, control_endpoint(kv_dir, node))
         self.written = self._bind(zmq.PULL, written_endpoint(kv_dir, node))
         self.events = self._bind(zmq.PUB, events_endpoint(kv_dir, node))
-        # The same socket without futures: a PUB send never blocks, and the awaited one
-        # cost several times the send itself, once per burst of layers.
+        # The same socket without futures: a PUB send never blocks, so it needs no
+        # future and no trip through the loop, once per burst of layers.
         self.events_now = zmq.Socket.shadow(self.events.underlying)
 
     def _bind(self, kind: int, endpoint: str) -> zmq.asyncio.Socket:

@@ -88,7 +88,7 @@ def model_id(name: str) -> int:
 
 class Header(NamedTuple):
     """A slot's header. A named tuple: the messenger builds one per block it takes in,
-    and it builds in half the time of a frozen dataclass (0.45 against 1.03 us)."""
+    and it is cheaper to build than a frozen dataclass."""
 
     block_hash: bytes
     model: int
