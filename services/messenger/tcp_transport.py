@@ -80,14 +80,14 @@ class Incoming:
     asks for layers rather than by an event-loop callback: a burst of layers can take
     batch after batch with no trip through the loop between them (a trip per batch
     left the receiver waiting on its own loop, with the next batch already in the
-    kernel). A batch is read into buffers of the
-    stream's own: its prefix, its index and seal, then (once those are checked) its
-    payloads, which stay valid until the next batch is read."""
+    kernel). A batch is read into buffers of the stream's own: its prefix, its index
+    and seal, then (once those are checked) its payloads, which stay valid until the
+    next batch is read. A stream's first batch is its sender's hello: no layers."""
 
     def __init__(self, sock: socket.socket, rejections: Rejections, batches: Batches, now: float) -> None:
         self.sock = sock
         self.closed = False
-        self.trusted = False  # a batch of ours came in whole: the peer holds the cluster's key
+        self.trusted = False  # a batch came in whole (sealed: the peer holds the cluster's key)
         self.progress_at = now  # when it last sent bytes, or connected
         self._rejections, self._batches = rejections, batches
         self._payloads = Scratch()
@@ -126,24 +126,28 @@ class Incoming:
 
     def _prefixed(self) -> None:
         magic, index, seal, payload = PREFIX.unpack(self._prefix)
-        if magic != MAGIC or not 0 < index <= INDEX_MAX or seal > SEAL_MAX or not 0 < payload <= PAYLOAD_MAX:
+        if magic != MAGIC or not 0 < index <= INDEX_MAX or seal > SEAL_MAX or not 0 <= payload <= PAYLOAD_MAX:
             self.refuse("a stream that is not batches of layers")
             return
         self._sizes = (index, payload)
         self._start(memoryview(bytearray(index + seal)), self._indexed)
 
-    def _indexed(self) -> None:
+    def _indexed(self) -> Batch | None:
         index_bytes, payload_bytes = self._sizes
         head = bytes(self._buffer)
         entries = self._batches.entries(head[:index_bytes], head[index_bytes:])
         if entries is None:  # counted there
             self.close()
-            return
+            return None
         if sum(size for _, _, size, _ in entries) != payload_bytes:
             self.refuse("a batch whose sizes do not add up")
-            return
+            return None
         self._entries = entries
+        if not payload_bytes:  # a hello: no layers, nothing more to read
+            self._start(self._prefix, self._prefixed)
+            return entries, []
         self._start(self._payloads.take(payload_bytes), self._complete)
+        return None
 
     def _complete(self) -> Batch:
         batch = self._entries, split(self._buffer, [size for _, _, size, _ in self._entries])
@@ -208,7 +212,7 @@ class Peer:
         self.task: asyncio.Task[None] | None = None
         self.unreachable = False
 
-    def open(self, room: asyncio.Event, now: float) -> None:
+    def open(self, room: asyncio.Event, hello: Callable[[], bytes], now: float) -> None:
         if (self.stream is not None and not self.stream.closed) or (self.task is not None and not self.task.done()):
             return
         if now - self.tried_at < RECONNECT_S:
@@ -218,14 +222,15 @@ class Peer:
         except RuntimeError:  # outside a loop (tests): opened at the next flush inside one
             return
         self.tried_at = now
-        self.task = loop.create_task(self._connect(room), name=f"kv-connect {self.endpoint}")
+        self.task = loop.create_task(self._connect(room, hello), name=f"kv-connect {self.endpoint}")
 
-    async def _connect(self, room: asyncio.Event) -> None:
+    async def _connect(self, room: asyncio.Event, hello: Callable[[], bytes]) -> None:
         host, port = parse_endpoint(self.endpoint)
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                _, self.stream = await asyncio.get_running_loop().create_connection(
+                transport, self.stream = await asyncio.get_running_loop().create_connection(
                     lambda: Outgoing(room), host, port)
+            transport.write(hello())  # proves the stream ours before it carries anything, see STALL_S
             self.unreachable = False
         except (OSError, TimeoutError) as e:
             if not self.unreachable:  # once, not at every retry
@@ -276,7 +281,7 @@ class TcpTransport:
         if peer is None:
             parse_endpoint(endpoint)  # a malformed one fails here, not on the loop
             peer = self._peers[endpoint] = Peer(endpoint)
-        peer.open(self._outbox.room, time.monotonic())
+        peer.open(self._outbox.room, self._hello, time.monotonic())
 
     def disconnect(self, endpoint: str) -> None:
         self._outbox.forget(endpoint)
@@ -297,7 +302,7 @@ class TcpTransport:
         for endpoint in self._outbox.peers():
             peer = self._peers.get(endpoint)
             if peer is not None:
-                peer.open(self._outbox.room, now)  # again, if it broke
+                peer.open(self._outbox.room, self._hello, now)  # again, if it broke
             stream = peer.stream if peer is not None else None
             gone, _ = self._outbox.pump(endpoint, now, lambda: stream is not None and stream.has_room,
                                         None if peer is None else lambda batch: self._send_batch(stream, batch))
@@ -313,11 +318,18 @@ class TcpTransport:
         else:
             index, seal = encode_index([(h, b"", len(p), start) for h, p, start in batch]), b""
             payloads = [p for _, p, _ in batch]
-        total = sum(len(p) for p in payloads)
-        stream.transport.write(PREFIX.pack(MAGIC, len(index), len(seal), total) + index + seal)
-        for payload in payloads:
-            stream.transport.write(payload)
+        stream.transport.writelines([self._batch_bytes(index, seal, sum(len(p) for p in payloads)), *payloads])
         return True
+
+    def _hello(self) -> bytes:
+        """A batch of no layers (sealed, with a nonce of its own): what a stream sends first."""
+        return self._batch_bytes(encode_index([]), b"")
+
+    def _batch_bytes(self, index: bytes, seal: bytes, payload_bytes: int = 0) -> bytes:
+        """A batch's prefix, index and seal (`seal` b"": seal `index` here)."""
+        if not seal and self.batches.sealer is not None:
+            seal = self.batches.sealer.seal_index(index)
+        return PREFIX.pack(MAGIC, len(index), len(seal), payload_bytes) + index + seal
 
     async def backlog(self) -> None:
         await self._outbox.backlog()

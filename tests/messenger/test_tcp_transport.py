@@ -21,7 +21,7 @@ from services.messenger import transport as transport_module
 from services.messenger.app import kv_transport
 from services.messenger.messenger import Messenger
 from services.messenger.node_pool import PoolOptions
-from services.messenger.tcp_transport import INDEX_MAX, MAGIC, PREFIX, TcpTransport, parse_endpoint
+from services.messenger.tcp_transport import INDEX_MAX, MAGIC, PREFIX, SEAL_MAX, TcpTransport, parse_endpoint
 from services.messenger.transport import BATCH_BYTES, encode_index
 from shared.config import ClusterConfig
 from shared.kv.keys import ClusterKeys
@@ -146,7 +146,7 @@ async def test_a_peer_without_the_cluster_key_is_refused_and_its_stream_closed(t
 BAD_PREFIXES = {
     "not a batch": b"GET / HTTP/1.1\r\n\r\n    ",
     "an index too big": PREFIX.pack(MAGIC, INDEX_MAX + 1, 28, 100),
-    "a payload of nothing": PREFIX.pack(MAGIC, 10, 28, 0),
+    "a seal too big": PREFIX.pack(MAGIC, 10, SEAL_MAX + 1, 100),
 }
 
 
@@ -271,6 +271,21 @@ async def test_streams_that_stall_are_closed_and_an_idle_member_is_not(tmp_path,
             greeting()
             await asyncio.sleep(0.3)  # longer than STALL_S: the idle member's stream must outlive it
             assert len(b.node.transport._incoming) == 1 and not member._peers[endpoint].stream.closed
+        finally:
+            member.close()
+
+
+async def test_a_member_that_connects_early_and_sends_nothing_keeps_its_stream(tmp_path, monkeypatch):
+    # Messengers open their streams when they first hear of a peer; its hello (a sealed
+    # batch of no layers) proves the stream a member's before any layer goes.
+    monkeypatch.setattr(tcp_transport, "STALL_S", 0.2)
+    async with receiver(tmp_path, KEYS) as b:
+        member = TcpTransport(keys=KEYS)
+        try:
+            member.connect(b.node.transport.endpoint)
+            await eventually("its stream in", lambda: len(b.node.transport._incoming) == 1)
+            await asyncio.sleep(0.5)  # past STALL_S, twice over
+            assert len(b.node.transport._incoming) == 1 and b.security().kv_peers_rejected == 0
         finally:
             member.close()
 
