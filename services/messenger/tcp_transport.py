@@ -254,8 +254,8 @@ class TcpTransport:
         self._listener = socket.create_server((host, port), backlog=128)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BYTES)  # accepted streams inherit it
         self.endpoint = f"tcp://{advertise_host or host}:{self._listener.getsockname()[1]}"
-        self.rejections = Rejections(self.endpoint)
-        self.batches = Batches(Sealer(keys) if keys is not None else None, self.rejections)
+        self._reject = Rejections(self.endpoint)
+        self._batches = Batches(Sealer(keys) if keys is not None else None, self._reject)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the streams in are watched on
         self._reaper: asyncio.TimerHandle | None = None
         self._incoming: dict[int, Incoming] = {}  # by descriptor
@@ -266,14 +266,14 @@ class TcpTransport:
 
     @property
     def rejected(self) -> int:
-        return self.rejections.count
+        return self._reject.count
 
     @property
     def waiting(self) -> int:
         return self._outbox.waiting
 
     def attach(self, region: memoryview, place: Callable[[bytes], memoryview | None]) -> None:
-        self.batches.place = place
+        self._batches.place = place
 
     # --- sending ---------------------------------------------------------------------
     def connect(self, endpoint: str) -> None:
@@ -292,7 +292,7 @@ class TcpTransport:
     def send(self, endpoint: str, header: bytes, payload: memoryview | bytes) -> bool:
         if endpoint not in self._peers:  # one that broke is opened again at the flush
             self.connect(endpoint)
-        self._outbox.queue(endpoint, self.batches.split_layer(header, payload))
+        self._outbox.queue(endpoint, self._batches.split_layer(header, payload))
         return True
 
     def flush(self) -> tuple[int, int]:
@@ -312,8 +312,8 @@ class TcpTransport:
     def _send_batch(self, stream: Outgoing | None, batch: list[Layer]) -> bool:
         if stream is None or stream.transport is None:
             return False
-        if self.batches.sealer is not None:
-            index, seal, sealed = self.batches.seal(batch)
+        if self._batches.sealer is not None:
+            index, seal, sealed = self._batches.seal(batch)
             payloads: list[memoryview | bytes] = [sealed]
         else:
             index, seal = encode_index([(h, b"", len(p), start) for h, p, start in batch]), b""
@@ -327,8 +327,8 @@ class TcpTransport:
 
     def _batch_bytes(self, index: bytes, seal: bytes, payload_bytes: int = 0) -> bytes:
         """A batch's prefix, index and seal (`seal` b"": seal `index` here)."""
-        if not seal and self.batches.sealer is not None:
-            seal = self.batches.sealer.seal_index(index)
+        if not seal and self._batches.sealer is not None:
+            seal = self._batches.sealer.seal_index(index)
         return PREFIX.pack(MAGIC, len(index), len(seal), payload_bytes) + index + seal
 
     async def backlog(self) -> None:
@@ -366,11 +366,11 @@ class TcpTransport:
                 log.warning("kv stream not accepted", error=str(e))
                 return
             if len(self._incoming) >= CONNECTIONS_MAX:
-                self.rejections(f"more than {CONNECTIONS_MAX} streams in at once")
+                self._reject(f"more than {CONNECTIONS_MAX} streams in at once")
                 sock.close()
                 continue
             sock.setblocking(False)
-            stream = Incoming(sock, self.rejections, self.batches, time.monotonic())
+            stream = Incoming(sock, self._reject, self._batches, time.monotonic())
             self._incoming[sock.fileno()] = stream
             self._readable.append(stream)  # it may have sent already
             self._arrived.set()
@@ -392,7 +392,7 @@ class TcpTransport:
     def receive_nowait(self) -> tuple[bytes, memoryview | None] | None:
         """The next layer; when every batch read is taken, the next batch from a stream
         with data (the one before it is taken: its buffer can be read into again)."""
-        while (layer := self.batches.next()) is None:
+        while (layer := self._batches.next()) is None:
             if not self._readable:
                 return None
             stream = self._readable[0]
@@ -402,7 +402,7 @@ class TcpTransport:
                 self._drained(stream)
             else:
                 self._readable.rotate(-1)  # the others' turn next
-                self.batches.add(*batch)
+                self._batches.add(*batch)
         return layer
 
     def _drained(self, stream: Incoming) -> None:

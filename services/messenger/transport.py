@@ -1,6 +1,8 @@
 """Moving block layers between messengers. `Transport` is the interface the messenger
-uses; `ZmqTransport` implements it over ZeroMQ TCP, `MooncakeTransport`
-(mooncake_transport.py) with Mooncake's Transfer Engine (TCP or RDMA).
+uses; `ZmqTransport` implements it over ZeroMQ TCP, `TcpTransport` (tcp_transport.py,
+the default) over plain TCP streams, `MooncakeTransport` (mooncake_transport.py) with
+Mooncake's Transfer Engine (TCP or RDMA). `Batches` and `Outbox` are what the first
+two share: the sealed batches, and the layers waiting for a peer's room.
 
 Sends never block the messenger's event loop. A peer's layers go out in batches of
 about a MiB, one ZeroMQ message each, while ZeroMQ has room for that peer (a few

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -36,6 +36,16 @@ class Cluster(Protocol):
 
     @property
     def api(self) -> str: ...
+
+
+def cluster_over(launcher, folder: Path, transport: str) -> Iterator:  # -> Cluster
+    """A 2-node cluster of its own moving KV over `transport`, fault injection on: for
+    a module fixture that runs the KV-transfer tests again over another transport."""
+    started = launcher(folder, "--nodes", "2", "--kv-transport", transport, "--fault-injection")
+    try:
+        yield started.wait()
+    finally:
+        started.stop()
 
 
 def openai_client(cluster: Cluster):  # -> openai.OpenAI

@@ -3,6 +3,9 @@ replaced by a list of what was sent, and a prefill worker's writes played by han
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,3 +96,24 @@ def deliver(src: Messenger, dst: Messenger) -> None:
     for _, header, payload in sent(src):
         dst.received(header, memoryview(payload))
     sent(src).clear()
+
+
+@contextlib.asynccontextmanager
+async def receiving(m: Messenger) -> AsyncIterator[Messenger]:
+    """`m` with its transfers loop running, as the messenger's app runs it (a layer in,
+    then what it queued goes out); its transport and `m` closed after."""
+    transport = m.node.transport
+
+    async def transfers() -> None:
+        while True:
+            m.received(*await transport.receive())
+            m.node.flush()
+
+    task = asyncio.create_task(transfers())
+    try:
+        yield m
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        transport.close()
+        m.close()

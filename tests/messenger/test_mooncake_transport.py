@@ -6,7 +6,6 @@ themselves run without the engine."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -30,7 +29,7 @@ from shared.config import ClusterConfig
 from shared.kv.keys import generate_keys
 from shared.kv.pool_file import checksum
 from shared.kv.wire import LayerFrame, Pin, Reserve, control_encoder
-from tests.messenger.nodes import GEOMETRY, h, pool, start, write_layer
+from tests.messenger.nodes import GEOMETRY, h, pool, receiving, start, write_layer
 from tests.messenger.test_transport import eventually, holds
 
 KEYS = generate_keys()
@@ -81,21 +80,8 @@ def test_layers_written_in_place_make_a_block_ready_without_a_copy(tmp_path):
 async def node(tmp_path, name: str, **kw) -> AsyncIterator[Messenger]:
     """A messenger on a real MooncakeTransport (notes sealed with KEYS), its transfer loop running."""
     transport = MooncakeTransport(ZmqTransport(keys=KEYS), "127.0.0.1", "tcp")
-    m = start(tmp_path / name, name, slots=4, transport=transport, **kw)
-
-    async def transfers() -> None:  # as the messenger's loop runs: a layer, then what it queued goes
-        while True:
-            m.received(*await transport.receive())
-            m.node.flush()
-
-    task = asyncio.create_task(transfers())
-    try:
+    async with receiving(start(tmp_path / name, name, slots=4, transport=transport, **kw)) as m:
         yield m
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        transport.close()
-        m.close()
 
 
 @needs_engine

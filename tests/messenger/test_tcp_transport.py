@@ -9,59 +9,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import socket
-import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from services.messenger import tcp_transport
 from services.messenger import transport as transport_module
 from services.messenger.app import kv_transport
 from services.messenger.messenger import Messenger
-from services.messenger.node_pool import PoolOptions
 from services.messenger.tcp_transport import INDEX_MAX, MAGIC, PREFIX, SEAL_MAX, TcpTransport, parse_endpoint
-from services.messenger.transport import BATCH_BYTES, encode_index
+from services.messenger.transport import encode_index
 from shared.config import ClusterConfig
 from shared.kv.keys import ClusterKeys
-from shared.kv.pool_file import Geometry, checksum
-from shared.kv.wire import Hello, LayerFrame, control_encoder
-from tests.messenger.nodes import GEOMETRY, h, pool, start
-from tests.messenger.test_transport import KEYS, OTHER, Frames, block_frames, eventually, flip, holds, sealed
+from tests.messenger.nodes import GEOMETRY, h, pool, receiving, start
+from tests.messenger.test_transport import KEYS, OTHER, Frames, block_frames, drain, eventually, flip, holds, sealed
 from yuebing.process import free_port
 
 
 @contextlib.asynccontextmanager
 async def receiver(tmp_path, keys: ClusterKeys | None, port: int = 0) -> AsyncIterator[Messenger]:
     """Node b's messenger on a TcpTransport, its transfers loop running."""
-    transport = TcpTransport(port=port, keys=keys)
-    m = start(tmp_path / "b", "b", slots=4, transport=transport)
-
-    async def transfers() -> None:
-        while True:
-            m.received(*await transport.receive())
-
-    task = asyncio.create_task(transfers())
-    try:
+    async with receiving(start(tmp_path / "b", "b", slots=4, transport=TcpTransport(port=port, keys=keys))) as m:
         yield m
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        transport.close()
-        m.close()
 
 
-async def send_all(sender: TcpTransport, endpoint: str, frames: Frames, timeout_s: float = 10.0) -> None:
+async def send_all(sender: TcpTransport, endpoint: str, frames: Frames) -> None:
     """Queue `frames` for `endpoint` and flush until none waits, as the messenger's loops do."""
     for header, payload in frames:
         assert sender.send(endpoint, header, payload)
-    deadline = time.monotonic() + timeout_s
-    assert sender.flush() == (0, 0)
-    while sender.waiting:
-        assert time.monotonic() < deadline, f"{sender.waiting} layers still waiting"
-        await sender.backlog()
-        assert sender.flush() == (0, 0)
+    await drain(sender)
 
 
 @contextlib.asynccontextmanager
@@ -221,73 +197,6 @@ async def test_layers_that_wait_too_long_are_dropped_and_reported(tmp_path, monk
         assert sender.flush() == (len(frames), sum(len(p) for _, p in frames)) and sender.waiting == 0
     finally:
         sender.close()
-
-
-BIG = Geometry(layers=2, shape=(1, 1, BATCH_BYTES * 5 // 2), dtype="uint8", itemsize=1, layout="x")
-
-
-async def test_a_layer_bigger_than_a_batch_goes_in_pieces_put_together_in_its_slot(tmp_path):
-    transport = TcpTransport(keys=KEYS)
-    b = Messenger("b", str(tmp_path / "kv"), PoolOptions(pool_bytes=2 * BIG.slot_bytes), transport)
-    assert b.control(Hello(geometry=BIG, model="m")).ok
-
-    async def transfers() -> None:
-        while True:
-            b.received(*await transport.receive())
-
-    task = asyncio.create_task(transfers())
-    sender = TcpTransport(keys=KEYS)
-    sender.attach(memoryview(bytearray(1)), lambda header: None)  # a messenger's: it cuts big layers
-    try:
-        payloads = [os.urandom(BIG.layer_bytes) for _ in range(BIG.layers)]
-        frames = [(control_encoder.encode(LayerFrame(block_hash=h(9), layer=layer, checksum=checksum(payload),
-                                                     geometry=BIG, model="m")), payload)
-                  for layer, payload in enumerate(payloads)]
-        await send_all(sender, transport.endpoint, frames)
-        await eventually("block 9 put together", lambda: holds(b, 9))
-        slot = pool(b).blocks.get(h(9)).index
-        assert [bytes(pool(b).slots.layer(slot, layer)) for layer in range(BIG.layers)] == payloads
-        assert b.stats().layers_in == BIG.layers and b.security().kv_peers_rejected == 0
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        sender.close()
-        transport.close()
-        b.close()
-
-
-async def test_streams_that_stall_are_closed_and_an_idle_member_is_not(tmp_path, monkeypatch):
-    monkeypatch.setattr(tcp_transport, "STALL_S", 0.2)
-    async with receiver(tmp_path, KEYS) as b:
-        endpoint = b.node.transport.endpoint
-        member = TcpTransport(keys=KEYS)
-        try:
-            await send_all(member, endpoint, block_frames(tmp_path, 1))  # then idle, between batches
-            await eventually("block 1 arrives", lambda: holds(b, 1))
-            silent = intrude(endpoint, b"")  # connects, never sends
-            greeting = intrude(endpoint, b"\xff" + bytes(8) + b"\x7f")  # a ZeroMQ peer's greeting, then waiting
-            await eventually("both stalled streams closed", lambda: b.security().kv_peers_rejected == 2)
-            silent()
-            greeting()
-            await asyncio.sleep(0.3)  # longer than STALL_S: the idle member's stream must outlive it
-            assert len(b.node.transport._incoming) == 1 and not member._peers[endpoint].stream.closed
-        finally:
-            member.close()
-
-
-async def test_a_member_that_connects_early_and_sends_nothing_keeps_its_stream(tmp_path, monkeypatch):
-    # Messengers open their streams when they first hear of a peer; its hello (a sealed
-    # batch of no layers) proves the stream a member's before any layer goes.
-    monkeypatch.setattr(tcp_transport, "STALL_S", 0.2)
-    async with receiver(tmp_path, KEYS) as b:
-        member = TcpTransport(keys=KEYS)
-        try:
-            member.connect(b.node.transport.endpoint)
-            await eventually("its stream in", lambda: len(b.node.transport._incoming) == 1)
-            await asyncio.sleep(0.5)  # past STALL_S, twice over
-            assert len(b.node.transport._incoming) == 1 and b.security().kv_peers_rejected == 0
-        finally:
-            member.close()
 
 
 @pytest.mark.parametrize("endpoint", ["tcp://h:1", "tcp://10.0.0.1:65535", "tcp://[::1]:5555"])

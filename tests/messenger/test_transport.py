@@ -17,6 +17,7 @@ import zmq
 from services.messenger import transport as transport_module
 from services.messenger.messenger import Messenger
 from services.messenger.node_pool import PoolOptions
+from services.messenger.tcp_transport import TcpTransport
 from services.messenger.transport import (
     BATCH_BYTES,
     KV_SECURITY,
@@ -24,13 +25,14 @@ from services.messenger.transport import (
     Batches,
     KvSecurity,
     Sealer,
+    Transport,
     ZmqTransport,
     encode_index,
 )
 from shared.kv.keys import ClusterKeys, generate_keys
 from shared.kv.pool_file import Geometry, checksum
 from shared.kv.wire import Hello, LayerFrame, control_encoder
-from tests.messenger.nodes import GEOMETRY, h, pool, sent, start, store
+from tests.messenger.nodes import GEOMETRY, h, pool, receiving, sent, start, store
 from tests.messenger.test_metrics import page
 from yuebing.process import free_port
 
@@ -244,7 +246,7 @@ def test_layers_that_wait_too_long_for_their_peer_are_dropped_and_reported(monke
         sender.close()
 
 
-async def drain(sender: ZmqTransport, timeout_s: float = 10.0) -> None:
+async def drain(sender: Transport, timeout_s: float = 10.0) -> None:
     """Flush until nothing waits for the peer's room, as the messenger's backlog loop does."""
     assert sender.flush() == (0, 0)
     deadline = time.monotonic() + timeout_s
@@ -257,33 +259,30 @@ async def drain(sender: ZmqTransport, timeout_s: float = 10.0) -> None:
 BIG = Geometry(layers=2, shape=(1, 1, BATCH_BYTES * 5 // 2), dtype="uint8", itemsize=1, layout="x")
 
 
-async def test_a_layer_bigger_than_a_batch_goes_in_pieces_put_together_in_its_slot(tmp_path):
-    transport = ZmqTransport(keys=KEYS)
+TRANSPORTS: dict[str, Callable[[], ZmqTransport | TcpTransport]] = {
+    "zmq": lambda: ZmqTransport(keys=KEYS), "tcp": lambda: TcpTransport(keys=KEYS),
+}
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_a_layer_bigger_than_a_batch_goes_in_pieces_put_together_in_its_slot(tmp_path, kind):
+    transport = TRANSPORTS[kind]()
     b = Messenger("b", str(tmp_path / "kv"), PoolOptions(pool_bytes=2 * BIG.slot_bytes), transport)
     assert b.control(Hello(geometry=BIG, model="m")).ok
-
-    async def transfers() -> None:
-        while True:
-            b.received(*await transport.receive())
-
-    task = asyncio.create_task(transfers())
-    sender = ZmqTransport(keys=KEYS)
+    sender = TRANSPORTS[kind]()
     sender.attach(memoryview(bytearray(1)), lambda header: None)  # a messenger's: it cuts big layers
-    try:
-        payloads = [os.urandom(BIG.layer_bytes) for _ in range(BIG.layers)]
-        for layer, payload in enumerate(payloads):
-            frame = LayerFrame(block_hash=h(9), layer=layer, checksum=checksum(payload), geometry=BIG, model="m")
-            assert sender.send(transport.endpoint, control_encoder.encode(frame), payload)
-        assert [start for _, _, start in sender._batches.split_layer(b"h", payloads[0])] == [0, BATCH_BYTES,
-                                                                                              2 * BATCH_BYTES]
-        await drain(sender)
-        await eventually("block 9 put together", lambda: holds(b, 9))
-        slot = pool(b).blocks.get(h(9)).index
-        assert [bytes(pool(b).slots.layer(slot, layer)) for layer in range(BIG.layers)] == payloads
-        assert b.stats().layers_in == BIG.layers and b.security().kv_peers_rejected == 0
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        sender.close()
-        transport.close()
-        b.close()
+    async with receiving(b):
+        try:
+            payloads = [os.urandom(BIG.layer_bytes) for _ in range(BIG.layers)]
+            assert [start for _, _, start in sender._batches.split_layer(b"h", payloads[0])] == [
+                0, BATCH_BYTES, 2 * BATCH_BYTES]
+            for layer, payload in enumerate(payloads):
+                frame = LayerFrame(block_hash=h(9), layer=layer, checksum=checksum(payload), geometry=BIG, model="m")
+                assert sender.send(transport.endpoint, control_encoder.encode(frame), payload)
+            await drain(sender)
+            await eventually("block 9 put together", lambda: holds(b, 9))
+            slot = pool(b).blocks.get(h(9)).index
+            assert [bytes(pool(b).slots.layer(slot, layer)) for layer in range(BIG.layers)] == payloads
+            assert b.stats().layers_in == BIG.layers and b.security().kv_peers_rejected == 0
+        finally:
+            sender.close()
