@@ -8,7 +8,7 @@ index's seal, then its payloads. What ZeroMQ adds, an I/O thread per process and
 message it allocates per batch, is what this transport leaves out: the sender's loop
 writes the sealed buffer to the socket itself, and the receiver's reads each batch into
 a buffer of the connection's own and opens it from there into the pool.
-`yuebing bench transfer` measures both: on this 2-core box this transport moved 1.1 to
+`yuebing bench transfer` measures both: on this 2-core box this transport moved 1.0 to
 1.6 times what ZeroMQ did with the same sealing, from 256 KiB layers up.
 
 A receiving connection reads nothing more until the layers of its last batch have been
