@@ -42,7 +42,6 @@ from services.messenger.transport import (
     Scratch,
     Sealer,
     dropped_counts,
-    encode_index,
     keep_big_buffers,
     split,
 )
@@ -86,6 +85,7 @@ class Incoming:
 
     def __init__(self, sock: socket.socket, rejections: Rejections, batches: Batches, now: float) -> None:
         self.sock = sock
+        self.fd = sock.fileno()  # kept: a closed socket forgets it
         self.closed = False
         self.trusted = False  # a batch came in whole (sealed: the peer holds the cluster's key)
         self.progress_at = now  # when it last sent bytes, or connected
@@ -303,33 +303,27 @@ class TcpTransport:
             peer = self._peers.get(endpoint)
             if peer is not None:
                 peer.open(self._outbox.room, self._hello, now)  # again, if it broke
-            stream = peer.stream if peer is not None else None
+            stream = peer.stream if peer is not None else None  # None while it connects: no room yet
             gone, _ = self._outbox.pump(endpoint, now, lambda: stream is not None and stream.has_room,
                                         None if peer is None else lambda batch: self._send_batch(stream, batch))
             dropped.extend(gone)
         return dropped_counts(dropped)
 
     def _send_batch(self, stream: Outgoing | None, batch: list[Layer]) -> bool:
-        if stream is None or stream.transport is None:
-            return False
-        if self._batches.sealer is not None:
-            index, seal, sealed = self._batches.seal(batch)
-            payloads: list[memoryview | bytes] = [sealed]
-        else:
-            index, seal = encode_index([(h, b"", len(p), start) for h, p, start in batch]), b""
-            payloads = [p for _, p, _ in batch]
-        stream.transport.writelines([self._batch_bytes(index, seal, sum(len(p) for p in payloads)), *payloads])
+        """Only called while `stream` has room (so it is connected): one write per batch."""
+        assert stream is not None and stream.transport is not None
+        stream.transport.writelines(self._wire(batch))
         return True
 
     def _hello(self) -> bytes:
         """A batch of no layers (sealed, with a nonce of its own): what a stream sends first."""
-        return self._batch_bytes(encode_index([]), b"")
+        return b"".join(self._wire([]))
 
-    def _batch_bytes(self, index: bytes, seal: bytes, payload_bytes: int = 0) -> bytes:
-        """A batch's prefix, index and seal (`seal` b"": seal `index` here)."""
-        if not seal and self._batches.sealer is not None:
-            seal = self._batches.sealer.seal_index(index)
-        return PREFIX.pack(MAGIC, len(index), len(seal), payload_bytes) + index + seal
+    def _wire(self, batch: list[Layer]) -> list[memoryview | bytes]:
+        """`batch` as it goes on a stream: prefix, index and seal in one piece, then the payloads."""
+        index, seal, payloads = self._batches.pack(batch)
+        head = PREFIX.pack(MAGIC, len(index), len(seal), sum(len(p) for p in payloads)) + index + seal
+        return [head, *payloads]
 
     async def backlog(self) -> None:
         await self._outbox.backlog()
@@ -371,14 +365,14 @@ class TcpTransport:
                 continue
             sock.setblocking(False)
             stream = Incoming(sock, self._reject, self._batches, time.monotonic())
-            self._incoming[sock.fileno()] = stream
+            self._incoming[stream.fd] = stream
             self._readable.append(stream)  # it may have sent already
             self._arrived.set()
 
     def _can_read(self, stream: Incoming) -> None:
         """The loop saw data on `stream`: it is read at the next receive, not here."""
         assert self._loop is not None
-        self._loop.remove_reader(stream.sock.fileno())
+        self._loop.remove_reader(stream.fd)
         self._readable.append(stream)
         self._arrived.set()
 
@@ -409,9 +403,9 @@ class TcpTransport:
         """Nothing more on `stream` for now: the loop watches it again (or it is gone)."""
         assert self._loop is not None
         if stream.closed:
-            self._incoming = {fd: s for fd, s in self._incoming.items() if s is not stream}
+            self._incoming.pop(stream.fd, None)
         else:
-            self._loop.add_reader(stream.sock.fileno(), self._can_read, stream)
+            self._loop.add_reader(stream.fd, self._can_read, stream)
 
     async def watch(self) -> None:
         """Refusals are counted where they happen; nothing to wait for here."""

@@ -387,6 +387,14 @@ class Batches:
             return pieces(header, payload)
         return [(header, payload, 0)]
 
+    def pack(self, batch: list[Layer]) -> tuple[bytes, bytes, list[memoryview | bytes]]:
+        """(index, its seal, payloads): sealed, every payload sealed into one buffer of this
+        batch's own; plaintext, no seal and the payloads as they are."""
+        if self.sealer is None:
+            return encode_index([(h, b"", len(p), start) for h, p, start in batch]), b"", [p for _, p, _ in batch]
+        index, seal, sealed = self.seal(batch)
+        return index, seal, [sealed]
+
     def seal(self, batch: list[Layer]) -> tuple[bytes, bytes, memoryview]:
         """(index, its seal, every payload sealed into one buffer of this batch's own)."""
         assert self.sealer is not None
@@ -566,13 +574,13 @@ class ZmqTransport:
         await self._outbox.backlog()
 
     def _send_batch(self, sock: zmq.Socket, batch: list[Layer]) -> bool:
+        index, seal, payloads = self._batches.pack(batch)
         try:
             if self._batches.sealer is None:
-                frames: list = [zmq.Frame(p, copy=False) if len(p) > COPY_MAX_BYTES else p for _, p, _ in batch]
-                index = encode_index([(h, b"", len(p), 0) for h, p, _ in batch])
-                sock.send_multipart([index, b"", *frames], flags=zmq.NOBLOCK)
+                frames: list = [zmq.Frame(p, copy=False) if len(p) > COPY_MAX_BYTES else p for p in payloads]
+                sock.send_multipart([index, seal, *frames], flags=zmq.NOBLOCK)
             else:  # the sealed buffer is the batch's own: ZeroMQ sends it without copying
-                sock.send_multipart(list(self._batches.seal(batch)), flags=zmq.NOBLOCK, copy=False)
+                sock.send_multipart([index, seal, *payloads], flags=zmq.NOBLOCK, copy=False)
             return True
         except zmq.Again:
             return False
