@@ -1,8 +1,8 @@
 """`yuebing bench transfer`: messenger → messenger throughput against memcpy and
 against Mooncake's Transfer Engine alone, in one run: the messenger over ZeroMQ with
 the KV plane plaintext (--kv-insecure) and guarded by the cluster key in both modes
-(AES-GCM sealed messages, the default, and ZeroMQ CURVE; both encrypt), over plain
-TCP streams (`kv_transport: tcp`, AES-GCM sealed batches), and over Mooncake's
+(AES-GCM sealed messages and ZeroMQ CURVE; both encrypt), over plain TCP streams
+(`kv_transport: tcp`, the default, AES-GCM sealed batches), and over Mooncake's
 Transfer Engine (`kv_transport: mooncake`, its notes sealed with AES-GCM), so the
 price of each is read side by side.
 
@@ -53,8 +53,8 @@ class TransferResult:
     gbps: float  # the fastest of Yuebing's transports as deployed (the cluster key on): zmq, tcp or mooncake
     mooncake_gbps: float  # the bare Transfer Engine: what Mooncake itself moves here (0: it cannot load)
     ratio_to_mooncake: float  # gbps / mooncake_gbps
-    zmq: float  # messenger over ZeroMQ, AES-GCM (the default)
-    tcp: float  # messenger over plain TCP streams (`kv_transport: tcp`), AES-GCM
+    zmq: float  # messenger over ZeroMQ, AES-GCM
+    tcp: float  # messenger over plain TCP streams (`kv_transport: tcp`, the default), AES-GCM
     mooncake: float  # messenger over the Transfer Engine, notes sealed with AES-GCM (0: it cannot load)
     zmq_plaintext: float  # messenger over ZeroMQ, --kv-insecure
     zmq_curve: float  # messenger over ZeroMQ, --kv-security curve
