@@ -39,6 +39,11 @@ class Messenger:
         transport.attach(file.view, self.place)
         log.info("pool file created", path=str(file.path), pool_bytes=options.pool_bytes)
 
+    @property
+    def carved(self) -> bool:
+        """Whether an engine's Hello has cut the pool into slots yet."""
+        return isinstance(self.pool, NodePool)
+
     # --- engines -------------------------------------------------------------------
     def control(self, message: Control) -> Reply:
         if isinstance(message, Hello):

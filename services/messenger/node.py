@@ -152,7 +152,7 @@ class Node:
             return
         last = self.kv_events[-1] if self.kv_events else None
         if last is not None and last.kind == kind and last.tier == tier:
-            last.hashes.extend(h.hex() for h in hashes)
+            last.hashes += [h.hex() for h in hashes]
             return
         self.kv_events.append(KvEvent(node=self.name, kind=kind, tier=tier, hashes=[h.hex() for h in hashes]))
 

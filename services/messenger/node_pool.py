@@ -26,7 +26,7 @@ from services.messenger.node import Node
 from services.messenger.pool import DEFAULT_LEASE_S, BlockPool, Slot, State
 from services.messenger.ssd import DEFAULT_QUEUE_BYTES, SsdTier
 from shared.kv.leading import leading_run
-from shared.kv.pool_file import Header, PoolFile, PoolSlots, checksum, model_id
+from shared.kv.pool_file import PoolFile, PoolSlots, checksum, model_id
 from shared.kv.wire import (
     FAILED_MEMORY_S,
     NO_ROOM,
@@ -157,6 +157,7 @@ class NodePool:
                                queue_bytes=options.ssd_queue_bytes)
             node.kv_event("stored", "ssd", self.ssd.hashes())
         self._failed: dict[bytes, float] = {}  # blocks given up on, and when
+        self._placed: tuple[LayerFrame | None, Slot, memoryview] = (None, Slot(-1), memoryview(b""))  # see place
         log.info("pool carved", path=str(file.path), slots=self.slots.count, block_bytes=hello.geometry.slot_bytes,
                  geometry=msgspec.structs.asdict(hello.geometry), model=hello.model, pool_id=self.pool_id)
 
@@ -338,9 +339,9 @@ class NodePool:
         block. Payload None: the sender wrote it into the slot `place` gave (one-sided),
         so only the check is left."""
         if payload is None:
-            slot = self._receiving(frame, allocate=False)
-            if slot is not None:
-                self._check_in(slot, frame, self.slots.layer(slot.index, frame.layer), copy=False)
+            placed = self._placed_for(frame)
+            if placed is not None:
+                self._check_in(placed[0], frame, placed[1], copy=False)
             return
         if len(payload) != self.slots.geometry.layer_bytes:
             log.warning("transfer frame for another geometry dropped", model=frame.model)
@@ -355,7 +356,18 @@ class NodePool:
         slot = self._receiving(frame, allocate=True)
         if slot is None or frame.layer in slot.checksums:  # a layer in and checked is never written over
             return None
-        return self.slots.layer(slot.index, frame.layer)
+        target = self.slots.layer(slot.index, frame.layer)
+        self._placed = (frame, slot, target)
+        return target
+
+    def _placed_for(self, frame: LayerFrame) -> tuple[Slot, memoryview] | None:
+        """The slot and part of a layer written in place: the one `place` just gave (the
+        transports place a layer right before they hand it over), else looked up again."""
+        placed_frame, slot, target = self._placed
+        if placed_frame is frame and self.blocks.slots[slot.index] is slot and slot.state is State.FILLING:
+            return slot, target
+        slot = self._receiving(frame, allocate=False)
+        return None if slot is None else (slot, self.slots.layer(slot.index, frame.layer))
 
     def _receiving(self, frame: LayerFrame, allocate: bool) -> Slot | None:
         """The FILLING slot an arriving layer belongs in, or None (dropped: another
@@ -444,7 +456,7 @@ class NodePool:
 
     def _ready(self, slot: Slot, dests: set[str]) -> None:
         sums = [slot.checksums[i] for i in range(self.blocks.layers)]
-        self.slots.write_header(slot.index, Header(slot.block_hash, self.model_id, self.slots.geometry, sums))
+        self.slots.write_header(slot.index, slot.block_hash, self.model_id, sums)
         if not self.options.stream_layers:
             for dest in dests:
                 self._send_block(slot, dest)
@@ -462,6 +474,8 @@ class NodePool:
 
     def _spill_evicted(self) -> None:
         """Spill what DRAM just evicted to SSD (its slot is still intact), or report it gone."""
+        if not self.blocks.evicted:  # most calls: it is asked after every slot taken
+            return
         gone: list[bytes] = []
         for block_hash, index in self.blocks.take_evicted():
             self.node.counters.evictions += 1

@@ -21,6 +21,7 @@ plant KV blocks, and whoever can read it reads every prompt's KV.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -56,7 +57,7 @@ class Geometry(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if not 0 < self.layers <= MAX_LAYERS:
             raise ValueError(f"layers must be in 1..{MAX_LAYERS}, got {self.layers}")
-        if any(d <= 0 for d in self.shape) or self.itemsize <= 0:
+        if min(self.shape) <= 0 or self.itemsize <= 0:  # a frame's geometry is checked per layer received
             raise ValueError(f"bad block shape {self.shape} × {self.itemsize} bytes")
 
     @property
@@ -78,17 +79,34 @@ def checksum(data: memoryview | bytes) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+@functools.cache
+def _checksums(layers: int) -> struct.Struct:
+    """The packing of a block's layer checksums in its header."""
+    return struct.Struct(f"<{layers}Q")
+
+
 def payload_checksum(layer_checksums: list[int]) -> int:
-    return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(layer_checksums)}Q", *layer_checksums))
+    return xxhash.xxh3_64_intdigest(_checksums(len(layer_checksums)).pack(*layer_checksums))
 
 
 def model_id(name: str) -> int:
     return xxhash.xxh3_64_intdigest(name.encode())
 
 
+def pack_header(buffer: bytearray | memoryview, offset: int, block_hash: bytes, model: int, geometry: Geometry,
+                layer_checksums: list[int]) -> None:
+    """A slot's header written where it goes (the slot's start): the messenger writes
+    one per block it takes in, so the checksums are packed once and summed where they lie."""
+    at = offset + _HEAD.size
+    sums = _checksums(geometry.layers)
+    sums.pack_into(buffer, at, *layer_checksums)
+    total = xxhash.xxh3_64_intdigest(memoryview(buffer)[at : at + sums.size])
+    _HEAD.pack_into(buffer, offset, MAGIC, HEADER_VERSION, geometry.layers, block_hash, model,
+                    geometry.dtype.encode(), *geometry.shape, geometry.layer_bytes, total)
+
+
 class Header(NamedTuple):
-    """A slot's header. A named tuple: the messenger builds one per block it takes in,
-    and it is cheaper to build than a frozen dataclass."""
+    """A slot's header, as read back (SSD tier, engines) or built by tests."""
 
     block_hash: bytes
     model: int
@@ -101,11 +119,7 @@ class Header(NamedTuple):
         return bytes(out)
 
     def pack_into(self, buffer: bytearray | memoryview, offset: int) -> None:
-        """Written where it goes (a slot's start): the messenger writes one per block it takes in."""
-        g = self.geometry
-        _HEAD.pack_into(buffer, offset, MAGIC, HEADER_VERSION, g.layers, self.block_hash, self.model,
-                        g.dtype.encode(), *g.shape, g.layer_bytes, payload_checksum(self.layer_checksums))
-        struct.pack_into(f"<{g.layers}Q", buffer, offset + _HEAD.size, *self.layer_checksums)
+        pack_header(buffer, offset, self.block_hash, self.model, self.geometry, self.layer_checksums)
 
     @staticmethod
     def unpack(data: bytes | memoryview, itemsize: int, layout: str) -> Header:
@@ -115,7 +129,7 @@ class Header(NamedTuple):
             raise ValueError("not a Yuebing pool block")
         if not 0 < layers <= MAX_LAYERS:
             raise ValueError(f"bad layer count {layers}")
-        sums = list(struct.unpack_from(f"<{layers}Q", data, _HEAD.size))
+        sums = list(_checksums(layers).unpack_from(data, _HEAD.size))
         if payload_checksum(sums) != total:
             raise ValueError("header checksum mismatch")
         dtype_name = dtype.rstrip(b"\0").decode()
@@ -200,8 +214,8 @@ class PoolSlots:
         start = slot * self._slot_bytes + HEADER_BYTES + layer * self._layer_bytes
         return self.file.view[start : start + self._layer_bytes]
 
-    def write_header(self, slot: int, header: Header) -> None:
-        header.pack_into(self.file.view, slot * self._slot_bytes)
+    def write_header(self, slot: int, block_hash: bytes, model: int, layer_checksums: list[int]) -> None:
+        pack_header(self.file.view, slot * self._slot_bytes, block_hash, model, self.geometry, layer_checksums)
 
     def close(self) -> None:
         self.file.close()

@@ -1,5 +1,5 @@
 """The messenger service's loops around the pool: reads back from SSD leave the
-event loop. Real pool and SSD files in a temp folder; no sockets. And its flags: no
+event loop; the pool's carving freezes the heap, in a messenger's own process only. Real pool and SSD files in a temp folder; no sockets. And its flags: no
 KV key, no start (unless --kv-insecure)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from services.messenger.app import MessengerService, cluster_keys, parser
 from services.messenger.messenger import Messenger
 from shared.kv.keys import KEY_FILE_ENV, write_keys
 from shared.kv.wire import Pin, Release
-from tests.messenger.nodes import GEOMETRY, content, h, pool, start, store
+from tests.messenger.nodes import GEOMETRY, HELLO, content, h, pool, start, store
 
 
 def block_1_on_ssd(tmp_path) -> Messenger:
@@ -81,6 +81,17 @@ async def test_a_pin_waits_for_the_read_back_another_pin_started(tmp_path):
     for owner in ("a", "b"):
         (slot,) = m.control(Pin(owner=owner, hashes=[h(1)])).slots
         assert content(m, slot) == {1}
+
+
+# --- the heap: frozen once, when the pool is carved, in the messenger's own process --
+@pytest.mark.parametrize("owns_process", [True, False])
+def test_the_hello_that_carves_the_pool_freezes_the_heap_once_and_only_in_the_messengers_process(
+        tmp_path, monkeypatch, owns_process):
+    frozen = []
+    monkeypatch.setattr("services.messenger.app.freeze_heap", lambda: frozen.append(True))
+    service = MessengerService(start(tmp_path, attach=False), sockets=None, owns_process=owns_process)
+    assert service.answer(HELLO).ok and service.answer(HELLO).ok  # an engine, then another
+    assert frozen == ([True] if owns_process else [])
 
 
 # --- the KV key: required unless the messenger is told to run without one ------------

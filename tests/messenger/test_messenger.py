@@ -182,6 +182,19 @@ def test_a_layer_written_in_place_with_other_bytes_fails_its_block(tmp_path):
     assert [e.kind for e in b.node.take_events()] == ["failed"] and b.stats().checksum_failures == 1
 
 
+def test_a_layer_placed_then_given_up_on_before_it_is_handed_over_is_not_counted(tmp_path):
+    # `received` takes the slot `place` just gave without a second look-up: only while
+    # that slot still holds the same filling block.
+    a, b = start(tmp_path / "a", "a"), start(tmp_path / "b", "b")
+    store_for(a, 8, "b")
+    _, header, payload = sent(a)[0]
+    b.place(header)[:] = payload
+    slot = pool(b).blocks.get(h(8))
+    pool(b).blocks.drop(slot)  # its slot freed meanwhile (reclaimed, say)
+    b.received(header, None)
+    assert b.stats().layers_in == 0 and pool(b).blocks.get(h(8)) is None
+
+
 def store_for(m, i: int, dest: str) -> None:
     """Block i written on `m` (every layer byte i) for `dest`."""
     slot = m.control(Reserve(owner=f"r{i}", hashes=[h(i)], dest=dest)).slots[0]
