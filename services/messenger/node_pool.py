@@ -157,7 +157,7 @@ class NodePool:
                                queue_bytes=options.ssd_queue_bytes)
             node.kv_event("stored", "ssd", self.ssd.hashes())
         self._failed: dict[bytes, float] = {}  # blocks given up on, and when
-        self._placed: tuple[LayerFrame | None, Slot, memoryview] = (None, Slot(-1), memoryview(b""))  # see place
+        self._placed: tuple[LayerFrame | None, Slot] = (None, Slot(-1))  # the last layer placed, see _placed_slot
         log.info("pool carved", path=str(file.path), slots=self.slots.count, block_bytes=hello.geometry.slot_bytes,
                  geometry=msgspec.structs.asdict(hello.geometry), model=hello.model, pool_id=self.pool_id)
 
@@ -339,9 +339,9 @@ class NodePool:
         block. Payload None: the sender wrote it into the slot `place` gave (one-sided),
         so only the check is left."""
         if payload is None:
-            placed = self._placed_for(frame)
-            if placed is not None:
-                self._check_in(placed[0], frame, placed[1], copy=False)
+            slot = self._placed_slot(frame)
+            if slot is not None:
+                self._check_in(slot, frame, self.slots.layer(slot.index, frame.layer), copy=False)
             return
         if len(payload) != self.slots.geometry.layer_bytes:
             log.warning("transfer frame for another geometry dropped", model=frame.model)
@@ -356,18 +356,17 @@ class NodePool:
         slot = self._receiving(frame, allocate=True)
         if slot is None or frame.layer in slot.checksums:  # a layer in and checked is never written over
             return None
-        target = self.slots.layer(slot.index, frame.layer)
-        self._placed = (frame, slot, target)
-        return target
+        self._placed = (frame, slot)
+        return self.slots.layer(slot.index, frame.layer)
 
-    def _placed_for(self, frame: LayerFrame) -> tuple[Slot, memoryview] | None:
-        """The slot and part of a layer written in place: the one `place` just gave (the
-        transports place a layer right before they hand it over), else looked up again."""
-        placed_frame, slot, target = self._placed
+    def _placed_slot(self, frame: LayerFrame) -> Slot | None:
+        """The slot of a layer written in place: the one `place` just gave (the transports
+        place a layer right before they hand it over) while it still fills with that
+        block, else looked up again."""
+        placed_frame, slot = self._placed
         if placed_frame is frame and self.blocks.slots[slot.index] is slot and slot.state is State.FILLING:
-            return slot, target
-        slot = self._receiving(frame, allocate=False)
-        return None if slot is None else (slot, self.slots.layer(slot.index, frame.layer))
+            return slot
+        return self._receiving(frame, allocate=False)
 
     def _receiving(self, frame: LayerFrame, allocate: bool) -> Slot | None:
         """The FILLING slot an arriving layer belongs in, or None (dropped: another
