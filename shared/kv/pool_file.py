@@ -85,8 +85,9 @@ def _checksums(layers: int) -> struct.Struct:
     return struct.Struct(f"<{layers}Q")
 
 
-def payload_checksum(layer_checksums: list[int]) -> int:
-    return xxhash.xxh3_64_intdigest(_checksums(len(layer_checksums)).pack(*layer_checksums))
+def _sums_checksum(buffer: bytes | bytearray | memoryview, at: int, layers: int) -> int:
+    """A header's own checksum: over its layer checksums, as they lie packed at `at`."""
+    return xxhash.xxh3_64_intdigest(memoryview(buffer)[at : at + 8 * layers])
 
 
 def model_id(name: str) -> int:
@@ -98,9 +99,8 @@ def pack_header(buffer: bytearray | memoryview, offset: int, block_hash: bytes, 
     """A slot's header written where it goes (the slot's start): the messenger writes
     one per block it takes in, so the checksums are packed once and summed where they lie."""
     at = offset + _HEAD.size
-    sums = _checksums(geometry.layers)
-    sums.pack_into(buffer, at, *layer_checksums)
-    total = xxhash.xxh3_64_intdigest(memoryview(buffer)[at : at + sums.size])
+    _checksums(geometry.layers).pack_into(buffer, at, *layer_checksums)
+    total = _sums_checksum(buffer, at, geometry.layers)
     _HEAD.pack_into(buffer, offset, MAGIC, HEADER_VERSION, geometry.layers, block_hash, model,
                     geometry.dtype.encode(), *geometry.shape, geometry.layer_bytes, total)
 
@@ -130,7 +130,7 @@ class Header(NamedTuple):
         if not 0 < layers <= MAX_LAYERS:
             raise ValueError(f"bad layer count {layers}")
         sums = list(_checksums(layers).unpack_from(data, _HEAD.size))
-        if payload_checksum(sums) != total:
+        if _sums_checksum(data, _HEAD.size, layers) != total:
             raise ValueError("header checksum mismatch")
         dtype_name = dtype.rstrip(b"\0").decode()
         geometry = Geometry(layers=layers, shape=(h, n, c), dtype=dtype_name, itemsize=itemsize, layout=layout)

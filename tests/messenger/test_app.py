@@ -1,6 +1,7 @@
 """The messenger service's loops around the pool: reads back from SSD leave the
-event loop; the pool's carving freezes the heap, in a messenger's own process only. Real pool and SSD files in a temp folder; no sockets. And its flags: no
-KV key, no start (unless --kv-insecure)."""
+event loop; the Hello that carves the pool freezes the heap, in a messenger's own
+process only. Real pool and SSD files in a temp folder; no sockets. And its flags:
+no KV key, no start (unless --kv-insecure)."""
 
 from __future__ import annotations
 
