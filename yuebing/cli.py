@@ -9,6 +9,7 @@ from types import ModuleType
 
 from yuebing.commands import (
     bench_chaos,
+    bench_connector,
     bench_conductor,
     bench_goodput,
     bench_hash,
@@ -28,7 +29,7 @@ from yuebing.commands import (
 
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    model, up, secrets, profile, sim, sim_long_context, bench_conductor, bench_hash, bench_transfer, bench_ttft,
+    model, up, secrets, profile, sim, sim_long_context, bench_conductor, bench_hash, bench_transfer, bench_connector, bench_ttft,
     bench_reuse, bench_chaos, bench_soak, bench_goodput, bench_long_context, replay,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help

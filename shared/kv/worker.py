@@ -1,7 +1,9 @@
-"""The connector's worker half, in each vLLM worker: copies bytes between vLLM's KV
-cache and the node pool, as the step's `YuebingMeta` says. Loads run on a thread,
-layer by layer, while the model runs; saves copy each layer into its pool slots as
-soon as the model has computed it and tell the messenger, which streams it on.
+"""The connector's worker half, in each vLLM worker: moves bytes between vLLM's KV
+cache and the node pool, as the step's `YuebingMeta` says, through a `Copier`
+(shared/kv/copier.py: copy streams on a GPU, a copy thread on a CPU). Loads run layer
+by layer while the model runs; each layer's saves are handed over as soon as the
+model has computed it, and once its copies have landed the messenger is told, and
+streams it on. The forward never waits for a save.
 
 A load that cannot complete (the pool is gone, a copy fails, a claimed block was
 never pinned) is reported through `load_errors`, and vLLM computes those blocks.
@@ -18,46 +20,28 @@ new pool maps its (new) file here.
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass
-
 import structlog
 import torch
 
 from shared.kv.client import HelloWatch, MessengerClient
+from shared.kv.copier import (
+    Copier,
+    LayerLoad,
+    LayerSave,
+    LoadJob,
+    MappedPool,
+    StreamCopier,
+    blocks_first,
+    copier_for,
+    geometry_of,
+)
 from shared.kv.meta import YuebingMeta
 from shared.kv.options import Options
-from shared.kv.plan import Load
-from shared.kv.pool_file import Geometry, PoolSlots, checksum
+from shared.kv.plan import Load, Save
+from shared.kv.pool_file import Geometry, PoolSlots
 from shared.kv.wire import Hello, Release, Written
 
 log = structlog.get_logger(__name__)
-
-
-def blocks_first(cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """A layer's KV cache as a view with vLLM blocks in dim 0. vLLM's logical layout
-    puts blocks there, possibly split into kernel blocks; older layouts (e.g.
-    FlashAttention's (2, blocks, ...)) elsewhere."""
-    if cache.shape[0] == num_blocks:
-        return cache
-    if cache.shape[0] % num_blocks == 0:
-        return cache.unflatten(0, (num_blocks, -1))
-    return cache.movedim(list(cache.shape).index(num_blocks), 0)
-
-
-def geometry_of(caches: list[torch.Tensor], layers: int = 0) -> Geometry:
-    """One pool block of these (blocks-first) layer caches, of `layers` layers in all
-    (default: these)."""
-    block = caches[0][0]
-    shape = (int(torch.tensor(block.shape[:-2]).prod()), block.shape[-2], block.shape[-1])
-    order = sorted(range(caches[0].dim()), key=lambda d: -caches[0].stride(d))
-    return Geometry(
-        layers=layers or len(caches),
-        shape=shape,
-        dtype=str(block.dtype).removeprefix("torch."),
-        itemsize=block.element_size(),
-        layout="dims" + "".join(map(str, order)),
-    )
 
 
 def model_layer(name: str, index: int, model_layers: int) -> int:
@@ -74,20 +58,6 @@ def model_layer(name: str, index: int, model_layers: int) -> int:
         return index
 
 
-@dataclass
-class MappedPool:
-    """The node's pool as this worker maps it."""
-
-    pool_id: str
-    slots: PoolSlots
-    data: torch.Tensor  # the whole file, as bytes
-
-    def layer(self, slot: int, layer: int, dtype: torch.dtype) -> torch.Tensor:
-        g = self.slots.geometry
-        start = slot * g.slot_bytes + g.layer_offset(layer)
-        return self.data[start : start + g.layer_bytes].view(dtype)
-
-
 class ConnectorWorker:
     def __init__(self, opts: Options, num_blocks: int, client: MessengerClient | None = None,
                  model_layers: int = 0) -> None:
@@ -98,11 +68,12 @@ class ConnectorWorker:
         self.layers: dict[str, int] = {}  # layer name → index here
         self.layer_ids: list[int] = []  # index here → the model's layer number (its place in a pool block)
         self.caches: list[torch.Tensor] = []  # per layer here, blocks first
+        self.copier: Copier | None = None  # made with the caches: their device chooses it
         self.pool: MappedPool | None = None  # None: no messenger answered; everything is computed
         self.gone_pool_id = ""  # a pool a step named that is not this node's any more
         self.load_errors: set[int] = set()
-        self._load_thread: threading.Thread | None = None
-        self._layer_loaded: list[threading.Event] = []
+        self._loading: tuple[LoadJob, list[int]] | None = None  # this step's loads, and their blocks
+        self._step_saves: tuple[list[Save], list[int], list[int], list[bytes]] | None = None
         self.watch: HelloWatch | None = None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -110,6 +81,7 @@ class ConnectorWorker:
             self.layers[name] = index
             self.layer_ids.append(model_layer(name, index, self.model_layers))
             self.caches.append(blocks_first(cache, self.num_blocks))
+        self.copier = copier_for(self.caches[0].device, self.opts.checksum_threads)
         self._map_pool()
         self.watch = HelloWatch(self.opts.kv_dir, self.opts.node, self._hello)
 
@@ -128,20 +100,29 @@ class ConnectorWorker:
         return geometry_of(self.caches, self.model_layers)
 
     def _map_pool(self) -> bool:
-        """Say hello to the messenger and map the pool it answers with."""
+        """Say hello to the messenger and map the pool it answers with (pinned for a GPU's copies)."""
         geometry = self.geometry()
         reply = self.client.call(Hello(geometry=geometry, model=self.opts.model))
         if reply is None or not reply.ok:
             log.warning("node pool unavailable: this engine computes everything", node=self.opts.node,
                         error=reply.error if reply else "no answer")
             return False
-        if self.pool is not None:
-            self.pool.slots.close()
-        slots = PoolSlots.open(reply.pool_path, geometry, reply.pool_slots)
-        self.pool = MappedPool(reply.pool_id, slots, torch.frombuffer(slots.view, dtype=torch.uint8))
+        self._unmap_pool()
+        self.pool = MappedPool.of(reply.pool_id, PoolSlots.open(reply.pool_path, geometry, reply.pool_slots))
+        if isinstance(self.copier, StreamCopier):
+            self.pool.pin()
         log.info("node pool mapped", node=self.opts.node, slots=reply.pool_slots, pool_id=reply.pool_id,
-                 block_bytes=geometry.slot_bytes)
+                 block_bytes=geometry.slot_bytes, pinned=self.pool.pinned)
         return True
+
+    def _unmap_pool(self) -> None:
+        """Let go of the old pool once no copy of ours is still reading or writing it."""
+        if self.pool is None:
+            return
+        if self.copier is not None:
+            self.copier.settle()
+        self.pool.close()
+        self.pool = None
 
     def _pool_ready(self, pool_id: str) -> MappedPool | None:
         """The pool mapped here if it is the one this step's slots are in (mapping the
@@ -161,60 +142,57 @@ class ConnectorWorker:
         self.load_errors.update(meta.failed)
         if not meta.loads:
             return
+        block_ids = [b for load in meta.loads for b in load.block_ids]
         pool = self._pool_ready(meta.pool_id)
-        if pool is None:
-            self.load_errors.update(b for load in meta.loads for b in load.block_ids)
+        if pool is None or self.copier is None:
+            self.load_errors.update(block_ids)
             return
-        self._layer_loaded = [threading.Event() for _ in self.caches]
-        self._load_thread = threading.Thread(target=self._load, args=(pool, meta.loads), name="yuebing-load",
-                                             daemon=True)
-        self._load_thread.start()
+        job = LayerLoad(block_ids, [s for load in meta.loads for s in load.slots])
+        started = self.copier.load(pool, self.caches, self.layer_ids, job, lambda: self._release(meta.loads))
+        self._loading = (started, block_ids)
 
-    def _load(self, pool: MappedPool, loads: list[Load]) -> None:
-        """Fill vLLM's blocks from the pool, layer by layer, while the model runs."""
-        try:
-            for index, cache in enumerate(self.caches):
-                layer = self.layer_ids[index]
-                for load in loads:
-                    for block_id, slot in zip(load.block_ids, load.slots):
-                        block = cache[block_id]
-                        block.copy_(pool.layer(slot, layer, cache.dtype).view(block.shape))
-                self._layer_loaded[index].set()
-        except Exception:
-            for load in loads:
-                log.exception("kv load failed: vLLM computes its blocks", request_id=load.request_id)
-            self.load_errors.update(b for load in loads for b in load.block_ids)
-        finally:
-            for event in self._layer_loaded:
-                event.set()
-            for load in loads:
-                self.client.note(Release(owner=load.request_id))
+    def _release(self, loads: list[Load]) -> None:
+        for load in loads:
+            self.client.note(Release(owner=load.request_id))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        if self._load_thread is not None:
-            self._layer_loaded[self.layers[layer_name]].wait()
+        if self._loading is not None and self.copier is not None:
+            self.copier.wait_layer(self._loading[0], self.layers[layer_name])
 
     def save_kv_layer(self, meta: YuebingMeta, layer_name: str) -> None:
-        if not meta.saves:
+        if not meta.saves or self.copier is None:
             return
         pool = self._pool_ready(meta.pool_id)
         if pool is None:
             return
         index = self.layers[layer_name]
-        layer, cache = self.layer_ids[index], self.caches[index]
-        sums = []
-        for save in meta.saves:
-            block = cache[save.block_id]
-            pool.layer(save.slot, layer, cache.dtype).view(block.shape).copy_(block)
-            sums.append(checksum(pool.slots.layer(save.slot, layer)))
-        # The messenger streams this layer on at once (layer-wise transfer).
-        self.client.note(Written(pool_id=meta.pool_id, layer=layer, slots=[s.slot for s in meta.saves],
-                                 hashes=[s.block_hash for s in meta.saves], checksums=sums))
+        layer = self.layer_ids[index]
+        block_ids, slots, hashes = self._saves_of(meta.saves)
+
+        def noted(checksums: list[int]) -> None:
+            # The messenger streams this layer on at once (layer-wise transfer).
+            self.client.note(Written(pool_id=pool.pool_id, layer=layer, slots=slots, hashes=hashes,
+                                     checksums=checksums))
+
+        self.copier.save(pool, self.caches[index], LayerSave(layer, block_ids, slots), noted)
+
+    def _saves_of(self, saves: list[Save]) -> tuple[list[int], list[int], list[bytes]]:
+        """The step's saves as columns, made once per step (every layer saves the same blocks)."""
+        if self._step_saves is None or self._step_saves[0] is not saves:
+            self._step_saves = (saves, [s.block_id for s in saves], [s.slot for s in saves],
+                                [s.block_hash for s in saves])
+        return self._step_saves[1:]
 
     def wait_for_save(self) -> None:
-        if self._load_thread is not None:
-            self._load_thread.join()
-            self._load_thread = None
+        """The step's end: its saves have read their blocks, its loads are in (or reported)."""
+        if self.copier is not None and not self.copier.flush():
+            log.error("kv saves still reading vLLM's blocks at the step's end", node=self.opts.node)
+        if self._loading is not None:
+            job, block_ids = self._loading
+            self._loading = None
+            if not all(job.wait(i) for i in range(job.layers)):
+                log.error("kv load failed: vLLM computes its blocks", node=self.opts.node, blocks=len(block_ids))
+                self.load_errors.update(block_ids)
 
     def take_load_errors(self) -> set[int]:
         errors, self.load_errors = self.load_errors, set()
@@ -223,4 +201,7 @@ class ConnectorWorker:
     def shutdown(self) -> None:
         if self.watch is not None:
             self.watch.close()
+        if self.copier is not None:
+            self.copier.settle(timeout_s=2.0)  # the last notes leave before the client closes
+            self.copier.close()
         self.client.close()

@@ -54,6 +54,7 @@ def test_a_saved_block_loads_back_into_another_vllm_block(tmp_path):
     saving = YuebingMeta(pool_id="p1", saves=[Save(block_id=1, slot=1, block_hash=b"h" * 16)])
     for name in caches:
         w.save_kv_layer(saving, name)
+    assert w.copier is not None and w.copier.settle()  # saves land off the forward thread
     notes = [(n.layer, n.slots, n.hashes) for n in messenger.notes if isinstance(n, Written)]
     assert notes == [(layer, [1], [b"h" * 16]) for layer in range(3)]  # each note names the slot's block
     w.start_load_kv(YuebingMeta(pool_id="p1", loads=[Load("r", block_ids=[3], slots=[1])]))
@@ -78,6 +79,7 @@ def test_a_restarted_messenger_is_mapped_again_and_a_gone_pool_asked_about_once(
     w, messenger, caches = worker(tmp_path)
     messenger.pool_id = "p2"  # the messenger restarted
     w.save_kv_layer(YuebingMeta(pool_id="p2", saves=[Save(1, 0, b"h" * 16)]), "layer.0")
+    assert w.copier is not None and w.copier.settle()
     assert messenger.hellos == 2 and isinstance(messenger.notes[-1], Written)  # its new pool, mapped
     notes = len(messenger.notes)
     stale = YuebingMeta(pool_id="p1", saves=[Save(1, 0, b"h" * 16)], loads=[Load("r", [3], [0])])  # a step from before
@@ -110,6 +112,7 @@ def test_pipeline_stages_each_write_their_own_layers_into_one_pool_block(tmp_pat
     for stage, stage_names in zip(stages, (names[:2], names[2:])):
         for name in stage_names:
             stage.save_kv_layer(saving, name)
+        assert stage.copier is not None and stage.copier.settle()
     assert [n.layer for n in messenger.notes if isinstance(n, Written)] == [0, 1, 2, 3]
     reader = ConnectorWorker(opts, BLOCKS, client=messenger)  # type: ignore[arg-type]
     copies = {name: torch.zeros(2, BLOCKS, 2, 4, 8) for name in names}

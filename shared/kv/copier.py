@@ -1,0 +1,397 @@
+"""The worker half's copy machinery: a layer's KV blocks moved between an engine's
+cache and the node pool without stalling the forward. No vLLM here: the connector's
+worker half (shared/kv/worker.py) wraps it, and `yuebing bench connector` drives it
+from a plain torch forward.
+
+Saves. The forward thread hands a layer over as soon as the model has written it, and
+goes on at once:
+- on a GPU (`StreamCopier`), a copy stream waits for the layer on the GPU (an event,
+  never the host), gathers the step's blocks of that layer in one kernel and copies
+  them into their pool slots, which are registered with CUDA (pinned), so the copies
+  are DMA that overlaps the next layers' compute;
+- on a CPU (`ThreadCopier`), a copy thread does the same with plain copies.
+A completion thread waits for each layer's copies to land, checksums the slots' bytes
+(on several threads, off the forward path) and only then reports the layer saved: the
+messenger never streams bytes still in flight.
+
+Loads. Each layer's blocks are copied from their pool slots into vLLM's blocks, layer
+after layer, with one event per layer; `wait_layer` makes the compute stream wait on
+that event (GPU: the host never waits for bytes), or the forward thread wait for the
+copy thread (CPU).
+
+vLLM's source blocks. A block saved in one step may be freed and handed to another
+request in the next. `flush`, at the end of every step, makes the next step's work
+wait until every gather of this step has read its blocks (GPU: on the GPU, after one
+gather kernel per layer; CPU: until the copy thread has copied them).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import structlog
+import torch
+
+from shared.kv.pool_file import Geometry, PoolSlots, checksum
+
+log = structlog.get_logger(__name__)
+
+WAIT_S = 30.0  # the longest any wait here lasts: a copy that has not landed by then never will
+
+
+def blocks_first(cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """A layer's KV cache as a view with vLLM blocks in dim 0. vLLM's logical layout
+    puts blocks there, possibly split into kernel blocks; older layouts (e.g.
+    FlashAttention's (2, blocks, ...)) elsewhere."""
+    if cache.shape[0] == num_blocks:
+        return cache
+    if cache.shape[0] % num_blocks == 0:
+        return cache.unflatten(0, (num_blocks, -1))
+    return cache.movedim(list(cache.shape).index(num_blocks), 0)
+
+
+def geometry_of(caches: list[torch.Tensor], layers: int = 0) -> Geometry:
+    """One pool block of these (blocks-first) layer caches, of `layers` layers in all
+    (default: these)."""
+    block = caches[0][0]
+    shape = (int(torch.tensor(block.shape[:-2]).prod()), block.shape[-2], block.shape[-1])
+    order = sorted(range(caches[0].dim()), key=lambda d: -caches[0].stride(d))
+    return Geometry(
+        layers=layers or len(caches),
+        shape=shape,
+        dtype=str(block.dtype).removeprefix("torch."),
+        itemsize=block.element_size(),
+        layout="dims" + "".join(map(str, order)),
+    )
+
+
+@dataclass
+class MappedPool:
+    """The node's pool as this process maps it; registered with CUDA (`pin`) where
+    copies to and from a GPU use it, so they run as DMA and never through a bounce buffer."""
+
+    pool_id: str
+    slots: PoolSlots
+    data: torch.Tensor  # the whole file, as bytes
+    pinned: bool = False
+
+    @staticmethod
+    def of(pool_id: str, slots: PoolSlots) -> MappedPool:
+        return MappedPool(pool_id, slots, torch.frombuffer(slots.view, dtype=torch.uint8))
+
+    def layer(self, slot: int, layer: int, dtype: torch.dtype) -> torch.Tensor:
+        g = self.slots.geometry
+        start = slot * g.slot_bytes + g.layer_offset(layer)
+        return self.data[start : start + g.layer_bytes].view(dtype)
+
+    def pin(self) -> None:
+        err = torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), self.data.numel(), 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister of the node pool failed (error {int(err)})")
+        self.pinned = True
+
+    def close(self) -> None:
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.data.data_ptr())
+            self.pinned = False
+        del self.data
+        self.slots.close()
+
+
+@dataclass(frozen=True)
+class LayerSave:
+    """One layer of one step's saves: vLLM blocks → their pool slots."""
+
+    layer: int  # the model's layer number: its place in a pool block
+    block_ids: list[int]
+    slots: list[int]
+
+
+@dataclass(frozen=True)
+class LayerLoad:
+    """One step's loads: pool slots → vLLM blocks, for every layer."""
+
+    block_ids: list[int]
+    slots: list[int]
+
+
+Noted = Callable[[list[int]], None]  # a layer's copies landed in the pool: its checksums, slot by slot
+
+
+class Lane:
+    """A thread that runs the work handed to it, in order. `drain` waits, bounded,
+    until it has run everything handed over so far; a failing piece is logged and
+    the lane goes on."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, work: Callable[[], object]) -> None:
+        with self._idle:
+            self._pending += 1
+        self._queue.put(work)
+
+    def drain(self, timeout_s: float = WAIT_S) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=WAIT_S)
+
+    def _run(self) -> None:
+        while (work := self._queue.get()) is not None:
+            try:
+                work()
+            except Exception:
+                log.exception("kv copy work failed", lane=self._thread.name)
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+
+
+@dataclass
+class LoadJob:
+    """A step's loads in flight: per layer, a flag set once that layer is copied
+    (CPU) or its copies are queued behind `events[i]` (GPU)."""
+
+    layers: int
+    issued: list[threading.Event] = field(default_factory=list)
+    events: list[object] = field(default_factory=list)  # GPU: one torch.cuda.Event per layer
+    failed: bool = False
+
+    def __post_init__(self) -> None:
+        self.issued = [threading.Event() for _ in range(self.layers)]
+        self.events = [None] * self.layers
+
+    def give_up(self) -> None:
+        self.failed = True
+        for flag in self.issued:
+            flag.set()
+
+    def wait(self, index: int) -> bool:
+        """Whether layer `index` was issued (in time, and without a failure)."""
+        return self.issued[index].wait(WAIT_S) and not self.failed
+
+
+def gather(cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The step's blocks of one (blocks-first) layer cache, side by side: one kernel,
+    and each block's K and V end up contiguous, as a pool slot's layer part holds them."""
+    return cache.index_select(0, ids)
+
+
+def to_slots(pool: MappedPool, staged: torch.Tensor, layer: int, slots: list[int], non_blocking: bool) -> None:
+    for block, slot in zip(staged, slots):
+        pool.layer(slot, layer, staged.dtype).view(block.shape).copy_(block, non_blocking=non_blocking)
+
+
+def from_slots(pool: MappedPool, staged: torch.Tensor, layer: int, slots: list[int], non_blocking: bool) -> None:
+    for block, slot in zip(staged, slots):
+        block.copy_(pool.layer(slot, layer, staged.dtype).view(block.shape), non_blocking=non_blocking)
+
+
+def staging(cache: torch.Tensor, blocks: int) -> torch.Tensor:
+    return torch.empty((blocks, *cache.shape[1:]), dtype=cache.dtype, device=cache.device)
+
+
+class Copier:
+    """Saves and loads between layer caches and the pool, off the forward path. The
+    forward thread calls `save`, `load`, `wait_layer` and `flush`; the copies land on
+    a copy lane (CPU) or copy streams (GPU); `done` follows each up once it landed."""
+
+    def __init__(self, checksum_threads: int = 0) -> None:
+        threads = checksum_threads or min(8, os.cpu_count() or 1)
+        self._sums = ThreadPoolExecutor(threads, thread_name_prefix="yuebing-checksum")
+        self.done = Lane("yuebing-completions")
+
+    def checksums(self, pool: MappedPool, layer: int, slots: list[int]) -> list[int]:
+        """The slots' layer parts, checksummed on several threads (xxh3 lets go of the GIL)."""
+        return list(self._sums.map(checksum, [pool.slots.layer(slot, layer) for slot in slots]))
+
+    def save(self, pool: MappedPool, cache: torch.Tensor, job: LayerSave, noted: Noted) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> bool:
+        """The end of a step: the next step's work cannot touch a block before this
+        step's saves have read it. False if that could not be made sure in time."""
+        raise NotImplementedError
+
+    def load(self, pool: MappedPool, caches: list[torch.Tensor], layers: list[int], job: LayerLoad,
+             released: Callable[[], None]) -> LoadJob:
+        """Start copying `job`'s slots into every layer's blocks; `released` runs once
+        every copy has landed (or failed), when the slots may be reused."""
+        raise NotImplementedError
+
+    def wait_layer(self, load: LoadJob, index: int) -> bool:
+        raise NotImplementedError
+
+    def settle(self, timeout_s: float = WAIT_S) -> bool:
+        """Wait until everything handed over has landed and been followed up (noted, released)."""
+        return self.flush() and self.done.drain(timeout_s)
+
+    def close(self) -> None:
+        self.done.close()
+        self._sums.shutdown(wait=False)
+
+
+class ThreadCopier(Copier):
+    """CPU engines: a copy thread gathers and copies; the forward thread hands over."""
+
+    def __init__(self, checksum_threads: int = 0) -> None:
+        super().__init__(checksum_threads)
+        self.copies = Lane("yuebing-copy")
+
+    def save(self, pool: MappedPool, cache: torch.Tensor, job: LayerSave, noted: Noted) -> None:
+        def copy() -> None:
+            to_slots(pool, gather(cache, torch.tensor(job.block_ids)), job.layer, job.slots, non_blocking=False)
+            self.done.submit(lambda: noted(self.checksums(pool, job.layer, job.slots)))
+
+        self.copies.submit(copy)
+
+    def flush(self) -> bool:
+        return self.copies.drain()
+
+    def load(self, pool: MappedPool, caches: list[torch.Tensor], layers: list[int], job: LayerLoad,
+             released: Callable[[], None]) -> LoadJob:
+        load = LoadJob(len(caches))
+        ids = torch.tensor(job.block_ids)
+
+        def copy_layer(index: int) -> None:
+            if not load.failed:
+                try:
+                    staged = staging(caches[index], len(job.slots))
+                    from_slots(pool, staged, layers[index], job.slots, non_blocking=False)
+                    caches[index].index_copy_(0, ids, staged)
+                except Exception:
+                    load.give_up()
+                    raise
+            load.issued[index].set()
+
+        for index in range(len(caches)):
+            self.copies.submit(lambda index=index: copy_layer(index))
+        self.copies.submit(released)
+        return load
+
+    def wait_layer(self, load: LoadJob, index: int) -> bool:
+        return load.wait(index)
+
+    def close(self) -> None:
+        self.copies.close()
+        super().close()
+
+
+def landed(event: object, poll_s: float = 0.0002) -> bool:
+    """Poll a CUDA event until its work is done (bounded): the completion thread never
+    blocks inside CUDA, so closing never hangs on it."""
+    deadline = time.monotonic() + WAIT_S
+    while not event.query():  # type: ignore[attr-defined]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+class StreamCopier(Copier):
+    """GPU engines: copies on their own streams, ordered after the compute stream by
+    events; the forward thread only enqueues them, and the host never waits for bytes."""
+
+    def __init__(self, device: torch.device, checksum_threads: int = 0) -> None:
+        super().__init__(checksum_threads)
+        self.device = device
+        self.save_stream = torch.cuda.Stream(device)
+        self.load_stream = torch.cuda.Stream(device)
+        self.loads = Lane("yuebing-load")  # issues a step's loads while the forward starts
+        self._gathered: torch.cuda.Event | None = None  # the last gather: flush waits for it
+        self._ids: tuple[tuple[int, ...], torch.Tensor] | None = None  # this step's block ids, on the GPU
+
+    def _on_device(self, block_ids: list[int]) -> torch.Tensor:
+        """The block ids as a GPU tensor, made once per step and copied without a host sync."""
+        key = tuple(block_ids)
+        if self._ids is None or self._ids[0] != key:
+            ids = torch.tensor(key, dtype=torch.long).pin_memory().to(self.device, non_blocking=True)
+            self._ids = (key, ids)
+        return self._ids[1]
+
+    def save(self, pool: MappedPool, cache: torch.Tensor, job: LayerSave, noted: Noted) -> None:
+        ids = self._on_device(job.block_ids)
+        written = torch.cuda.Event()
+        written.record()  # the compute stream, right after the model wrote this layer
+        with torch.cuda.stream(self.save_stream):
+            self.save_stream.wait_event(written)
+            staged = gather(cache, ids)
+            self._gathered = torch.cuda.Event()
+            self._gathered.record(self.save_stream)
+            to_slots(pool, staged, job.layer, job.slots, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self.save_stream)
+
+        def follow_up() -> None:
+            if not landed(copied):
+                raise TimeoutError(f"layer {job.layer}'s copies did not land in {WAIT_S} s")
+            noted(self.checksums(pool, job.layer, job.slots))
+            del staging_alive[:]  # the staging buffer goes back to the allocator only now
+
+        staging_alive = [staged]
+        self.done.submit(follow_up)
+
+    def flush(self) -> bool:
+        if self._gathered is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._gathered)
+        return True
+
+    def load(self, pool: MappedPool, caches: list[torch.Tensor], layers: list[int], job: LayerLoad,
+             released: Callable[[], None]) -> LoadJob:
+        load = LoadJob(len(caches))
+        start = torch.cuda.Event()
+        start.record()  # the blocks to fill are free once the compute stream's earlier work is done
+        ids = self._on_device(job.block_ids)
+        self.load_stream.wait_event(start)
+        if self._gathered is not None:
+            self.load_stream.wait_event(self._gathered)
+
+        def issue_all() -> None:
+            try:
+                for index, cache in enumerate(caches):
+                    with torch.cuda.stream(self.load_stream):
+                        staged = staging(cache, len(job.slots))
+                        from_slots(pool, staged, layers[index], job.slots, non_blocking=True)
+                        cache.index_copy_(0, ids, staged)
+                        load.events[index] = torch.cuda.Event()
+                        load.events[index].record(self.load_stream)  # type: ignore[attr-defined]
+                    load.issued[index].set()
+            except Exception:
+                load.give_up()
+                raise
+            finally:
+                last = next((e for e in reversed(load.events) if e is not None), None)
+                self.done.submit(lambda: (last is None or landed(last)) and released())
+
+        self.loads.submit(issue_all)
+        return load
+
+    def wait_layer(self, load: LoadJob, index: int) -> bool:
+        if not load.wait(index):
+            return False
+        torch.cuda.current_stream(self.device).wait_event(load.events[index])  # the GPU waits, not the host
+        return True
+
+    def close(self) -> None:
+        self.loads.close()
+        super().close()
+
+
+def copier_for(device: torch.device, checksum_threads: int = 0) -> Copier:
+    """The copier for caches on `device`."""
+    if device.type == "cuda":
+        return StreamCopier(device, checksum_threads)
+    return ThreadCopier(checksum_threads)

@@ -1,0 +1,125 @@
+"""The copy machinery on its own (no vLLM, no messenger): saves land in their pool
+slots off the caller's thread, with the checksums the messenger checks; loads come
+back layer by layer; a failing copy is reported, never waited on forever. The GPU
+copier runs only where CUDA answers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from shared.kv.copier import (
+    Lane,
+    LayerLoad,
+    LayerSave,
+    MappedPool,
+    StreamCopier,
+    ThreadCopier,
+    blocks_first,
+    copier_for,
+    geometry_of,
+)
+from shared.kv.pool_file import PoolFile, PoolSlots, checksum
+
+BLOCKS, LAYERS, SLOTS = 4, 3, 4
+
+
+def pool(tmp_path, caches: list[torch.Tensor]) -> MappedPool:
+    geometry = geometry_of(caches)
+    return MappedPool.of("p", PoolSlots(PoolFile(tmp_path / "n.pool", SLOTS * geometry.slot_bytes, create=True), geometry))
+
+
+def caches(device: str = "cpu") -> list[torch.Tensor]:
+    # FlashAttention's layout, (K/V, blocks, tokens, heads, head size): blocks not first.
+    return [blocks_first(torch.randn(2, BLOCKS, 4, 2, 8, device=device), BLOCKS) for _ in range(LAYERS)]
+
+
+def save_all(copier, mapped: MappedPool, layer_caches, block_ids, slots) -> dict[int, list[int]]:
+    noted: dict[int, list[int]] = {}
+    for layer, cache in enumerate(layer_caches):
+        copier.save(mapped, cache, LayerSave(layer, block_ids, slots), lambda sums, layer=layer: noted.update({layer: sums}))
+    assert copier.settle()
+    return noted
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def device(request) -> str:
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return request.param
+
+
+def test_saves_land_in_their_slots_with_the_checksums_of_those_bytes(tmp_path, device):
+    layer_caches, copier = caches(device), copier_for(torch.device(device))
+    mapped = pool(tmp_path, layer_caches)
+    if device == "cuda":
+        mapped.pin()
+    noted = save_all(copier, mapped, layer_caches, block_ids=[2, 0], slots=[1, 3])
+    assert sorted(noted) == list(range(LAYERS))
+    for layer, cache in enumerate(layer_caches):
+        for block, slot, layer_sum in zip([2, 0], [1, 3], noted[layer]):
+            part = mapped.layer(slot, layer, cache.dtype).view(cache[block].shape)
+            assert torch.equal(part, cache[block].cpu())  # K then V, contiguous
+            assert layer_sum == checksum(mapped.slots.layer(slot, layer))
+    copier.close()
+    mapped.close()
+
+
+def test_loads_fill_other_blocks_layer_by_layer_and_release_once(tmp_path, device):
+    layer_caches, copier = caches(device), copier_for(torch.device(device))
+    mapped = pool(tmp_path, layer_caches)
+    save_all(copier, mapped, layer_caches, block_ids=[1, 2], slots=[0, 2])
+    released = threading.Event()
+    job = copier.load(mapped, layer_caches, list(range(LAYERS)), LayerLoad([3, 0], [0, 2]), released.set)
+    assert all(copier.wait_layer(job, index) for index in range(LAYERS))
+    assert copier.settle() and released.wait(5)
+    for cache in layer_caches:
+        assert torch.equal(cache[3], cache[1]) and torch.equal(cache[0], cache[2])
+    copier.close()
+
+
+def test_a_load_from_a_slot_past_the_pool_fails_every_layer_without_a_hang(tmp_path):
+    layer_caches, copier = caches(), ThreadCopier()
+    mapped = pool(tmp_path, layer_caches)
+    job = copier.load(mapped, layer_caches, list(range(LAYERS)), LayerLoad([0], [SLOTS + 5]), lambda: None)
+    assert not any(copier.wait_layer(job, index) for index in range(LAYERS))
+    assert job.failed
+    copier.close()
+
+
+def test_flush_returns_once_the_step_saves_have_read_their_blocks(tmp_path):
+    """The next step may overwrite a freed block: what a save copies is what the block
+    held when the layer was handed over."""
+    layer_caches, copier = caches(), ThreadCopier()
+    mapped = pool(tmp_path, layer_caches)
+    before = layer_caches[0][1].clone()
+    copier.save(mapped, layer_caches[0], LayerSave(0, [1], [0]), lambda sums: None)
+    assert copier.flush()
+    layer_caches[0][1].zero_()  # the next step reuses the block
+    assert copier.settle()
+    assert torch.equal(mapped.layer(0, 0, before.dtype).view(before.shape), before)
+    copier.close()
+
+
+def test_the_device_chooses_the_copier():
+    assert isinstance(copier_for(torch.device("cpu")), ThreadCopier)
+    if torch.cuda.is_available():
+        assert isinstance(copier_for(torch.device("cuda")), StreamCopier)
+
+
+def test_a_lane_runs_in_order_survives_a_failure_and_drains_with_a_deadline():
+    lane, seen = Lane("test-lane"), []
+    lane.submit(lambda: seen.append(1))
+    lane.submit(lambda: 1 / 0)  # logged; the lane goes on
+    lane.submit(lambda: seen.append(2))
+    assert lane.drain(5) and seen == [1, 2]
+    gate = threading.Event()
+    lane.submit(gate.wait)
+    started = time.monotonic()
+    assert not lane.drain(0.1) and time.monotonic() - started < 2
+    gate.set()
+    assert lane.drain(5)
+    lane.close()

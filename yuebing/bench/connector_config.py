@@ -1,0 +1,42 @@
+"""The settings of `yuebing bench connector` (yuebing/bench/connector.py), apart from
+the bench so that building the command's flags does not import torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from msgspec import Meta
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    block_size: int  # tokens per KV block
+
+
+SHAPES = {
+    "tiny": ModelShape(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, block_size=16),
+    "llama3-8b": ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336,
+                            block_size=128),
+}
+# What the bench holds a GPU to: saves cost at most 5 %, every layer noted within
+# 10 ms of the forward's end, loads at 40 GB/s or more.
+GPU_BAR = {"ratio": 1.05, "noted_ms": 10.0, "load_gbps": 40.0}
+
+
+@dataclass(frozen=True)
+class ConnectorBench:
+    """What to measure; each field is also a flag of `yuebing bench connector`."""
+
+    device: Annotated[str, Meta(description="cpu, cuda, or auto (cuda where one answers)")] = "auto"
+    model_shape: Annotated[str, Meta(description="tiny, llama3-8b, or auto (llama3-8b on cuda, tiny on cpu)")] = "auto"
+    tokens: Annotated[tuple[int, ...], Meta(description="prompt lengths, tokens")] = (2048, 8192, 16384)
+    repeats: Annotated[int, Meta(description="timed runs per case; the median is reported")] = 5
+    warmup: Annotated[int, Meta(description="untimed runs first")] = 2
+    checksum_threads: Annotated[int, Meta(description="threads checksumming saved layers (0: one per core, up to 8)")] = 0
