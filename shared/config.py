@@ -36,8 +36,24 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     block_size: Annotated[
         int, Meta(description="tokens per pool block, the unit of block hashes (a multiple of vLLM's block size)")
     ] = 128
-    kv_cache_gib: Annotated[int, Meta(description="KV cache each vLLM CPU engine reserves, GiB")] = 1
+    kv_cache_gib: Annotated[
+        int, Meta(description="KV cache each vLLM CPU engine reserves, GiB (GPU engines size it from "
+                              "gpu_memory_utilization)")
+    ] = 1
     engine_threads: Annotated[int, Meta(description="compute threads of each vLLM CPU engine")] = 1
+    # --- GPU engines (CPU engines ignore these) ---
+    gpu_memory_utilization: Annotated[
+        float, Meta(description="share of each GPU's memory a vLLM engine takes (weights, activations, KV cache)")
+    ] = 0.9
+    prefill_tensor_parallel_size: Annotated[
+        int, Meta(description="GPUs each prefill engine shards the model over (tensor parallelism)")
+    ] = 1
+    decode_tensor_parallel_size: Annotated[
+        int, Meta(description="GPUs each decode engine shards the model over (tensor parallelism)")
+    ] = 1
+    # vLLM's own default on a GPU; CPU engines always run eagerly (no graphs to capture).
+    cuda_graphs: Annotated[bool, Meta(description="CUDA graphs in GPU engines (off: eager, slower decode)")] = True
+    # --- end of GPU engines ---
     # A long prompt is prefilled in chunks, and the step that ends one prompt starts the next.
     step_tokens: Annotated[
         int, Meta(description="tokens one engine step computes at most (max_num_batched_tokens)")
@@ -215,6 +231,10 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("pool_bytes must be positive, ssd_bytes not negative")
         if self.eviction not in ("lru", "lfu"):
             raise ValueError(f"eviction must be lru or lfu, got {self.eviction!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if min(self.prefill_tensor_parallel_size, self.decode_tensor_parallel_size) < 1:
+            raise ValueError("prefill_tensor_parallel_size and decode_tensor_parallel_size must be at least 1")
 
     def _check_times(self) -> None:
         if self.heartbeat_interval_s <= 0 or self.liveness_timeout_s <= self.heartbeat_interval_s:
@@ -246,6 +266,10 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                              "kv_peer_forget_s must exceed liveness_timeout_s")
         if self.ssd_queue_bytes <= 0 or self.pool_index_node_blocks <= 0:
             raise ValueError("ssd_queue_bytes and pool_index_node_blocks must be positive")
+
+    def tensor_parallel_size(self, role: str) -> int:
+        """GPUs one engine of `role` ("prefill" or "decode") shards the model over."""
+        return self.prefill_tensor_parallel_size if role == "prefill" else self.decode_tensor_parallel_size
 
     @property
     def served_model_name(self) -> str:

@@ -37,7 +37,7 @@ from shared.config import ClusterConfig, save_config
 from shared.engine.llm import engine_environment
 from shared.private_file import read_private, write_private
 from shared.service import resolved
-from yuebing import process
+from yuebing import gpus, process
 from yuebing.process import free_port
 from yuebing.restarts import RestartPolicy
 from yuebing.secrets import Layout, Listen, Secrets, generate
@@ -56,6 +56,10 @@ class UpOptions:
     ] = 0
     cpp_stages: Annotated[int, Meta(description="pipeline stages of each CPP prefill group")] = 2
     nodes: Annotated[int, Meta(description="nodes (one messenger each)")] = 1
+    gpus: Annotated[
+        str, Meta(description="GPUs the engines get, each its own: auto (every one nvidia-smi lists; none: CPU "
+                              "engines), none, or indices such as 0,1,2,3")
+    ] = "auto"
     host: Annotated[str, Meta(description="address the API listens on")] = "127.0.0.1"
     port: Annotated[int, Meta(description="port the API listens on")] = 8000
     nats_port: Annotated[int, Meta(description="nats-server's port (0: a free one)")] = 0
@@ -107,6 +111,13 @@ class UpOptions:
         """Pipeline stages of prefill instance `prefill`: CPP groups come after the singles."""
         return self.cpp_stages if prefill >= self.prefill else 1
 
+    def gpu_needs(self) -> list[tuple[str, int]]:
+        """(engine, GPUs it needs), in start order: tensor-parallel size times stages."""
+        prefills, decodes = self.instances
+        tp = self.config.tensor_parallel_size
+        return ([(f"prefill-{i}", tp("prefill") * self.stages(i)) for i in range(prefills)]
+                + [(f"decode-{i}", tp("decode")) for i in range(decodes)])
+
 
 @dataclass
 class Child:
@@ -117,6 +128,7 @@ class Child:
     argv: list[str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # its own, over the cluster's (its GPUs)
     deaths: list[float] = field(default_factory=list)  # monotonic times
     start_at: float | None = None  # dead, and due to start again then
     restarts: int = 0
@@ -178,6 +190,7 @@ class Cluster:
         """Start every child and wait until the gateway sees every instance; the seconds it took."""
         o = self.options
         refuse_unloadable_transport(o.config)
+        devices = gpus.assign(o.gpu_needs(), gpus.usable(o.gpus, gpus.listed_gpus()))
         started = time.monotonic()
         run_dir = o.run_dir or Path(tempfile.mkdtemp(prefix="yuebing-"))
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -187,6 +200,11 @@ class Cluster:
         config_path = run_dir / "cluster.json"
         save_config(config, config_path)
         self.plan(run_dir, config_path, self.secrets)
+        for child in self.children:
+            if child.name in devices:
+                child.env = {"CUDA_VISIBLE_DEVICES": devices[child.name]}
+        if devices:
+            say("GPUs: " + ", ".join(f"{name} {ids}" for name, ids in devices.items()))
         self.env = {**child_environment(), **engine_environment(config), "PYTHONUNBUFFERED": "1"}
         say(f"starting {len(self.children)} processes; logs in {run_dir}")
         for child in self.children:
@@ -226,7 +244,8 @@ class Cluster:
         }
 
     def launch(self, child: Child) -> None:
-        child.process = process.spawn(child.argv, child.log_path, self.env or None)
+        env = {**self.env, **child.env} if self.env or child.env else None
+        child.process = process.spawn(child.argv, child.log_path, env)
 
     def expected_instances(self) -> set[str]:
         return {c.name for c in self.children if c.name.split("-")[0] in ("prefill", "decode", "messenger")}

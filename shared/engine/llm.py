@@ -68,9 +68,11 @@ def kv_transfer_config(config: ClusterConfig, node: str):  # -> vllm KVTransferC
     )
 
 
-def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
+def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1, role: str = "decode"
                  ) -> tuple[Any, EngineLoad]:  # (vllm AsyncLLM, its live load)
-    """An engine; with `node`, wired to that node's pool through the KV connector.
+    """An engine of `role`; with `node`, wired to that node's pool through the KV connector.
+    On a GPU it runs on the devices its launcher made visible (CUDA_VISIBLE_DEVICES),
+    sharded over the role's tensor-parallel size, with CUDA graphs unless they are off.
     With `stages` > 1, a CPP group: vLLM's pipeline parallelism over that many worker
     processes, each owning a share of the layers. vLLM advances a prompt's computed
     tokens when it schedules a chunk, so with chunked prefill the next chunk of the
@@ -84,7 +86,10 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.loggers import StatLoggerBase
 
+    from vllm.platforms import current_platform
+
     load = EngineLoad()
+    on_gpu = current_platform.is_cuda_alike()
 
     class LoadRecorder(StatLoggerBase):
         """Keeps the scheduler's queue and KV usage where heartbeats read them."""
@@ -105,15 +110,18 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
         served_model_name=config.served_model_name,
         max_model_len=config.max_model_len,
         dtype=config.dtype,
-        enforce_eager=True,
+        # A CPU engine has no graphs to capture; on a GPU, vLLM's default (graphs) unless turned off.
+        enforce_eager=not (on_gpu and config.cuda_graphs),
+        tensor_parallel_size=config.tensor_parallel_size(role),
+        gpu_memory_utilization=config.gpu_memory_utilization,
         enable_prefix_caching=config.engine_prefix_caching,
         disable_log_stats=True,
         seed=0,
         block_size=config.block_size,
         max_num_batched_tokens=config.step_tokens,
         pipeline_parallel_size=stages,
-        # Pipeline stages are processes; vLLM's CPU platform insists on them anyway.
-        distributed_executor_backend="mp" if stages > 1 else None,
+        # Pipeline stages and tensor shards are processes; vLLM's CPU platform insists on them anyway.
+        distributed_executor_backend="mp" if stages * config.tensor_parallel_size(role) > 1 else None,
         kv_transfer_config=kv_transfer_config(config, node) if node else None,
     )
     return AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder]), load

@@ -62,7 +62,7 @@ async def serve(handler: type[Handler], config: ClusterConfig, args: argparse.Na
     stages = getattr(args, "stages", 1)  # only prefill's parser has --stages: a CPP group is a prefill instance
     # Colocated, nothing ever reaches a node pool: the engine is plain vLLM, without
     # the connector's hooks in every step and layer.
-    engine, load = build_engine(config, None if config.mode == "colocated" else node, stages)
+    engine, load = build_engine(config, None if config.mode == "colocated" else node, stages, handler.ROLE)
     nc = await bus.connect(config.nats_url, instance_id, args.nats_credentials)
     instance = Instance(handler.ROLE, instance_id, node, config, nc, load, stages)
     await bus.subscribe(nc, handler.subject(instance_id), handler.REQUEST, handler(instance, engine).on_request)

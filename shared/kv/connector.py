@@ -55,6 +55,14 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
+def _tensor_parallel_rank(parallel: Any) -> int:
+    if parallel.tensor_parallel_size == 1:
+        return 0
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return get_tensor_model_parallel_rank()
+
+
 class YuebingConnector(KVConnectorBase_V1):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
@@ -69,10 +77,14 @@ class YuebingConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = ConnectorScheduler(opts)
         else:
-            # A pipeline stage holds some layers; the pool block holds the model's.
-            stages = vllm_config.parallel_config.pipeline_parallel_size
-            model_layers = vllm_config.model_config.get_total_num_hidden_layers() if stages > 1 else 0
-            self.worker = ConnectorWorker(opts, self._kv_cache_config.num_blocks, model_layers=model_layers)
+            # A pipeline stage holds some layers, a tensor-parallel rank a share of each
+            # layer's KV heads; the pool block holds the whole model's, one part per
+            # (layer, rank).
+            parallel = vllm_config.parallel_config
+            sharded = parallel.pipeline_parallel_size > 1 or parallel.tensor_parallel_size > 1
+            model_layers = vllm_config.model_config.get_total_num_hidden_layers() if sharded else 0
+            self.worker = ConnectorWorker(opts, self._kv_cache_config.num_blocks, model_layers=model_layers,
+                                          shards=parallel.tensor_parallel_size, shard=_tensor_parallel_rank(parallel))
 
     def _meta(self) -> YuebingMeta:
         meta = self._get_connector_metadata()

@@ -60,13 +60,16 @@ def model_layer(name: str, index: int, model_layers: int) -> int:
 
 class ConnectorWorker:
     def __init__(self, opts: Options, num_blocks: int, client: MessengerClient | None = None,
-                 model_layers: int = 0) -> None:
+                 model_layers: int = 0, shards: int = 1, shard: int = 0) -> None:
         self.opts = opts
         self.num_blocks = num_blocks
         self.client = client or MessengerClient(opts.kv_dir, opts.node, opts.timeout_s)
         self.model_layers = model_layers  # the whole model's (0: the layers here are all of them)
+        # Tensor parallelism: this worker holds rank `shard` of `shards` of each layer's KV
+        # heads, and a pool block one part per (layer, rank), so ranks never write over each other.
+        self.shards, self.shard = shards, shard
         self.layers: dict[str, int] = {}  # layer name → index here
-        self.layer_ids: list[int] = []  # index here → the model's layer number (its place in a pool block)
+        self.layer_ids: list[int] = []  # index here → this rank's part of that layer in a pool block
         self.caches: list[torch.Tensor] = []  # per layer here, blocks first
         self.copier: Copier | None = None  # made with the caches: their device chooses it
         self.pool: MappedPool | None = None  # None: no messenger answered; everything is computed
@@ -79,7 +82,7 @@ class ConnectorWorker:
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         for index, (name, cache) in enumerate(kv_caches.items()):
             self.layers[name] = index
-            self.layer_ids.append(model_layer(name, index, self.model_layers))
+            self.layer_ids.append(model_layer(name, index, self.model_layers) * self.shards + self.shard)
             self.caches.append(blocks_first(cache, self.num_blocks))
         self.copier = copier_for(self.caches[0].device, self.opts.checksum_threads)
         self._map_pool()
@@ -97,7 +100,7 @@ class ConnectorWorker:
         return True
 
     def geometry(self) -> Geometry:
-        return geometry_of(self.caches, self.model_layers)
+        return geometry_of(self.caches, (self.model_layers or len(self.caches)) * self.shards)
 
     def _map_pool(self) -> bool:
         """Say hello to the messenger and map the pool it answers with (pinned for a GPU's copies)."""

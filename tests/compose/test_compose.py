@@ -124,3 +124,15 @@ def test_every_service_restarts_and_the_gateway_is_healthy_only_while_serving():
     assert all(s["restart"] == "unless-stopped" for name, s in spec.items() if name != "model-init")
     check = spec["gateway"]["healthcheck"]["test"]
     assert "/health" in check[-1] and check[:2] == ["CMD", "python"]
+
+
+def test_the_gpu_override_gives_every_engine_its_own_gpus():
+    base = _compose()["services"]
+    gpu = yaml.safe_load((ROOT / "compose" / "docker-compose.gpu.yml").read_text())["services"]
+    engines = {name for name, s in base.items() if s["command"][:3] in (["python", "-m", "services.prefill"],
+                                                                          ["python", "-m", "services.decode"])}
+    assert set(gpu) == engines  # every engine, and nothing else, reserves GPUs
+    ids = [i for s in gpu.values() for d in s["deploy"]["resources"]["reservations"]["devices"] for i in d["device_ids"]]
+    assert len(ids) == len(set(ids))
+    assert all(d["driver"] == "nvidia" and d["capabilities"] == ["gpu"]
+               for s in gpu.values() for d in s["deploy"]["resources"]["reservations"]["devices"])

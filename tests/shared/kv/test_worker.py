@@ -128,3 +128,30 @@ def test_a_stage_whose_layer_names_carry_no_number_is_refused(tmp_path):
     stage = ConnectorWorker(opts, BLOCKS, client=Messenger(tmp_path), model_layers=4)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="which of the model's layers"):
         stage.register_kv_caches({"attn": torch.randn(2, BLOCKS, 2, 4, 8)})
+
+
+def test_tensor_parallel_ranks_each_write_their_share_of_every_layer_into_one_pool_block(tmp_path):
+    """Two ranks, each holding half of every layer's KV heads: a pool block has a part
+    per (layer, rank), and a reader of the same rank gets its own share back."""
+    messenger = Messenger(tmp_path, carve_once=True)
+    opts = Options(kv_dir=str(tmp_path), node="n", block_size=4, salt=b"s", model="m")
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(2)]
+    ranks = [ConnectorWorker(opts, BLOCKS, client=messenger, model_layers=2, shards=2, shard=r)  # type: ignore[arg-type]
+             for r in range(2)]
+    shares = [{name: torch.randn(2, BLOCKS, 2, 4, 8) for name in names} for _ in ranks]
+    for rank, caches in zip(ranks, shares):
+        rank.register_kv_caches(caches)
+    assert [r.geometry().layers for r in ranks] == [4, 4]
+    saving = YuebingMeta(pool_id="p1", saves=[Save(block_id=1, slot=0, block_hash=b"h" * 16)])
+    for rank in ranks:
+        for name in names:
+            rank.save_kv_layer(saving, name)
+        assert rank.copier is not None and rank.copier.settle()
+    assert sorted(n.layer for n in messenger.notes if isinstance(n, Written)) == [0, 1, 2, 3]
+    reader = ConnectorWorker(opts, BLOCKS, client=messenger, model_layers=2, shards=2, shard=1)  # type: ignore[arg-type]
+    copies = {name: torch.zeros(2, BLOCKS, 2, 4, 8) for name in names}
+    reader.register_kv_caches(copies)
+    reader.start_load_kv(YuebingMeta(pool_id="p1", loads=[Load("r", block_ids=[2], slots=[0])]))
+    reader.wait_for_save()
+    for name in names:
+        assert torch.equal(copies[name][:, 2], shares[1][name][:, 1]), name
