@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from yuebing.bench.transfer import TransferResult, engine_unavailable, to_json, verdict
+from yuebing.bench.transfer import TransferResult, cpu_seconds, cpu_table, engine_unavailable, to_json, verdict
 
 
 @pytest.mark.e2e
@@ -30,7 +30,12 @@ def test_transfer_bench_moves_every_block_and_writes_json(tmp_path):
         assert (r["mooncake"] > 0, r["mooncake_gbps"] > 0) == (engine, engine)
         assert r["tcp"] > 0 and r["gbps"] == max(r["zmq"], r["tcp"], r["mooncake"]) and r["tries"] == 2
         assert r["ratio_to_mooncake"] == (r["gbps"] / r["mooncake_gbps"] if engine else 0.0)
+        # Each side's CPU per GB, per transport as deployed: a messenger moving bytes spends CPU on them.
+        assert set(r["cpu_s_per_gb"]) == ({"zmq", "tcp", "mooncake"} if engine else {"zmq", "tcp"})
+        assert all(len(sides) == 2 and all(s >= 0 for s in sides) for sides in r["cpu_s_per_gb"].values())
+        assert r["cpu_s_per_gb"]["tcp"][1] > 0  # the receiver decrypts every byte
     assert "| 1 MiB |" in run.stdout and "bare Mooncake TE" in run.stdout
+    assert "tcp: sender, receiver CPU-s/GB" in run.stdout
 
 
 def result(block_bytes: int, ratio: float) -> TransferResult:
@@ -45,3 +50,14 @@ def test_the_verdict_takes_the_lowest_ratio_of_every_run_per_block_size():
     data = to_json(runs)
     assert [r["ratio_to_mooncake"] for r in data["results"]] == [0.9, 1.3] and len(data["runs"]) == 2
     assert "runs" not in to_json(runs[:1])
+
+
+def test_cpu_seconds_of_this_process_grow_as_it_works_and_the_table_shows_each_side():
+    import os
+
+    before = cpu_seconds(os.getpid())
+    sum(i * i for i in range(2_000_000))
+    assert cpu_seconds(os.getpid()) > before
+    r = TransferResult(65536, 4, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 10.0, 1.0, 0.5,
+                       cpu_s_per_gb={"tcp": [0.25, 0.5]})
+    assert "| 64 KiB | 0.250, 0.500 |" in cpu_table([r])

@@ -24,12 +24,13 @@ import asyncio
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,9 @@ class TransferResult:
     bare_zmq_gbps: float  # bare ZeroMQ PUSH → PULL over the same TCP loopback: that transport's ceiling
     bare_zmq_curve_gbps: float  # bare ZeroMQ with CURVE
     tries: int = 1  # turns each contender (the three transports, the bare engine) had: its best is shown
+    # Per transport, CPU seconds each messenger process spent per GB moved: [sender, receiver]
+    # (the lowest of its turns). What a node's messenger needs in cores per GB/s of KV.
+    cpu_s_per_gb: dict[str, list[float]] = field(default_factory=dict)
 
 
 def memcpy_gbps(nbytes: int, repeats: int = 5) -> float:
@@ -127,9 +131,11 @@ def zmq_gbps(block_bytes: int, count: int, keys: ClusterKeys | None = None) -> f
 
 @contextmanager
 def two_messengers(work: Path, pool_bytes: int, key_file: Path | None = None,
-                   security: str = "aes-gcm", transport: str = "zmq") -> Iterator[ClusterConfig]:
+                   security: str = "aes-gcm", transport: str = "zmq"
+                   ) -> Iterator[tuple[ClusterConfig, list[subprocess.Popen]]]:
     """nats-server and messengers for nodes a and b (with the cluster key in
-    `key_file` and `security`, or --kv-insecure without) over `transport`; yields the config."""
+    `key_file` and `security`, or --kv-insecure without) over `transport`; yields the
+    config and the two messenger processes."""
     work.mkdir(parents=True, exist_ok=True)
     nats_port = process.free_port()
     config = ClusterConfig(nats_url=f"nats://127.0.0.1:{nats_port}", kv_dir=str(work / "kv"), pool_bytes=pool_bytes,
@@ -146,7 +152,7 @@ def two_messengers(work: Path, pool_bytes: int, key_file: Path | None = None,
                     "--instance-id", f"messenger-{node}", "--node", node,
                     *(["--kv-key-file", str(key_file), "--kv-security", security] if key_file else ["--kv-insecure"])]
             messengers.append(process.spawn(argv, work / f"messenger-{node}.log"))
-        yield config
+        yield config, messengers
     finally:
         process.stop(messengers, grace_s=10.0)
         process.stop([nats], grace_s=10.0)
@@ -198,10 +204,14 @@ def measure(block_bytes: int, total_bytes: int, work: Path, copy_gbps: float, en
     blocks = max(4, total_bytes // block_bytes)
     keys = write_keys(work / "kv.key", generate_keys())
     key = work / "kv.key"
+    cpu: dict[str, list[float]] = {}
 
     def gbps(name: str, key_file: Path | None, security: str = "aes-gcm", transport: str = "zmq") -> float:
-        return blocks * block_bytes / messenger_seconds(block_bytes, blocks, work / name, key_file, security,
-                                                        transport) / 1e9
+        leg = messenger_leg(block_bytes, blocks, work / name, key_file, security, transport)
+        gb = blocks * block_bytes / 1e9
+        per_gb = [leg.cpu_s[0] / gb, leg.cpu_s[1] / gb]
+        cpu[transport] = [min(a, b) for a, b in zip(cpu[transport], per_gb)] if transport in cpu else per_gb
+        return gb / leg.seconds
 
     contenders: dict[str, Callable[[], float]] = {
         "zmq": lambda: gbps("aes-gcm", key), "tcp": lambda: gbps("tcp", key, transport="tcp"),
@@ -213,21 +223,46 @@ def measure(block_bytes: int, total_bytes: int, work: Path, copy_gbps: float, en
     for _ in range(tries):
         for name, figure in contenders.items():
             best[name] = max(best[name], figure())
+    deployed = dict(cpu)  # the plaintext and CURVE runs below are ZeroMQ too: not the deployed figure
     plain, curve = gbps("plain", None), gbps("curve", key, "curve")
     top = max(best["zmq"], best["tcp"], best["mooncake"])
     return TransferResult(
         block_bytes, blocks, top, best["bare"], top / best["bare"] if best["bare"] else 0.0, best["zmq"], best["tcp"],
         best["mooncake"], plain, curve, copy_gbps, zmq_gbps(block_bytes, blocks), zmq_gbps(block_bytes, blocks, keys),
-        tries,
+        tries, deployed,
     )
 
 
-def messenger_seconds(block_bytes: int, blocks: int, work: Path, key_file: Path | None,
-                      security: str = "aes-gcm", transport: str = "zmq") -> float:
-    """From the first "written" note on node a to the last "ready" event on node b."""
+@dataclass(frozen=True)
+class Leg:
+    """One transfer between the two messengers."""
+
+    seconds: float  # from the first "written" note on node a to the last "ready" event on node b
+    cpu_s: tuple[float, float]  # CPU seconds messenger a (sender) and b (receiver) spent meanwhile
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a live process has run so far, every thread (Linux /proc): from the
+    scheduler's nanosecond count where the kernel keeps one, else user plus system
+    clock ticks (10 ms steps: too coarse for a short transfer)."""
+    try:
+        return sum(int(line.split()[0]) for line in _thread_schedstats(pid)) / 1e9
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _thread_schedstats(pid: int) -> list[str]:
+    tasks = Path(f"/proc/{pid}/task")
+    return [(task / "schedstat").read_text() for task in tasks.iterdir()]
+
+
+def messenger_leg(block_bytes: int, blocks: int, work: Path, key_file: Path | None,
+                  security: str = "aes-gcm", transport: str = "zmq") -> Leg:
+    """`blocks` blocks from node a's pool to node b's, timed, with each side's CPU time."""
     geometry = Geometry(layers=1, shape=(1, 1, block_bytes), dtype="uint8", itemsize=1, layout="bytes")
     pool_bytes = (blocks + 2) * geometry.slot_bytes
-    with two_messengers(work, pool_bytes, key_file, security, transport) as config:
+    with two_messengers(work, pool_bytes, key_file, security, transport) as (config, messengers):
         kv = config.kv_root
         a, b = MessengerClient(kv, "a", timeout_s=5), MessengerClient(kv, "b", timeout_s=5)
         reply = hello(a, geometry)
@@ -238,15 +273,18 @@ def messenger_seconds(block_bytes: int, blocks: int, work: Path, key_file: Path 
         sub.connect(events_endpoint(kv, "b"))
         time.sleep(0.3)  # SUB sockets miss what is published before they are connected
         notes = _fill(a, reply, geometry, blocks)
+        before = [cpu_seconds(m.pid) for m in messengers]
         start = time.perf_counter()
         for note in notes:
             a.note(note)
         _await_ready(sub, blocks, work)
         seconds = time.perf_counter() - start
+        after = [cpu_seconds(m.pid) for m in messengers]
         sub.close(0)
         a.close()
         b.close()
-    return seconds
+    # A thread that ended meanwhile takes its count with it: never below nothing.
+    return Leg(seconds, (max(0.0, after[0] - before[0]), max(0.0, after[1] - before[1])))
 
 
 def _fill(a: MessengerClient, reply, geometry: Geometry, blocks: int) -> list[Written]:
@@ -320,6 +358,17 @@ def table(results: list[TransferResult]) -> str:
                      f"| {r.ratio_to_mooncake:.2f} "
                      f"| {r.zmq_plaintext:.2f} | {r.zmq_curve:.2f} | {r.memcpy_gbps:.2f} | {r.bare_zmq_gbps:.2f} "
                      f"| {r.bare_zmq_curve_gbps:.2f} |")
+    return "\n".join(lines)
+
+
+def cpu_table(results: list[TransferResult]) -> str:
+    """CPU seconds per GB moved, each side, per transport (the lowest of its turns)."""
+    transports = sorted({t for r in results for t in r.cpu_s_per_gb})
+    lines = ["| block | " + " | ".join(f"{t}: sender, receiver CPU-s/GB" for t in transports) + " |",
+             "|---|" + "---|" * len(transports)]
+    for r in results:
+        cells = [", ".join(f"{v:.3f}" for v in r.cpu_s_per_gb[t]) if t in r.cpu_s_per_gb else "-" for t in transports]
+        lines.append(f"| {_size(r.block_bytes)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

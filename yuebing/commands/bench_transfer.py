@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
               f"{args.total_mib} MiB per block size, best of {args.tries} interleaved tries:")
         runs.append(transfer.run([k * 1024 for k in args.sizes_kib], args.total_mib << 20, args.tries))
         print(transfer.table(runs[-1]))
+        print(transfer.cpu_table(runs[-1]))
     if args.runs > 1:
         print(transfer.verdict(runs))
     write_json(transfer.to_json(runs), args.json)
