@@ -324,8 +324,9 @@ class StreamCopier(Copier):
 
     def save(self, pool: MappedPool, cache: torch.Tensor, job: LayerSave, noted: Noted) -> None:
         ids = self._on_device(job.block_ids)
+        ids.record_stream(self.save_stream)  # its memory is not reused before the gather has read it
         written = torch.cuda.Event()
-        written.record()  # the compute stream, right after the model wrote this layer
+        written.record(torch.cuda.current_stream(self.device))  # right after the model wrote this layer
         with torch.cuda.stream(self.save_stream):
             self.save_stream.wait_event(written)
             staged = gather(cache, ids)
@@ -352,9 +353,11 @@ class StreamCopier(Copier):
     def load(self, pool: MappedPool, caches: list[torch.Tensor], layers: list[int], job: LayerLoad,
              released: Callable[[], None]) -> LoadJob:
         load = LoadJob(len(caches))
-        start = torch.cuda.Event()
-        start.record()  # the blocks to fill are free once the compute stream's earlier work is done
         ids = self._on_device(job.block_ids)
+        ids.record_stream(self.load_stream)
+        start = torch.cuda.Event()
+        # The blocks to fill are free once the compute stream's earlier work (and the ids' copy) is done.
+        start.record(torch.cuda.current_stream(self.device))
         self.load_stream.wait_event(start)
         if self._gathered is not None:
             self.load_stream.wait_event(self._gathered)
@@ -362,7 +365,8 @@ class StreamCopier(Copier):
         def issue_all() -> None:
             try:
                 for index, cache in enumerate(caches):
-                    with torch.cuda.stream(self.load_stream):
+                    # The current device and stream are per thread: this lane's are set here.
+                    with torch.cuda.device(self.device), torch.cuda.stream(self.load_stream):
                         staged = staging(cache, len(job.slots))
                         from_slots(pool, staged, layers[index], job.slots, non_blocking=True)
                         cache.index_copy_(0, ids, staged)

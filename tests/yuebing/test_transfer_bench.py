@@ -34,6 +34,9 @@ def test_transfer_bench_moves_every_block_and_writes_json(tmp_path):
         assert set(r["cpu_s_per_gb"]) == ({"zmq", "tcp", "mooncake"} if engine else {"zmq", "tcp"})
         assert all(len(sides) == 2 and all(s >= 0 for s in sides) for sides in r["cpu_s_per_gb"].values())
         assert r["cpu_s_per_gb"]["tcp"][1] > 0  # the receiver decrypts every byte
+        assert set(r["loop_s_per_gb"]) == set(r["cpu_s_per_gb"])
+        assert all(0 <= loop <= every + 1e-9 for t in r["cpu_s_per_gb"]
+                   for loop, every in zip(r["loop_s_per_gb"][t], r["cpu_s_per_gb"][t]))
     assert "| 1 MiB |" in run.stdout and "bare Mooncake TE" in run.stdout
     assert "tcp: sender, receiver CPU-s/GB" in run.stdout
 
@@ -58,6 +61,7 @@ def test_cpu_seconds_of_this_process_grow_as_it_works_and_the_table_shows_each_s
     before = cpu_seconds(os.getpid())
     sum(i * i for i in range(2_000_000))
     assert cpu_seconds(os.getpid()) > before
+    assert 0 < cpu_seconds(os.getpid(), loop_only=True) <= cpu_seconds(os.getpid())
     r = TransferResult(65536, 4, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 10.0, 1.0, 0.5,
-                       cpu_s_per_gb={"tcp": [0.25, 0.5]})
-    assert "| 64 KiB | 0.250, 0.500 |" in cpu_table([r])
+                       cpu_s_per_gb={"tcp": [0.25, 0.5]}, loop_s_per_gb={"tcp": [0.125, 0.25]})
+    assert "| 64 KiB | 0.250 (0.125), 0.500 (0.250) |" in cpu_table([r])

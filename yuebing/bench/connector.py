@@ -51,7 +51,8 @@ def resolve(cfg: ConnectorBench) -> tuple[torch.device, ModelShape, str]:
     if not cfg.tokens or min(cfg.tokens) < SHAPES[name].block_size or cfg.repeats < 1 or cfg.warmup < 0:
         raise ValueError(f"--tokens must each be at least one block ({SHAPES[name].block_size}), "
                          "--repeats at least 1, --warmup at least 0")
-    return torch.device(device), SHAPES[name], name
+    index = torch.cuda.current_device() if device == "cuda" else None
+    return torch.device(device, index), SHAPES[name], name
 
 
 def device_name(device: torch.device) -> str:

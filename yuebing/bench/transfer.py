@@ -66,6 +66,9 @@ class TransferResult:
     # Per transport, CPU seconds each messenger process spent per GB moved: [sender, receiver]
     # (the lowest of its turns). What a node's messenger needs in cores per GB/s of KV.
     cpu_s_per_gb: dict[str, list[float]] = field(default_factory=dict)
+    # The same, of each messenger's event-loop thread alone: where its Python runs (the
+    # Transfer Engine's and the SSD writer's threads left out).
+    loop_s_per_gb: dict[str, list[float]] = field(default_factory=dict)
 
 
 def memcpy_gbps(nbytes: int, repeats: int = 5) -> float:
@@ -204,12 +207,12 @@ def measure(block_bytes: int, total_bytes: int, work: Path, copy_gbps: float, en
     blocks = max(4, total_bytes // block_bytes)
     keys = write_keys(work / "kv.key", generate_keys())
     key = work / "kv.key"
-    cpu: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}  # transport → [sender, receiver, sender's loop, receiver's loop] CPU-s/GB
 
     def gbps(name: str, key_file: Path | None, security: str = "aes-gcm", transport: str = "zmq") -> float:
         leg = messenger_leg(block_bytes, blocks, work / name, key_file, security, transport)
         gb = blocks * block_bytes / 1e9
-        per_gb = [leg.cpu_s[0] / gb, leg.cpu_s[1] / gb]
+        per_gb = [t / gb for t in (*leg.cpu_s, *leg.loop_s)]
         cpu[transport] = [min(a, b) for a, b in zip(cpu[transport], per_gb)] if transport in cpu else per_gb
         return gb / leg.seconds
 
@@ -229,7 +232,7 @@ def measure(block_bytes: int, total_bytes: int, work: Path, copy_gbps: float, en
     return TransferResult(
         block_bytes, blocks, top, best["bare"], top / best["bare"] if best["bare"] else 0.0, best["zmq"], best["tcp"],
         best["mooncake"], plain, curve, copy_gbps, zmq_gbps(block_bytes, blocks), zmq_gbps(block_bytes, blocks, keys),
-        tries, deployed,
+        tries, {t: v[:2] for t, v in deployed.items()}, {t: v[2:] for t, v in deployed.items()},
     )
 
 
@@ -239,22 +242,25 @@ class Leg:
 
     seconds: float  # from the first "written" note on node a to the last "ready" event on node b
     cpu_s: tuple[float, float]  # CPU seconds messenger a (sender) and b (receiver) spent meanwhile
+    loop_s: tuple[float, float]  # the same, of their event-loop (main) threads alone
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time a live process has run so far, every thread (Linux /proc): from the
-    scheduler's nanosecond count where the kernel keeps one, else user plus system
-    clock ticks (10 ms steps: too coarse for a short transfer)."""
+def cpu_seconds(pid: int, loop_only: bool = False) -> float:
+    """CPU time a live process has run so far, every thread (or its main thread, where
+    the messenger's event loop runs), from the scheduler's nanosecond counts (Linux
+    /proc). Where the kernel keeps none, user plus system clock ticks of the whole
+    process (10 ms steps: too coarse for a short transfer)."""
+    tasks = [Path(f"/proc/{pid}/task/{pid}")] if loop_only else list(Path(f"/proc/{pid}/task").iterdir())
     try:
-        return sum(int(line.split()[0]) for line in _thread_schedstats(pid)) / 1e9
+        return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks) / 1e9
     except (OSError, ValueError, IndexError):
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _thread_schedstats(pid: int) -> list[str]:
-    tasks = Path(f"/proc/{pid}/task")
-    return [(task / "schedstat").read_text() for task in tasks.iterdir()]
+def _cpu(messengers: list[subprocess.Popen]) -> list[float]:
+    """[sender, receiver, sender's loop, receiver's loop] CPU seconds so far."""
+    return [cpu_seconds(m.pid) for m in messengers] + [cpu_seconds(m.pid, loop_only=True) for m in messengers]
 
 
 def messenger_leg(block_bytes: int, blocks: int, work: Path, key_file: Path | None,
@@ -273,18 +279,19 @@ def messenger_leg(block_bytes: int, blocks: int, work: Path, key_file: Path | No
         sub.connect(events_endpoint(kv, "b"))
         time.sleep(0.3)  # SUB sockets miss what is published before they are connected
         notes = _fill(a, reply, geometry, blocks)
-        before = [cpu_seconds(m.pid) for m in messengers]
+        before = _cpu(messengers)
         start = time.perf_counter()
         for note in notes:
             a.note(note)
         _await_ready(sub, blocks, work)
         seconds = time.perf_counter() - start
-        after = [cpu_seconds(m.pid) for m in messengers]
+        after = _cpu(messengers)
         sub.close(0)
         a.close()
         b.close()
     # A thread that ended meanwhile takes its count with it: never below nothing.
-    return Leg(seconds, (max(0.0, after[0] - before[0]), max(0.0, after[1] - before[1])))
+    spent = [max(0.0, a - b) for a, b in zip(after, before)]
+    return Leg(seconds, (spent[0], spent[1]), (spent[2], spent[3]))
 
 
 def _fill(a: MessengerClient, reply, geometry: Geometry, blocks: int) -> list[Written]:
@@ -362,12 +369,16 @@ def table(results: list[TransferResult]) -> str:
 
 
 def cpu_table(results: list[TransferResult]) -> str:
-    """CPU seconds per GB moved, each side, per transport (the lowest of its turns)."""
+    """CPU seconds per GB moved, each side, per transport (the lowest of its turns):
+    every thread of the messenger, and its event-loop thread alone in brackets."""
     transports = sorted({t for r in results for t in r.cpu_s_per_gb})
-    lines = ["| block | " + " | ".join(f"{t}: sender, receiver CPU-s/GB" for t in transports) + " |",
+    lines = ["| block | " + " | ".join(f"{t}: sender, receiver CPU-s/GB (event loop)" for t in transports) + " |",
              "|---|" + "---|" * len(transports)]
     for r in results:
-        cells = [", ".join(f"{v:.3f}" for v in r.cpu_s_per_gb[t]) if t in r.cpu_s_per_gb else "-" for t in transports]
+        cells = []
+        for t in transports:
+            every, loop = r.cpu_s_per_gb.get(t), r.loop_s_per_gb.get(t, [0.0, 0.0])
+            cells.append(f"{every[0]:.3f} ({loop[0]:.3f}), {every[1]:.3f} ({loop[1]:.3f})" if every else "-")
         lines.append(f"| {_size(r.block_bytes)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
