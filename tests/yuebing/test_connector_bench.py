@@ -25,7 +25,7 @@ def test_the_cpu_bench_measures_every_case_and_says_so(tmp_path, capsys):
         assert r["ratio"] == pytest.approx(r["with_saves_ms"] / r["prefill_ms"])
         assert r["load_over_recompute"] == pytest.approx(r["load_ms"] / r["prefill_ms"])
         assert r["noted_after_end_ms"] >= 0
-    assert result["bare_gbps"]["memcpy"] > 0
+    assert result["bare_gbps"]["memcpy"] > 0 and result["bare_gbps"]["checksum_one_thread"] > 0
     printed = capsys.readouterr().out
     assert "ratio" in printed and printed.count(result["device"][:28]) >= 3  # each row names its device
 

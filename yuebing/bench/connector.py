@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from shared.kv.copier import LayerLoad, LayerSave, MappedPool, blocks_first, copier_for, geometry_of
-from shared.kv.pool_file import PoolFile, PoolSlots
+from shared.kv.pool_file import PoolFile, PoolSlots, checksum
 from yuebing.bench.connector_config import GPU_BAR, SHAPES, ConnectorBench, ModelShape
 
 
@@ -206,7 +206,8 @@ def bare_gbps(device: torch.device, nbytes: int = 256 << 20, repeats: int = 5) -
     """The machine's plain copy bandwidth: pinned host ↔ GPU each way, or memcpy on a CPU."""
     if device.type != "cuda":
         a, b = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
-        return {"memcpy": nbytes / median_s(lambda: timed(lambda: b.copy_(a), lambda: None), repeats, 1) / 1e9}
+        return {"memcpy": nbytes / median_s(lambda: timed(lambda: b.copy_(a), lambda: None), repeats, 1) / 1e9,
+                "checksum_one_thread": checksum_gbps(a.numpy(), repeats)}
     host = torch.ones(nbytes, dtype=torch.uint8).pin_memory()
     gpu = torch.empty(nbytes, dtype=torch.uint8, device=device)
     sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
@@ -215,7 +216,15 @@ def bare_gbps(device: torch.device, nbytes: int = 256 << 20, repeats: int = 5) -
                                             repeats, 1) / 1e9,
         "device_to_host": nbytes / median_s(lambda: timed(lambda: host.copy_(gpu, non_blocking=True), sync),
                                             repeats, 1) / 1e9,
+        "checksum_one_thread": checksum_gbps(host.numpy(), repeats),
     }
+
+
+def checksum_gbps(data: Any, repeats: int) -> float:
+    """xxh3 (the layer checksum) over `data` on one thread: what the checksums of saved
+    layers cost a core, per GB."""
+    view = memoryview(data).cast("B")
+    return view.nbytes / median_s(lambda: timed(lambda: checksum(view), lambda: None), repeats, 1) / 1e9
 
 
 def pool_for(caches: list[torch.Tensor], blocks: int, folder: Path) -> MappedPool:
