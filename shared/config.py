@@ -235,6 +235,12 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if min(self.prefill_tensor_parallel_size, self.decode_tensor_parallel_size) < 1:
             raise ValueError("prefill_tensor_parallel_size and decode_tensor_parallel_size must be at least 1")
+        # A pool block holds one part per (layer, rank): decode loads prefill's KV only
+        # when both shard it alike (colocated, nothing moves between engines).
+        if self.mode != "colocated" and self.prefill_tensor_parallel_size != self.decode_tensor_parallel_size:
+            raise ValueError(f"prefill_tensor_parallel_size ({self.prefill_tensor_parallel_size}) and "
+                             f"decode_tensor_parallel_size ({self.decode_tensor_parallel_size}) must be equal "
+                             f"in {self.mode} mode: decode loads prefill's KV shard by shard")
 
     def _check_times(self) -> None:
         if self.heartbeat_interval_s <= 0 or self.liveness_timeout_s <= self.heartbeat_interval_s:

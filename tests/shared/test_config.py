@@ -31,3 +31,14 @@ def test_a_config_that_leaves_slos_to_the_profile_gets_them_at_start():
     config = resolved(ClusterConfig(max_model_len=4096))
     assert config.admission == "predictive" and config.slo_ttft_ms > 0 and config.slo_tbt_ms > 0
     assert resolved(ClusterConfig(slo_ttft_ms=5.0, slo_tbt_ms=7.0)).slo_ttft_ms == 5.0  # what is set stays
+
+
+def test_gpu_settings_are_checked_with_the_setting_named():
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        ClusterConfig(gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="must be at least 1"):
+        ClusterConfig(prefill_tensor_parallel_size=0, decode_tensor_parallel_size=0)
+    with pytest.raises(ValueError, match=r"\(2\) and decode_tensor_parallel_size \(1\) must be equal"):
+        ClusterConfig(prefill_tensor_parallel_size=2)
+    colocated = ClusterConfig(mode="colocated", decode_tensor_parallel_size=2)  # nothing moves between engines
+    assert colocated.tensor_parallel_size("decode") == 2 and colocated.tensor_parallel_size("prefill") == 1

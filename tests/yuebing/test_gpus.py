@@ -18,12 +18,12 @@ def test_four_prefills_and_four_decodes_on_eight_gpus_each_get_their_own():
 
 
 def test_tensor_parallel_sizes_and_cpp_stages_take_several_gpus_each():
-    config = ClusterConfig(prefill_tensor_parallel_size=2, decode_tensor_parallel_size=4)
-    needs = UpOptions(config=config, prefill=1, cpp_groups=1, cpp_stages=2, decode=1).gpu_needs()
-    assert needs == [("prefill-0", 2), ("prefill-1", 4), ("decode-0", 4)]
+    config = ClusterConfig(prefill_tensor_parallel_size=2, decode_tensor_parallel_size=2)
+    needs = UpOptions(config=config, prefill=1, cpp_groups=1, cpp_stages=2, decode=2).gpu_needs()
+    assert needs == [("prefill-0", 2), ("prefill-1", 4), ("decode-0", 2), ("decode-1", 2)]
     with pytest.raises(ValueError, match="need 10 GPUs .* but 8 are available"):
         assign(needs, EIGHT)
-    assert assign(needs[:2], EIGHT) == {"prefill-0": "0,1", "prefill-1": "2,3,4,5"}
+    assert assign(needs[:3], EIGHT) == {"prefill-0": "0,1", "prefill-1": "2,3,4,5", "decode-0": "6,7"}
 
 
 def test_asking_for_more_gpus_than_listed_is_refused_with_what_was_asked():
