@@ -86,6 +86,12 @@ class YuebingConnector(KVConnectorBase_V1):
             self.worker = ConnectorWorker(opts, self._kv_cache_config.num_blocks, model_layers=model_layers,
                                           shards=parallel.tensor_parallel_size, shard=_tensor_parallel_rank(parallel))
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Layer-wise saves and loads run inside each attention call, which a full CUDA
+        graph replays without Python: vLLM then captures piecewise graphs only."""
+        return True
+
     def _meta(self) -> YuebingMeta:
         meta = self._get_connector_metadata()
         assert isinstance(meta, YuebingMeta)

@@ -155,3 +155,10 @@ def test_tensor_parallel_ranks_each_write_their_share_of_every_layer_into_one_po
     reader.wait_for_save()
     for name in names:
         assert torch.equal(copies[name][:, 2], shares[1][name][:, 1]), name
+
+
+def test_the_connector_asks_vllm_for_piecewise_cuda_graphs_only():
+    """Full graphs would replay attention without our layer-wise hooks: a race on GPU."""
+    from shared.kv.connector import YuebingConnector
+
+    assert YuebingConnector.requires_piecewise_for_cudagraph({}) is True
