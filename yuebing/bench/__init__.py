@@ -2,7 +2,10 @@
 
 - `conductor`: the Conductor's decision path, in-process;
 - `hash`: the block hash's digest, sha256 against xxh3-128, in-process;
-- `transfer`: messenger → messenger KV block throughput against memcpy;
+- `transfer`: messenger → messenger KV block throughput against memcpy, and each
+  messenger's CPU per GB;
+- `connector`: the KV connector's copies against a LLaMA-shaped forward, CPU or
+  GPU, without vLLM (its settings in `connector_config`);
 - `ttft`: a long prompt's TTFT colocated vs disaggregated, live;
 - `reuse`: TTFT with part of the prompt in the node pools, live.
 
