@@ -123,3 +123,12 @@ def test_a_lane_runs_in_order_survives_a_failure_and_drains_with_a_deadline():
     gate.set()
     assert lane.drain(5)
     lane.close()
+
+
+def test_large_layers_are_summed_on_the_thread_pool_with_the_same_checksums(tmp_path, monkeypatch):
+    layer_caches, copier = caches(), ThreadCopier(checksum_threads=2)
+    mapped = pool(tmp_path, layer_caches)
+    alone = save_all(copier, mapped, layer_caches, block_ids=[0, 1, 2], slots=[0, 1, 2])
+    monkeypatch.setattr("shared.kv.copier.PARALLEL_SUM_BYTES", 0)
+    assert save_all(copier, mapped, layer_caches, block_ids=[0, 1, 2], slots=[0, 1, 2]) == alone
+    copier.close()
