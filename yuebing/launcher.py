@@ -200,11 +200,7 @@ class Cluster:
         config_path = run_dir / "cluster.json"
         save_config(config, config_path)
         self.plan(run_dir, config_path, self.secrets)
-        for child in self.children:
-            if child.name in devices:
-                child.env = {"CUDA_VISIBLE_DEVICES": devices[child.name]}
-        if devices:
-            say("GPUs: " + ", ".join(f"{name} {ids}" for name, ids in devices.items()))
+        self.give_gpus(devices)
         self.env = {**child_environment(), **engine_environment(config), "PYTHONUNBUFFERED": "1"}
         say(f"starting {len(self.children)} processes; logs in {run_dir}")
         for child in self.children:
@@ -218,6 +214,14 @@ class Cluster:
             part.write_text(json.dumps(self.ready_state(config, run_dir, elapsed), indent=2))
             part.replace(o.ready_file)
         return elapsed
+
+    def give_gpus(self, devices: dict[str, str]) -> None:
+        """Each planned engine sees only its own GPUs (`gpus.assign`'s plan)."""
+        for child in self.children:
+            if child.name in devices:
+                child.env = {"CUDA_VISIBLE_DEVICES": devices[child.name]}
+        if devices:
+            say("GPUs: " + ", ".join(f"{name} {ids}" for name, ids in devices.items()))
 
     def config(self, run_dir: Path, nats_url: str) -> ClusterConfig:
         """The options' config with this run's NATS address and KV folder."""

@@ -158,3 +158,29 @@ def test_cpp_groups_are_prefill_instances_after_the_singles_each_told_its_stages
 def test_a_cpp_layout_that_cannot_run_is_refused(flags, error):
     with pytest.raises(ValueError, match=error):
         UpOptions(**{"config": ClusterConfig(), **flags})
+
+
+def test_more_gpus_asked_than_listed_stops_the_cluster_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr("yuebing.gpus.listed_gpus", lambda: ["0", "1"])
+    c = Cluster(UpOptions(config=ClusterConfig(), prefill=2, decode=2, run_dir=tmp_path / "run"))
+    with pytest.raises(ValueError, match="need 4 GPUs .* but 2 are available"):
+        c.start()
+    assert not (tmp_path / "run").exists() and not c.children
+
+
+def test_each_engine_child_starts_seeing_only_its_own_gpus(tmp_path):
+    from yuebing import gpus
+
+    options = UpOptions(config=ClusterConfig(), prefill=1, decode=2)
+    c = Cluster(options)
+    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, nats_port=4333))
+    c.give_gpus(gpus.assign(options.gpu_needs(), ["3", "5", "7"]))
+    seen = {child.name: child.env.get("CUDA_VISIBLE_DEVICES") for child in c.children}
+    assert seen["prefill-0"] == "3" and seen["decode-0"] == "5" and seen["decode-1"] == "7"
+    assert seen["gateway"] is None and seen["messenger-0"] is None
+    probe = Child("decode-0", [sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"],
+                  tmp_path / "probe.log", env=c.children[[ch.name for ch in c.children].index("decode-0")].env)
+    c.env = {"PATH": "/usr/bin:/bin"}
+    c.launch(probe)
+    assert probe.process is not None and probe.process.wait(10) == 0
+    assert probe.log_path.read_text().strip().endswith("5")
