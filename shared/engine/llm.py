@@ -83,10 +83,9 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
     os.environ[STAGES_ENV] = str(stages)  # read by the stage-buffer plugin in the engine's processes
     # Imported here: vLLM takes seconds to import, and only engine services need it.
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.loggers import StatLoggerBase
-
-    from vllm.platforms import current_platform
 
     load = EngineLoad()
     on_gpu = current_platform.is_cuda_alike()

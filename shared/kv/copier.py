@@ -28,9 +28,9 @@ gather kernel per layer; CPU: until the copy thread has copied them).
 from __future__ import annotations
 
 import os
-import time
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field

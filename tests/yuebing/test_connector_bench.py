@@ -30,8 +30,8 @@ def test_the_cpu_bench_measures_every_case_and_says_so(tmp_path, capsys):
     assert "ratio" in printed and printed.count(result["device"][:28]) >= 3  # each row names its device
 
 
-@pytest.mark.parametrize("bad, why", [(dict(device="tpu"), "--device"), (dict(model_shape="llama9"), "--model-shape"),
-                                      (dict(tokens=(8,)), "at least one block")])
+@pytest.mark.parametrize("bad, why", [({"device": "tpu"}, "--device"), ({"model_shape": "llama9"}, "--model-shape"),
+                                      ({"tokens": (8,)}, "at least one block")])
 def test_bad_settings_are_refused_with_the_flag_named(bad, why):
     with pytest.raises(ValueError, match=why):
         resolve(ConnectorBench(**{"device": "cpu", "model_shape": "tiny", **bad}))

@@ -210,7 +210,7 @@ def bare_gbps(device: torch.device, nbytes: int = 256 << 20, repeats: int = 5) -
                 "checksum_one_thread": checksum_gbps(a.numpy(), repeats)}
     host = torch.ones(nbytes, dtype=torch.uint8).pin_memory()
     gpu = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+    sync = lambda: torch.cuda.synchronize(device)
     return {
         "host_to_device": nbytes / median_s(lambda: timed(lambda: gpu.copy_(host, non_blocking=True), sync),
                                             repeats, 1) / 1e9,
