@@ -24,7 +24,6 @@ import os
 import platform
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -255,7 +254,7 @@ def run(cfg: ConnectorBench, progress: Callable[[str], None] = print) -> dict:
             pool.close()
     return {"benchmark": "connector", "device": device_name(device), "device_type": device.type,
             "model_shape": shape_name, "dtype": str(dtype).removeprefix("torch."),
-            "threads": threading.active_count(), "rows": rows, "bare_gbps": bare_gbps(device)}
+            "rows": rows, "bare_gbps": bare_gbps(device)}
 
 
 def table(result: dict) -> str:
