@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Meta
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vLLM's ModelDType: what its engines take
 REQUEST_TIMEOUT_S = 300.0  # a request's deadline, from the gateway on (the simulator's clients too)
 
 
@@ -229,6 +230,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("index_capacity_blocks must be positive")
         if self.pool_bytes <= 0 or self.ssd_bytes < 0:
             raise ValueError("pool_bytes must be positive, ssd_bytes not negative")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (what vLLM takes), got {self.dtype!r}")
         if self.eviction not in ("lru", "lfu"):
             raise ValueError(f"eviction must be lru or lfu, got {self.eviction!r}")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -190,6 +190,7 @@ class Cluster:
         """Start every child and wait until the gateway sees every instance; the seconds it took."""
         o = self.options
         refuse_unloadable_transport(o.config)
+        refuse_taken_ports(o)
         devices = gpus.assign(o.gpu_needs(), gpus.usable(o.gpus, gpus.listed_gpus()))
         started = time.monotonic()
         run_dir = o.run_dir or Path(tempfile.mkdtemp(prefix="yuebing-"))
@@ -371,6 +372,14 @@ def refuse_unloadable_transport(config: ClusterConfig) -> None:
             raise RuntimeError(why)
 
 
+def refuse_taken_ports(o: UpOptions) -> None:
+    """A port another program holds is named before anything starts: otherwise the
+    gateway dies at bind, or the launcher reads that program's answers as its own."""
+    for port, host, flag in ((o.port, o.host, "--port"), (o.nats_port, "0.0.0.0", "--nats-port")):
+        if port and process.port_taken(port, host):
+            raise ValueError(f"port {port} ({host}) is in use by another program: choose another with {flag}")
+
+
 def say(text: str) -> None:
     print(f"[yuebing] {text}", file=sys.stderr, flush=True)
 
@@ -394,9 +403,10 @@ def up(options: UpOptions) -> int:
         say(f"error: {e}")
         code = 1
     finally:
-        say("stopping")
-        cluster.stop()
-        say("stopped")
+        if cluster.children or cluster.kv_dir is not None:  # a start refused at once has nothing to stop
+            say("stopping")
+            cluster.stop()
+            say("stopped")
     return code
 
 

@@ -111,6 +111,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether another program listens on `port` (a port left in TIME_WAIT is free,
+    as it is to the servers we start, which reuse addresses)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def wait_for_port(port: int, timeout_s: float, host: str = "127.0.0.1") -> None:
     def listening() -> bool | None:
         try:

@@ -42,3 +42,17 @@ def test_gpu_settings_are_checked_with_the_setting_named():
         ClusterConfig(prefill_tensor_parallel_size=2)
     colocated = ClusterConfig(mode="colocated", decode_tensor_parallel_size=2)  # nothing moves between engines
     assert colocated.tensor_parallel_size("decode") == 2 and colocated.tensor_parallel_size("prefill") == 1
+
+
+def test_a_dtype_vllm_would_refuse_is_refused_at_once_with_its_choices():
+    with pytest.raises(ValueError, match="dtype must be one of auto, half, .* got 'float64'"):
+        ClusterConfig(dtype="float64")
+
+
+def test_the_dtypes_allowed_are_vllms_own():
+    import typing
+
+    model = pytest.importorskip("vllm.config.model")
+    from shared.config import DTYPES
+
+    assert set(DTYPES) == set(typing.get_args(model.ModelDType))

@@ -184,3 +184,19 @@ def test_each_engine_child_starts_seeing_only_its_own_gpus(tmp_path):
     c.launch(probe)
     assert probe.process is not None and probe.process.wait(10) == 0
     assert probe.log_path.read_text().strip().endswith("5")
+
+
+def test_a_port_another_program_holds_is_named_before_anything_starts(tmp_path):
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        c = Cluster(UpOptions(config=ClusterConfig(), port=port, run_dir=tmp_path / "run"))
+        with pytest.raises(ValueError, match=f"port {port} .* is in use by another program: choose another with --port"):
+            c.start()
+        c = Cluster(UpOptions(config=ClusterConfig(), nats_port=port, run_dir=tmp_path / "run"))
+        with pytest.raises(ValueError, match="--nats-port"):
+            c.start()
+    assert not (tmp_path / "run").exists() and not c.children
