@@ -13,6 +13,7 @@ runs `yuebing up` itself as a child, for the live benchmarks.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
@@ -145,6 +146,7 @@ class Cluster:
     metrics: dict[str, str] = field(default_factory=dict)  # messenger → its Prometheus page
     secrets: Secrets | None = None
     policy: RestartPolicy = field(default_factory=RestartPolicy)
+    run_lock: int | None = None  # held while this launcher uses its run folder (closed with the process)
 
     @property
     def url(self) -> str:
@@ -195,6 +197,7 @@ class Cluster:
         started = time.monotonic()
         run_dir = o.run_dir or Path(tempfile.mkdtemp(prefix="yuebing-"))
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_lock = lock_run_dir(run_dir)
         nats_port = o.nats_port or free_port()
         self.secrets = make_secrets(run_dir / "secrets", o, nats_port)
         config = self.config(run_dir, self.secrets.nats_url)
@@ -330,6 +333,9 @@ class Cluster:
         self._stop([c for c in self.children if c.name == "nats"], grace_s)
         if self.kv_dir is not None and not self.options.config.kv_dir:
             shutil.rmtree(self.kv_dir, ignore_errors=True)
+        if self.run_lock is not None:  # the run folder is free for the next launcher
+            os.close(self.run_lock)
+            self.run_lock = None
 
     def _stop(self, children: list[Child], grace_s: float) -> None:
         started = {c.process: c for c in children if c.process is not None}
@@ -370,6 +376,25 @@ def refuse_unloadable_transport(config: ClusterConfig) -> None:
 
         if why := why_unavailable():
             raise RuntimeError(why)
+
+
+RUN_LOCK = "yuebing-up.lock"
+
+
+def lock_run_dir(run_dir: Path) -> int:
+    """Hold `run_dir` for this launcher (an open, locked file): a second `yuebing up` on
+    it would write over the first one's config, secrets and logs. Refused in one line."""
+    fd = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ValueError(f"another yuebing up (pid {holder}) is using run folder {run_dir}: stop it, "
+                         "or choose another --run-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
 def refuse_taken_ports(o: UpOptions) -> None:

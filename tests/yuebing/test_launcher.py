@@ -200,3 +200,15 @@ def test_a_port_another_program_holds_is_named_before_anything_starts(tmp_path):
         with pytest.raises(ValueError, match="--nats-port"):
             c.start()
     assert not (tmp_path / "run").exists() and not c.children
+
+
+def test_a_second_launcher_on_a_run_folder_in_use_is_refused_naming_the_first(tmp_path):
+    import os
+
+    from yuebing.launcher import lock_run_dir
+
+    held = lock_run_dir(tmp_path)
+    with pytest.raises(ValueError, match=f"another yuebing up \\(pid {os.getpid()}\\) is using run folder"):
+        lock_run_dir(tmp_path)
+    os.close(held)  # the first launcher gone: the folder is free again
+    os.close(lock_run_dir(tmp_path))
