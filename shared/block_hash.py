@@ -12,7 +12,7 @@ another prompt's attention state. With xxh3 a client can craft colliding prompts
 (vLLM moved its prefix cache to sha256 after CVE-2025-25183 for this reason). Kept at
 16 bytes so messages, pool and SSD headers keep their layout: matching another user's
 prompt then takes ~2^128 work, a pair of prompts both crafted by one client ~2^64.
-The price, measured by `yuebing bench hash` (README, "Block hashes"): 1.4x xxh3's
+The price, measured by `yuebing bench hash` (docs/security.md, "Block hashes"): 1.4x xxh3's
 time at 128-token blocks, +0.26 ms for a 32k-token prompt, a few percent of the
 gateway's other work on that prompt at most.
 """

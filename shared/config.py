@@ -90,7 +90,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 60.0
     # --- end of retry and migration ---
     # Where prefill runs (services/conductor/modes.py). Disaggregated is the default:
-    # it keeps prefill out of the decode batch, so TBT holds under load (README, "Serving modes").
+    # it keeps prefill out of the decode batch, so TBT holds under load (docs/scheduling.md, "Serving modes").
     mode: Annotated[
         str, Meta(description="serving mode: disaggregated, colocated (every instance prefills and decodes) "
                               "or conditional (prefill on the decode instance when a rule allows)")

@@ -233,7 +233,7 @@ def _due(item: DecodeItem, now: float, t_d: float) -> DecodeItem:
     """A request still decoding past its predicted end (no "finished" yet) is a long
     one, and it still holds its decode slot: predict it another t_d from now.
     Taking it as ending now would show its decode instance emptier in the future than
-    it will be, and send it requests it must refuse after their prefill (README,
+    it will be, and send it requests it must refuse after their prefill (docs/simulator.md,
     "Simulator": wasted prefills 3,916 → 2,317 on the conversation trace)."""
     if item.start > now or item.end > now:
         return item

@@ -76,7 +76,7 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
     With `stages` > 1, a CPP group: vLLM's pipeline parallelism over that many worker
     processes, each owning a share of the layers. vLLM advances a prompt's computed
     tokens when it schedules a chunk, so with chunked prefill the next chunk of the
-    same prompt enters stage 0 while the last one is on stage 1 (README, "Long
+    same prompt enters stage 0 while the last one is on stage 1 (docs/long-context.md, "Long
     context")."""
     for key, value in engine_environment(config).items():
         os.environ.setdefault(key, value)

@@ -1,5 +1,5 @@
 """The `yuebing` command's parser: built from the command modules, `yuebing up`'s
-flags generated from ClusterConfig and UpOptions, README's surface intact."""
+flags generated from ClusterConfig and UpOptions, the documented surface (docs/command.md) intact."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from shared.config import ClusterConfig
 from yuebing import cli
 from yuebing.commands import up as up_command
 
-# `yuebing up`'s flags that README documents, with a value each.
+# `yuebing up`'s flags that docs/command.md documents, with a value each.
 README_UP = ["--prefill", "2", "--decode", "1", "--nodes", "3", "--port", "8123", "--api-key-file", "key",
              "--policy", "kvcentric", "--admission", "predictive", "--slo-ttft-ms", "500", "--slo-tbt-ms", "50",
              "--profile", "p.json", "--pool-mib", "64", "--eviction", "lfu", "--ssd-dir", "ssd", "--ssd-mib", "128",

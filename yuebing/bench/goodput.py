@@ -57,7 +57,7 @@ class GoodputSpec:
     length_factor: Annotated[float, Meta(description="scale the trace's lengths (and 512-token blocks) by this")] = 0.25
     max_model_len: Annotated[int, Meta(description="the engines' context; prompts are capped to fit it")] = 2048
     max_output: Annotated[int, Meta(description="output tokens at most, after scaling")] = 64
-    # bfloat16 (vLLM's `auto` here) prefills about 7x slower on this CPU (README,
+    # bfloat16 (vLLM's `auto` here) prefills about 7x slower on this CPU (docs/simulator.md,
     # "Live benchmark and simulator fidelity"): probes would take minutes each.
     dtype: Annotated[str, Meta(description="the engines' dtype")] = "float32"
     min_rate: Annotated[float, Meta(description="lower bound of the rate search, requests/s")] = 0.25

@@ -86,7 +86,7 @@ def _dist(values: list[float]) -> dict[str, float]:
 
 
 def summarize(outcomes: Sequence[Outcome], duration_s: float) -> dict:
-    """The documented result fields (README, "Benchmark results")."""
+    """The documented result fields (docs/simulator.md)."""
     done = [o for o in outcomes if o.completed]
     good = sum(o.within_slo for o in done)
     prompt = sum(o.input_len for o in done)

@@ -185,7 +185,7 @@ def test_admission_beats_refusing_at_decode_when_both_stages_are_loaded():
     # instances, prefill about at capacity and decode limited to 16 requests, both
     # admission modes refuse fewer requests than the baseline that refuses only at
     # decode, and meet both SLOs for more. (Decode is far over its limit here, where
-    # early rejection refuses fewer than predictive: README "Simulator".)
+    # early rejection refuses fewer than predictive: docs/simulator.md.)
     trace = synthetic(SyntheticSpec(requests=4000, rate_per_s=3.4, input_mean=8000, output_mean=343))
     config = SimConfig(policy="kvcentric", speed=2.0, max_batch=16, decode_time_s=25.0)
     runs = {a: simulate(trace, replace(config, admission=a), H100_70B_FAST_PREFILL).result
@@ -197,7 +197,7 @@ def test_admission_beats_refusing_at_decode_when_both_stages_are_loaded():
 
 
 def test_table_3_order_on_the_conversation_trace():
-    # README "Simulator", Table 3 on the conversation trace (its first 4,000 requests):
+    # docs/simulator.md, Table 3 on the conversation trace (its first 4,000 requests):
     # at 2× with 8+8 instances, both stages loaded (70B curves, prefill 0.45×, decode
     # holding 24 requests, TBT SLO 150 ms), t_d learned as the live Conductor learns it.
     # The baseline spends prefill on requests decode then refuses; early rejection
@@ -216,7 +216,7 @@ def test_table_3_order_on_the_conversation_trace():
 
 
 def test_predictive_admission_damps_the_swings_of_early_rejection_and_refuses_fewer():
-    # README "Simulator", Table 3 with the paper trace's mean lengths (7,590 tokens in,
+    # docs/simulator.md, Table 3 with the paper trace's mean lengths (7,590 tokens in,
     # 182 out) and prefill over capacity: early rejection, judging decode as it is now,
     # lets the prefill queue swing; predictive holds it steady, keeps decode fuller and
     # refuses fewer: the paper's order of the two.
