@@ -169,8 +169,8 @@ class LoadJob:
     (CPU) or its copies are queued behind `events[i]` (GPU)."""
 
     layers: int
-    issued: list[threading.Event] = field(default_factory=list)
-    events: list[object] = field(default_factory=list)  # GPU: one torch.cuda.Event per layer
+    issued: list[threading.Event] = field(init=False)
+    events: list[object] = field(init=False)  # GPU: one torch.cuda.Event per layer
     failed: bool = False
 
     def __post_init__(self) -> None:
@@ -216,6 +216,9 @@ class Copier:
         threads = checksum_threads or min(8, os.cpu_count() or 1)
         self._sums = ThreadPoolExecutor(threads, thread_name_prefix="yuebing-checksum")
         self.done = Lane("yuebing-completions")
+
+    def adopt(self, pool: MappedPool) -> None:
+        """Ready a newly mapped pool for this copier's copies (nothing to do on a CPU)."""
 
     def checksums(self, pool: MappedPool, layer: int, slots: list[int]) -> list[int]:
         """The slots' layer parts, checksummed on several threads if they are large
@@ -320,6 +323,13 @@ class StreamCopier(Copier):
         self.loads = Lane("yuebing-load")  # issues a step's loads while the forward starts
         self._gathered: torch.cuda.Event | None = None  # the last gather: flush waits for it
         self._ids: tuple[tuple[int, ...], torch.Tensor] | None = None  # this step's block ids, on the GPU
+
+    def adopt(self, pool: MappedPool) -> None:
+        """Pin the pool, so that copies to and from it are DMA the host never waits for."""
+        try:
+            pool.pin()
+        except RuntimeError as e:  # still correct, but each copy then waits on the host
+            log.warning("node pool not pinned: KV copies stall the forward", error=str(e))
 
     def _on_device(self, block_ids: list[int]) -> torch.Tensor:
         """The block ids as a GPU tensor, made once per step and copied without a host sync."""

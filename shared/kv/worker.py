@@ -30,7 +30,6 @@ from shared.kv.copier import (
     LayerSave,
     LoadJob,
     MappedPool,
-    StreamCopier,
     blocks_first,
     copier_for,
     geometry_of,
@@ -112,11 +111,8 @@ class ConnectorWorker:
             return False
         self._unmap_pool()
         self.pool = MappedPool.of(reply.pool_id, PoolSlots.open(reply.pool_path, geometry, reply.pool_slots))
-        if isinstance(self.copier, StreamCopier):
-            try:
-                self.pool.pin()
-            except RuntimeError as e:  # still correct, but each copy then waits on the host
-                log.warning("node pool not pinned: KV copies stall the forward", node=self.opts.node, error=str(e))
+        if self.copier is not None:
+            self.copier.adopt(self.pool)
         log.info("node pool mapped", node=self.opts.node, slots=reply.pool_slots, pool_id=reply.pool_id,
                  block_bytes=geometry.slot_bytes, pinned=self.pool.pinned)
         return True

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from shared.kv.copier import LayerLoad, LayerSave, MappedPool, blocks_first, copier_for, geometry_of
+from shared.kv.copier import Copier, LayerLoad, LayerSave, MappedPool, blocks_first, copier_for, geometry_of
 from shared.kv.pool_file import PoolFile, PoolSlots, checksum
 from yuebing.bench.connector_config import GPU_BAR, SHAPES, ConnectorBench, ModelShape
 
@@ -143,7 +143,7 @@ class Rig:
 
     model: Model
     pool: MappedPool
-    copier: Any  # shared.kv.copier.Copier
+    copier: Copier
     synced: Callable[[], None]
 
     @property
@@ -242,8 +242,7 @@ def run(cfg: ConnectorBench, progress: Callable[[str], None] = print) -> dict:
         pool = pool_for(model.caches, model.blocks, Path(folder))
         copier = copier_for(device, cfg.checksum_threads)
         try:
-            if device.type == "cuda":
-                pool.pin()
+            copier.adopt(pool)
             rig = Rig(model, pool, copier, _stream_synced(device))
             rows = []
             for tokens in cfg.tokens:

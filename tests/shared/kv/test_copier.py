@@ -55,8 +55,7 @@ def device(request) -> str:
 def test_saves_land_in_their_slots_with_the_checksums_of_those_bytes(tmp_path, device):
     layer_caches, copier = caches(device), copier_for(torch.device(device))
     mapped = pool(tmp_path, layer_caches)
-    if device == "cuda":
-        mapped.pin()
+    copier.adopt(mapped)  # pins it on a GPU
     noted = save_all(copier, mapped, layer_caches, block_ids=[2, 0], slots=[1, 3])
     assert sorted(noted) == list(range(LAYERS))
     for layer, cache in enumerate(layer_caches):
