@@ -25,8 +25,11 @@ def engine_process_dies_with_its_parent() -> None:
     restart then ran beside it). A vLLM "general plugin" (pyproject.toml), run in
     every vLLM process: the processes vLLM spawns die with their parent. The one that
     builds the engine (a service, a test, `yuebing profile`) is left alone."""
-    if multiprocessing.parent_process() is None:
+    parent = multiprocessing.parent_process()
+    if parent is None:
         return
     die_with_parent(signal.SIGKILL)
-    if os.getppid() == 1:  # the parent died before the line above took effect
+    # The parent died before the line above took effect: this process was adopted.
+    # (Not "adopted by pid 1": in a container the parent itself is pid 1.)
+    if os.getppid() != parent.pid:
         os.kill(os.getpid(), signal.SIGKILL)

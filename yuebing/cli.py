@@ -18,6 +18,7 @@ from yuebing.commands import (
     bench_soak,
     bench_transfer,
     bench_ttft,
+    compose,
     model,
     profile,
     replay,
@@ -29,7 +30,7 @@ from yuebing.commands import (
 
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    model, up, secrets, profile, sim, sim_long_context, bench_conductor, bench_hash, bench_transfer, bench_connector, bench_ttft,
+    model, up, secrets, compose, profile, sim, sim_long_context, bench_conductor, bench_hash, bench_transfer, bench_connector, bench_ttft,
     bench_reuse, bench_chaos, bench_soak, bench_goodput, bench_long_context, replay,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help

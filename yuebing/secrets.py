@@ -95,6 +95,11 @@ def generate(folder: Path, layout: Layout, listen: Listen, mounted_at: Path | No
     return out
 
 
+def write_api_key(folder: Path) -> Path:
+    """The key clients send the gateway as a bearer token (`api-key`, owner-only)."""
+    return write_private(folder / "api-key", secrets.token_urlsafe(32).encode())
+
+
 def _user(identity: Identity, password: str) -> dict:
     p = permissions(identity)
     return {

