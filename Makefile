@@ -4,13 +4,21 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 MODEL   := models/yuebing-tiny
 
-.PHONY: run test install model clean mooncake
+.PHONY: run test install model clean mooncake compose-up compose-down
 
 run: $(STAMP) $(MODEL)/config.json
 	$(VENV)/bin/yuebing up --model $(MODEL)
 
 test: $(STAMP) $(MODEL)/config.json
 	$(PY) -m pytest -ra; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# The cluster as containers (compose/docker-compose.yml): installs and starts Docker where
+# it is missing and we are root, builds the image, makes secrets, waits until serving.
+compose-up: $(STAMP)
+	$(VENV)/bin/yuebing compose up
+
+compose-down: $(STAMP)
+	$(VENV)/bin/yuebing compose down
 
 install: $(STAMP)
 

@@ -10,6 +10,7 @@ cache serves later runs), starts the containers and waits until the gateway's
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -61,7 +62,7 @@ class ComposeOptions:
 def run(argv: Sequence[str], timeout_s: float = 60.0, env: dict[str, str] | None = None,
         check: bool = True) -> subprocess.CompletedProcess[str]:
     """A command's output; a RuntimeError with its stderr when it fails and `check`."""
-    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
+    done = subprocess.run(list(argv), check=False, capture_output=True, text=True, timeout=timeout_s,
                           env={**os.environ, **(env or {})})
     if check and done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{done.stderr[-3000:]}")
@@ -140,13 +141,32 @@ def torch_wheel() -> bool:
     return bool(list(wheels.glob("torch-*+cpu-*.whl")))
 
 
-def ensure_secrets(folder: Path, say: Callable[[str], None] = print) -> None:
-    """The compose layout's secrets, made once; a new folder rotates them."""
-    if (folder / "api-key").exists():
-        return
-    generate(folder, Layout(prefill=1, decode=1, nodes=2), Listen(host="0.0.0.0"), mounted_at=MOUNTED_AT)
-    write_api_key(folder)
-    say(f"wrote the cluster's secrets to {folder}")
+def resolved(options: ComposeOptions) -> dict:
+    """The compose files as compose reads them: anchors merged, overrides applied, variables set."""
+    return json.loads(compose(options, "config", "--format", "json").stdout)
+
+
+def service_commands(model: dict) -> dict[str, list[str]]:
+    """Each Yuebing service's command (python -m services.<role> ...), by container name."""
+    return {name: s["command"] for name, s in model["services"].items()
+            if s.get("command", [])[:2] == ["python", "-m"] and not s.get("profiles")}
+
+
+def layout(model: dict) -> Layout:
+    roles = [command[2].removeprefix("services.") for command in service_commands(model).values()]
+    return Layout(prefill=roles.count("prefill"), decode=roles.count("decode"), nodes=roles.count("messenger"))
+
+
+def ensure_secrets(folder: Path, wanted: Layout, say: Callable[[str], None] = print) -> None:
+    """The layout's secrets, made once; a new folder rotates them."""
+    if not (folder / "api-key").exists():
+        generate(folder, wanted, Listen(host="0.0.0.0"), mounted_at=MOUNTED_AT)
+        write_api_key(folder)
+        say(f"wrote the cluster's secrets to {folder}")
+    missing = [i.name for i in wanted.identities() if not (folder / f"{i.name}.nats.json").exists()]
+    if missing:
+        raise RuntimeError(f"the secrets in {folder} were made for another layout (no {', '.join(missing)}): "
+                           "pass a new --secrets folder")
 
 
 def environment(options: ComposeOptions, base: str | None = None, local_torch: bool = False) -> dict[str, str]:
@@ -178,7 +198,7 @@ def up(options: ComposeOptions, log_dir: Path) -> dict[str, str]:
     say = options.say
     ensure_engine(log_dir / "dockerd.log", say)
     env = environment(options, base_image(say), torch_wheel())
-    ensure_secrets(options.secrets, say)
+    ensure_secrets(options.secrets, layout(resolved(options)), say)
     say(f"building the image on {env['YUEBING_BASE']} (the first build installs vLLM: minutes)")
     started = time.monotonic()
     compose(options, "build", env=env, timeout_s=1800)

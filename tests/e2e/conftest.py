@@ -20,17 +20,12 @@ import psutil
 import pytest
 
 from shared.config import ClusterConfig, load_config
-from shared.engine.llm import engine_environment
 from tests.e2e.ops import openai_client
+from tests.reference import DTYPE, Reference
 from yuebing.model import default_model_dir
 from yuebing.process import free_port
 
 MAX_MODEL_LEN = 1024
-# The reference takes prompts up to the model's limit (tests/e2e/test_long_context.py).
-REFERENCE_MAX_MODEL_LEN = 4096
-# Pinned on both sides of every greedy comparison: the cluster's default is vLLM's
-# own choice ("auto"), which may differ from what the reference engine picks.
-DTYPE = "float32"
 START_TIMEOUT_S = 420
 
 
@@ -155,30 +150,11 @@ def cluster(cluster_process) -> Cluster:
     return cluster_process.wait()
 
 
-class Reference:
-    """Plain vLLM: one engine, the same model, no disaggregation."""
-
-    def __init__(self, model_dir: Path) -> None:
-        for key, value in engine_environment(ClusterConfig(kv_cache_gib=1)).items():
-            os.environ.setdefault(key, value)
-        from vllm import LLM
-
-        self.llm = LLM(model=str(model_dir), max_model_len=REFERENCE_MAX_MODEL_LEN, dtype=DTYPE, enforce_eager=True,
-                       seed=0)
-
-    def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-        from vllm import SamplingParams
-
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
-
-
 @pytest.fixture(scope="session")
 def reference(model_dir, cluster_process) -> Reference:
     ref = Reference(model_dir)
     yield ref
-    ref.llm.llm_engine.engine_core.shutdown() if hasattr(ref.llm.llm_engine, "engine_core") else None
+    ref.close()
 
 
 @pytest.fixture(scope="session")
