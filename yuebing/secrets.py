@@ -11,6 +11,7 @@ restarting the cluster with it.
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 from dataclasses import dataclass
@@ -28,20 +29,27 @@ MAX_CONTROL_LINE = 4096  # nats-server's default; subjects we build stay far bel
 
 @dataclass(frozen=True)
 class Layout:
-    """Which processes a cluster runs: the same names `yuebing up` gives them."""
+    """Which processes a cluster runs: the same names `yuebing up` gives them. With
+    `engine_nodes` every engine is a node of its own, named after it, whose messenger
+    is `messenger-<engine>` (a Kubernetes pod: the engine with its messenger beside it)."""
 
     prefill: int = 1
     decode: int = 1
     nodes: int = 1
+    engine_nodes: bool = False
+
+    def engines(self) -> list[Identity]:
+        return [*(Identity(f"prefill-{i}", "prefill") for i in range(self.prefill)),
+                *(Identity(f"decode-{i}", "decode") for i in range(self.decode))]
+
+    def messengers(self) -> list[Identity]:
+        if self.engine_nodes:
+            return [Identity(f"messenger-{e.name}", "messenger", node=e.name) for e in self.engines()]
+        return [Identity(f"messenger-{n}", "messenger", node=f"node-{n}") for n in range(self.nodes)]
 
     def identities(self) -> list[Identity]:
         fixed = [Identity("gateway", "gateway"), Identity("conductor", "conductor"), Identity("admin", "admin")]
-        return [
-            *fixed,
-            *(Identity(f"prefill-{i}", "prefill") for i in range(self.prefill)),
-            *(Identity(f"decode-{i}", "decode") for i in range(self.decode)),
-            *(Identity(f"messenger-{n}", "messenger", node=f"node-{n}") for n in range(self.nodes)),
-        ]
+        return [*fixed, *self.engines(), *self.messengers()]
 
 
 @dataclass(frozen=True)
@@ -133,3 +141,20 @@ def _write_tls(folder: Path, names: tuple[str, ...]) -> Path:
     write_private(folder / "nats-server.crt", cert_pem)
     write_private(folder / "nats-server.key", key_pem)
     return write_private(folder / "ca.crt", ca_pem)
+
+
+def kubernetes_secrets(folder: Path, layout: Layout, namespace: str = "yuebing") -> list[dict]:
+    """The set as Kubernetes Secrets, one per component (compose/kubernetes/ mounts each
+    pod only its own files out of its component's): what `yuebing secrets --kubernetes` writes."""
+    def secret(name: str, files: list[str]) -> dict:
+        data = {f: base64.b64encode((folder / f).read_bytes()).decode() for f in files}
+        return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
+                "metadata": {"name": f"yuebing-{name}", "namespace": namespace}}
+
+    def role(kind: str) -> list[str]:
+        engines = [e.name for e in layout.engines() if e.role == kind]
+        return ["kv.key", *(f"{e}.nats.json" for e in engines), *(f"messenger-{e}.nats.json" for e in engines)]
+
+    return [secret("nats", [NATS_CONFIG]), secret("gateway", ["gateway.nats.json", "api-key"]),
+            secret("conductor", ["conductor.nats.json"]), secret("prefill", role("prefill")),
+            secret("decode", role("decode"))]

@@ -10,9 +10,11 @@ certificate. Hand each process only its own file (compose/docker-compose.yml's
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
-from yuebing.secrets import Layout, Listen, generate, write_api_key
+from shared.private_file import write_private
+from yuebing.secrets import Layout, Listen, generate, kubernetes_secrets, write_api_key
 
 GROUP = None
 
@@ -29,15 +31,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-name", action="append", default=[], help="a name clients reach nats-server by "
                    "(repeatable; default: localhost and 127.0.0.1)")
     p.add_argument("--mounted-at", help="where the files will be seen, if not at --out (compose: /run/secrets)")
+    p.add_argument("--engine-nodes", action="store_true", help="every engine a node of its own with its messenger "
+                   "beside it (the Kubernetes manifests' layout; --nodes is then unused)")
+    p.add_argument("--kubernetes", type=Path, help="also write the set as Kubernetes Secrets to this YAML file "
+                   "(compose/kubernetes/ mounts them; implies --engine-nodes)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    layout = Layout(args.prefill, args.decode, args.nodes)
+    layout = Layout(args.prefill, args.decode, args.nodes, engine_nodes=args.engine_nodes or bool(args.kubernetes))
     names = tuple(args.tls_name) or Listen.tls_names
     mounted_at = Path(args.mounted_at) if args.mounted_at else None
     made = generate(Path(args.out), layout, Listen(args.nats_host, args.nats_port, args.nats_tls, names), mounted_at)
     api_key = write_api_key(made.folder)
     print(f"wrote {len(layout.identities())} NATS identities, {made.nats_config.name}, {made.kv_key.name} "
           f"and {api_key.name} to {made.folder}")
+    if args.kubernetes:
+        write_kubernetes(args.kubernetes, kubernetes_secrets(made.folder, layout))
+        print(f"wrote them as Kubernetes Secrets to {args.kubernetes}: kubectl apply -f {args.kubernetes}")
     return 0
+
+
+def write_kubernetes(path: Path, documents: list[dict]) -> None:
+    """One YAML stream, each document written as JSON (which YAML is a superset of)."""
+    write_private(path, "".join(f"---\n{json.dumps(d, indent=2)}\n" for d in documents).encode())

@@ -1,0 +1,167 @@
+"""The Kubernetes manifests (compose/kubernetes/): valid against a pinned Kubernetes
+(kubernetes-validate's offline schemas, strict), their GPU overlay too, every secret
+file they mount present in what `yuebing secrets --kubernetes` writes, and the same
+commands, flags and secret files as the compose cluster, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import msgspec
+import pytest
+import yaml
+
+from shared.config import ClusterConfig, load_config
+from yuebing.compose import COMPOSE_DIR, ComposeOptions, resolved, service_commands
+from yuebing.secrets import Layout, Listen, generate, kubernetes_secrets, write_api_key
+
+KUBERNETES = "1.33.0"  # native sidecars (the messenger) are on by default from 1.29, GA in 1.33
+BASE = COMPOSE_DIR / "kubernetes"
+GPU = BASE / "gpu"
+
+
+def documents(folder: Path = BASE) -> list[dict]:
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    return [d for f in kustomization["resources"] for d in yaml.safe_load_all((folder / f).read_text())]
+
+
+def gpu_documents() -> list[dict]:
+    """The GPU overlay applied the way kustomize applies its JSON 6902 patches."""
+    docs = copy.deepcopy(documents())
+    for patch in yaml.safe_load((GPU / "kustomization.yaml").read_text())["patches"]:
+        target = patch["target"]
+        ops = yaml.safe_load((GPU / patch["path"]).read_text())
+        for doc in docs:
+            if doc["kind"] == target["kind"] and doc["metadata"]["name"] == target["name"]:
+                for op in ops:
+                    _apply(doc, op)
+    return docs
+
+
+def _apply(doc: dict, op: dict) -> None:
+    *parents, last = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]]
+    node = doc
+    for token in parents:
+        node = node[int(token)] if isinstance(node, list) else node[token]
+    assert op["op"] == "add" or last in node or (isinstance(node, list) and int(last) < len(node)), op["path"]
+    node[int(last) if isinstance(node, list) else last] = op["value"]
+
+
+def workloads(docs: list[dict]) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
+
+
+def containers(workload: dict) -> list[dict]:
+    spec = workload["spec"]["template"]["spec"]
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_every_manifest_is_valid_for_the_pinned_kubernetes(variant):
+    for doc in documents() if variant == "cpu" else gpu_documents():
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_the_kustomization_lists_every_manifest():
+    listed = set(yaml.safe_load((BASE / "kustomization.yaml").read_text())["resources"])
+    assert listed == {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_the_cluster_config_is_valid(variant):
+    docs = documents() if variant == "cpu" else gpu_documents()
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    config = msgspec.json.decode(config_map["data"]["cluster.json"].encode(), type=ClusterConfig)  # validates
+    assert config.nats_url == "nats://nats:4222" and config.kv_dir == "/kv"
+
+
+def test_only_the_engines_of_the_gpu_variant_ask_for_gpus():
+    for variant, docs in (("cpu", documents()), ("gpu", gpu_documents())):
+        for name, workload in workloads(docs).items():
+            asks = [c["name"] for c in containers(workload) if "nvidia.com/gpu" in c.get("resources", {}).get("limits", {})]
+            assert asks == (["engine"] if variant == "gpu" and name in ("prefill", "decode") else []), (variant, name)
+
+
+def test_every_mounted_secret_file_is_in_the_generated_secrets(tmp_path):
+    layout = Layout(prefill=2, decode=2, engine_nodes=True)
+    generate(tmp_path, layout, Listen(host="0.0.0.0"), mounted_at=Path("/run/secrets"))
+    write_api_key(tmp_path)
+    secrets = {s["metadata"]["name"]: set(s["data"]) for s in kubernetes_secrets(tmp_path, layout)}
+    for doc in kubernetes_secrets(tmp_path, layout):
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+    for name, workload in workloads(documents()).items():
+        volumes = {v["name"]: v["secret"]["secretName"] for v in workload["spec"]["template"]["spec"]["volumes"]
+                   if "secret" in v}
+        pods = [f"{name}-{i}" for i in range(2)] if workload["kind"] == "StatefulSet" else [name]
+        for container in containers(workload):
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] in volumes:
+                    for pod in pods:
+                        key = mount.get("subPath") or mount["subPathExpr"].replace("$(POD_NAME)", pod)
+                        assert key in secrets[volumes[mount["name"]]], (name, container["name"], key)
+
+
+# --- drift: the same commands as compose -------------------------------------------------
+
+OWN = "<own credentials>"
+
+
+def normalized(command: list[str], mounts: dict[str, str]) -> dict[str, str]:
+    """A service's flags, with what differs by design between compose and Kubernetes
+    (instance and node names, the pod's address, its own credentials' file name) made
+    alike; every other value must be equal. `mounts`: path in the container → secret file."""
+    flags = dict(zip(command[3::2], command[4::2]))
+    for flag in ("--instance-id", "--node"):
+        if flag in flags:
+            flags[flag] = re.sub(r"(node|prefill|decode|messenger)-\d+|\$\(POD_NAME\)", "<name>", flags[flag])
+            flags[flag] = flags[flag].replace("messenger-<name>", "<name>")
+    if "--advertise-host" in flags:
+        flags["--advertise-host"] = "<address>"
+    for flag, path in flags.items():
+        if path.startswith("/run/secrets/"):
+            secret_file = mounts.get(path, Path(path).name)
+            flags[flag] = OWN if re.fullmatch(r"(messenger-)?(prefill|decode|messenger)-.*\.nats\.json", secret_file) \
+                or "$(POD_NAME)" in secret_file else secret_file
+    return flags
+
+
+def kubernetes_commands() -> list[tuple[str, list[str], dict[str, str]]]:
+    """(workload, command, mounted secret files) of each Yuebing service container."""
+    out = []
+    for name, workload in workloads(documents()).items():
+        for c in containers(workload):
+            if c["command"][:2] == ["python", "-m"]:
+                mounts = {m["mountPath"]: m.get("subPath") or m.get("subPathExpr") for m in c.get("volumeMounts", [])
+                          if m["mountPath"].startswith("/run/secrets/")}
+                out.append((name, c["command"], mounts))
+    return out
+
+
+def test_kubernetes_runs_the_services_as_compose_does():
+    compose: dict[str, dict[str, str]] = {}
+    for name, command in service_commands(resolved(ComposeOptions())).items():
+        flags = normalized(command, {})
+        assert compose.setdefault(command[2], flags) == flags, name  # every instance of a role alike
+    seen = set()
+    for workload, command, mounts in kubernetes_commands():
+        seen.add(command[2])
+        assert normalized(command, mounts) == compose[command[2]], (workload, command[2])
+    assert seen == set(compose)
+
+
+def test_nats_runs_the_same_server_config():
+    (nats,) = [c for w in workloads(documents()).values() for c in containers(w) if c["name"] == "nats"]
+    compose_nats = resolved(ComposeOptions())["services"]["nats"]["command"]
+    assert nats["command"] == compose_nats
+
+
+def test_compose_and_kubernetes_read_the_same_cluster_settings_where_they_share_them():
+    (config_map,) = [d for d in documents() if d["kind"] == "ConfigMap"]
+    kube = json.loads(config_map["data"]["cluster.json"])
+    compose = json.loads((COMPOSE_DIR / "cluster.json").read_text())
+    load_config(COMPOSE_DIR / "cluster.json")
+    assert {k: v for k, v in kube.items() if k in compose} == compose
