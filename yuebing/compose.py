@@ -48,6 +48,7 @@ class ComposeOptions:
     api_port: int = 8000
     extra: str = "cpu"  # the image's vLLM build: cpu or gpu
     ready_timeout_s: float = 900.0
+    show_build: bool = False  # the build's progress on the terminal (else only its errors)
     say: Callable[[str], None] = field(default=print, compare=False)
 
     @property
@@ -60,12 +61,13 @@ class ComposeOptions:
 
 
 def run(argv: Sequence[str], timeout_s: float = 60.0, env: dict[str, str] | None = None,
-        check: bool = True) -> subprocess.CompletedProcess[str]:
-    """A command's output; a RuntimeError with its stderr when it fails and `check`."""
-    done = subprocess.run(list(argv), check=False, capture_output=True, text=True, timeout=timeout_s,
+        check: bool = True, show: bool = False) -> subprocess.CompletedProcess[str]:
+    """A command's output (on the terminal instead, with `show`); a RuntimeError with
+    its stderr when it fails and `check`."""
+    done = subprocess.run(list(argv), check=False, capture_output=not show, text=True, timeout=timeout_s,
                           env={**os.environ, **(env or {})})
     if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{(done.stderr or '')[-3000:]}")
     return done
 
 
@@ -187,10 +189,10 @@ def environment(options: ComposeOptions, base: str | None = None, local_torch: b
 
 
 def compose(options: ComposeOptions, *args: str, env: dict[str, str] | None = None,
-            timeout_s: float = 120.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+            timeout_s: float = 120.0, check: bool = True, show: bool = False) -> subprocess.CompletedProcess[str]:
     files = [a for f in options.files for a in ("-f", str(f))]
     argv = [*compose_command(), "-p", options.project, *files, *args]
-    return run(argv, timeout_s=timeout_s, env=env or environment(options), check=check)
+    return run(argv, timeout_s=timeout_s, env=env or environment(options), check=check, show=show)
 
 
 def up(options: ComposeOptions, log_dir: Path) -> dict[str, str]:
@@ -201,7 +203,7 @@ def up(options: ComposeOptions, log_dir: Path) -> dict[str, str]:
     ensure_secrets(options.secrets, layout(resolved(options)), say)
     say(f"building the image on {env['YUEBING_BASE']} (the first build installs vLLM: minutes)")
     started = time.monotonic()
-    compose(options, "build", env=env, timeout_s=1800)
+    compose(options, "build", env=env, timeout_s=1800, show=options.show_build)
     say(f"built in {time.monotonic() - started:.0f}s; starting the containers")
     compose(options, "up", "-d", env=env, timeout_s=300)
     wait_serving(options, env)
@@ -219,9 +221,10 @@ def wait_serving(options: ComposeOptions, env: dict[str, str]) -> None:
             options.say(f"serving at {options.url}/v1 after {time.monotonic() - started:.0f}s "
                         f"(API key: {options.api_key_file})")
             return
-        if status != last:
-            options.say(f"waiting for the gateway: {status}")
-            last = status
+        said = "no answer yet" if isinstance(status, str) else f"{status}"  # not every refused connection
+        if said != last:
+            options.say(f"waiting for the gateway: {said}")
+            last = said
         time.sleep(2)
     logs = compose(options, "logs", "--tail", "30", env=env, check=False).stdout
     raise RuntimeError(f"not serving after {options.ready_timeout_s:.0f}s; the containers' last lines:\n{logs}")

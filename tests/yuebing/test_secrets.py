@@ -93,3 +93,25 @@ async def wait_for(condition, what: str, timeout_s: float = 5.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.02)
+
+
+def test_engine_nodes_give_every_engine_a_messenger_of_its_own():
+    layout = Layout(prefill=1, decode=2, nodes=5, engine_nodes=True)
+    messengers = {i.name: i.node for i in layout.identities() if i.role == "messenger"}
+    assert messengers == {"messenger-prefill-0": "prefill-0", "messenger-decode-0": "decode-0",
+                          "messenger-decode-1": "decode-1"}
+
+
+def test_kubernetes_secrets_split_the_set_by_component(tmp_path):
+    import base64
+
+    from yuebing.secrets import kubernetes_secrets, write_api_key
+
+    layout = Layout(prefill=1, decode=1, engine_nodes=True)
+    generate(tmp_path, layout, Listen(host="0.0.0.0"), mounted_at=Path("/run/secrets"))
+    write_api_key(tmp_path)
+    secrets = {s["metadata"]["name"]: s["data"] for s in kubernetes_secrets(tmp_path, layout)}
+    assert set(secrets["yuebing-decode"]) == {"kv.key", "decode-0.nats.json", "messenger-decode-0.nats.json"}
+    assert set(secrets["yuebing-gateway"]) == {"gateway.nats.json", "api-key"}
+    assert "admin.nats.json" not in {k for data in secrets.values() for k in data}  # the operator's, kept out
+    assert base64.b64decode(secrets["yuebing-gateway"]["api-key"]) == (tmp_path / "api-key").read_bytes()

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     options = ComposeOptions(
         files=(*ComposeOptions.files, *args.file), project=args.project, secrets=args.secrets,
         config=args.config, api_port=args.port, extra=args.extra, ready_timeout_s=args.ready_timeout,
+        show_build=sys.stdout.isatty(),
     )
     try:
         if args.action == "down":
