@@ -9,8 +9,8 @@ from types import ModuleType
 
 from yuebing.commands import (
     bench_chaos,
-    bench_connector,
     bench_conductor,
+    bench_connector,
     bench_goodput,
     bench_hash,
     bench_long_context,
@@ -19,6 +19,7 @@ from yuebing.commands import (
     bench_transfer,
     bench_ttft,
     compose,
+    docs,
     model,
     profile,
     replay,
@@ -30,7 +31,7 @@ from yuebing.commands import (
 
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    model, up, secrets, compose, profile, sim, sim_long_context, bench_conductor, bench_hash, bench_transfer, bench_connector, bench_ttft,
+    model, up, secrets, compose, docs, profile, sim, sim_long_context, bench_conductor, bench_hash, bench_transfer, bench_connector, bench_ttft,
     bench_reuse, bench_chaos, bench_soak, bench_goodput, bench_long_context, replay,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help

@@ -39,6 +39,7 @@ from shared.engine.llm import engine_environment
 from shared.private_file import read_private, write_private
 from shared.service import resolved
 from yuebing import gpus, process
+from yuebing.preflight import memory_total, refuse_oversized_memory
 from yuebing.process import free_port
 from yuebing.restarts import RestartPolicy
 from yuebing.secrets import Layout, Listen, Secrets, generate
@@ -194,6 +195,9 @@ class Cluster:
         refuse_unloadable_transport(o.config)
         refuse_taken_ports(o)
         devices = gpus.assign(o.gpu_needs(), gpus.usable(o.gpus, gpus.listed_gpus()))
+        if not devices:  # CPU engines: their KV caches come out of this machine's memory
+            refuse_oversized_memory(sum(o.instances), o.config.kv_cache_gib, o.nodes, o.config.pool_bytes,
+                                    memory_total())
         started = time.monotonic()
         run_dir = o.run_dir or Path(tempfile.mkdtemp(prefix="yuebing-"))
         run_dir.mkdir(parents=True, exist_ok=True)

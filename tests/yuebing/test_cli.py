@@ -23,8 +23,11 @@ README_UP = ["--prefill", "2", "--decode", "1", "--nodes", "3", "--port", "8123"
 
 @pytest.fixture
 def model_dir(tmp_path):
+    """The files `yuebing up` looks for before it starts (yuebing/preflight.py)."""
     (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "m" / "tokenizer.json").write_text("{}")
     return tmp_path / "m"
 
 
@@ -79,6 +82,7 @@ def test_up_defaults_are_the_configs(model_dir, started, monkeypatch):
 
 def test_up_refuses_a_missing_model_and_a_bad_setting(model_dir, started, tmp_path, capsys):
     assert cli.main(["up", "--model", str(tmp_path / "none")]) == 2
+    assert "(no config.json)" in capsys.readouterr().err
     assert cli.main(["up", "--model", str(model_dir), "--block-size", "10"]) == 2
     assert "block_size must be a positive multiple of 16" in capsys.readouterr().err and not started
 

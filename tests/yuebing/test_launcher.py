@@ -168,6 +168,15 @@ def test_more_gpus_asked_than_listed_stops_the_cluster_before_anything_starts(tm
     assert not (tmp_path / "run").exists() and not c.children
 
 
+def test_cpu_kv_caches_beyond_the_machine_stop_the_cluster_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr("yuebing.gpus.listed_gpus", lambda: [])
+    monkeypatch.setattr("yuebing.launcher.memory_total", lambda: 8 << 30)
+    c = Cluster(UpOptions(config=ClusterConfig(kv_cache_gib=4), prefill=1, decode=1, run_dir=tmp_path / "run"))
+    with pytest.raises(ValueError, match=r"need 8\.5 GiB; this machine has 8\.0 GiB"):
+        c.start()
+    assert not (tmp_path / "run").exists() and not c.children
+
+
 def test_each_engine_child_starts_seeing_only_its_own_gpus(tmp_path):
     from yuebing import gpus
 

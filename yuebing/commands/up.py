@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from services.conductor.modes import CONDITIONAL_RULES, MODES
@@ -18,6 +17,7 @@ from shared.config import ClusterConfig
 from yuebing.flags import Alias, add_flags, from_args
 from yuebing.launcher import UpOptions, up
 from yuebing.model import default_model_dir
+from yuebing.preflight import refuse_unloadable_model
 
 GROUP = None
 MIB = 1 << 20
@@ -59,9 +59,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = Path(args.model).resolve()
-    if not (model / "config.json").exists():
-        print(f"no model at {model}: run `yuebing model init --out {args.model}` first", file=sys.stderr)
-        return 2
+    refuse_unloadable_model(Path(args.model).resolve())
     config = from_args(ClusterConfig, args, CONFIG_ALIASES, skip=NOT_FLAGS)
     return up(from_args(UpOptions, args, LAYOUT_ALIASES, config=config))

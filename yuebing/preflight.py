@@ -1,0 +1,56 @@
+"""What `yuebing up` refuses before it starts anything, each in one line: a model
+folder vLLM could not load, and KV caches and pools that cannot fit in this machine's
+memory. (Ports in use and a run folder another launcher holds: yuebing/launcher.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
+TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+GIB = 1 << 30
+
+
+def refuse_unloadable_model(model: Path) -> None:
+    """The files vLLM reads first: a config naming an architecture, weights, a tokenizer."""
+    config = model / "config.json"
+    if not config.is_file():
+        raise ValueError(f"no model at {model} (no config.json): run `yuebing model init --out {model}` "
+                         "or pass --model a Hugging Face model folder")
+    try:
+        architectures = json.loads(config.read_text()).get("architectures")
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"{config} is not a model config (JSON object): {e}") from e
+    if not architectures:
+        raise ValueError(f"{config} names no architectures: vLLM cannot tell which model class to load")
+    if not any(next(model.glob(pattern), None) for pattern in WEIGHTS):
+        raise ValueError(f"no weights in {model} (no {', '.join(WEIGHTS)} file)")
+    if not any((model / name).is_file() for name in TOKENIZER):
+        raise ValueError(f"no tokenizer in {model} (none of {', '.join(TOKENIZER)})")
+
+
+def memory_total(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """This machine's memory, bytes (None where /proc/meminfo is not there)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def refuse_oversized_memory(cpu_engines: int, kv_cache_gib: int, nodes: int, pool_bytes: int,
+                            total: int | None) -> None:
+    """CPU engines' KV caches and the nodes' pools must fit in memory, or the engines
+    fail at start, one after another. (Pages are touched as they are used, so this is
+    only the bound nothing can exceed, not a promise that what fits runs well.)"""
+    if total is None:
+        return
+    needed = cpu_engines * kv_cache_gib * GIB + nodes * pool_bytes
+    if needed > total:
+        raise ValueError(
+            f"{cpu_engines} CPU engines × --kv-cache-gib {kv_cache_gib} plus {nodes} node pool{'s' * (nodes != 1)} × "
+            f"{pool_bytes / GIB:.1f} GiB need {needed / GIB:.1f} GiB; this machine has {total / GIB:.1f} GiB: "
+            "lower --kv-cache-gib or --pool-mib")
