@@ -10,7 +10,7 @@ overload. And under overload admission holds every queue at the edge of its SLO,
 so a prediction right on average still has half the requests admitted at that
 edge miss it. So the Conductor multiplies a prediction by a quantile of the
 observed-over-predicted ratio (`pace(z)`: the mean of its log and z standard
-deviations more), not by its mean (docs/reliability.md: the soak at 3x).
+deviations more), not by its mean (docs/benchmarks/chaos-and-soak.md: the soak at 3x).
 
 Observations are weighted by their predicted seconds: a long prefill says more
 about the pace than a short one, whose time is mostly fixed costs. Plain data

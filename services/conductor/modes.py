@@ -250,7 +250,7 @@ def place_colocated(
     delay in all, this request's predicted TTFT plus the stall its prefill puts on the
     decodes running there, among those with room. TTFT alone spreads prefill chunks
     into every batch in turn, and each one stalls all the decodes it lands beside
-    (docs/scheduling.md, "Serving modes": 85 % within both SLOs where round robin met 97.5 %).
+    (docs/benchmarks/_history_serving.md, "Goodput": 85 % within both SLOs where round robin met 97.5 %).
     With admission (any mode but "none", judged now: the prefill runs on the decode
     instance itself) a predicted TTFT or joining decode step over its SLO is refused."""
     loads = [x for x in loads if x.instance_id not in req.avoid and x.batch < x.capacity]

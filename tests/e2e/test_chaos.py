@@ -1,8 +1,8 @@
 """Chaos against a live `--nodes 2` cluster (two prefill and two decode instances)
 under steady streaming load: every process killed (SIGKILL), and separately stalled
 (SIGSTOP past the liveness timeout), one after another. For each: no request runs
-past its deadline, the errors clients see are only those the table in docs/reliability.md
-documents for that process, and requests succeed again (the time it took is printed).
+past its deadline, the errors clients see are only those EXPECTED_ERRORS (yuebing/bench/chaos.py)
+lists for that process, and requests succeed again (the time it took is printed).
 The same scenarios as `yuebing bench chaos`."""
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from yuebing import client
 TARGETS = ("gateway", "conductor", "messenger-0", "messenger-1", "prefill-0", "decode-0",
            "engine:prefill-0", "engine:decode-0", "nats")
 ACTIONS = ("kill", "stop")
-# What clients may see while each process is down or stalled (docs/reliability.md):
+# What clients may see while each process is down or stalled (docs/reliability.md says why):
 # error kinds as `kind_of` names them. Anything else is a bug.
 EXPECTED_ERRORS: dict[str, set[str]] = {
     "gateway": {"connection", "stream"},  # the front door itself: clients retry, or another gateway serves
