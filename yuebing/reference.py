@@ -88,8 +88,17 @@ def command_page() -> str:
     for name, sub in _commands(build_parser(), "yuebing"):
         sub.prog = name  # the usage line names the command as typed, whatever argv[0] was
         sub.formatter_class = _fixed_width(sub.formatter_class)
+        _relative_defaults(sub)
         parts.append(f"## `{name}`\n\n```text\n{sub.format_help().rstrip()}\n```\n")
     return "\n".join(parts)
+
+
+def _relative_defaults(parser: argparse.ArgumentParser) -> None:
+    """Defaults under the checkout shown relative to it, before the help is wrapped,
+    so that the page wraps alike on every clone."""
+    for action in parser._actions:
+        if isinstance(action.default, str | Path) and str(action.default).startswith(f"{ROOT}/"):
+            action.default = str(action.default).removeprefix(f"{ROOT}/")
 
 
 def _fixed_width(formatter: type[argparse.HelpFormatter]) -> Any:
