@@ -34,7 +34,8 @@ import torch
 
 from shared.kv.copier import Copier, LayerLoad, LayerSave, MappedPool, blocks_first, copier_for, geometry_of
 from shared.kv.pool_file import PoolFile, PoolSlots, checksum
-from yuebing.bench.connector_config import GPU_BAR, SHAPES, ConnectorBench, ModelShape
+from yuebing.bench.connector_config import GPU_BAR, SHAPES, ConnectorBench
+from yuebing.shapes import ModelShape
 
 
 def resolve(cfg: ConnectorBench) -> tuple[torch.device, ModelShape, str]:

@@ -68,6 +68,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default=str(data.GPU_PROFILE), help="timing profile (rows of measured times; the "
                    "default: an H100's, shipped in yuebing/lab/data)")
     p.add_argument("--profile-model", default="llama3-8b", help="rows of this model (empty: all)")
+    p.add_argument("--gpus-per-instance", type=int, default=1,
+                   help="GPUs an instance shards the model over (tensor parallelism: yuebing/lab/tensor_parallel.py)")
+    p.add_argument("--tp-efficiency", type=float, default=1.0,
+                   help="a GPU's speed on its slice of a layer against the whole layer's (1: ideal)")
+    p.add_argument("--link", default="a800-nvlink", choices=("a800-nvlink", "h100-nvlink"),
+                   help="the interconnect tensor parallelism's all-reduces cross")
     p.add_argument("--prefill-time-scale", type=float, default=1.0,
                    help="what-if: the profile's prefill times × this (e.g. 0.5: instances prefill twice as fast)")
     p.add_argument("--policy", default=SimConfig.policy, help="one name, or several comma-separated to compare")
@@ -93,7 +99,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    trace, predictor, configs = load_trace(args), _predictor(args), sim_configs(args)
+    trace = load_trace(args)
+    predictor, configs = _predictor(args, trace), sim_configs(args)
     if args.find_capacity:
         found = _find_capacity(trace, configs, predictor, args, trace_name(args))
         output = {"trace": trace_name(args), "capacity": found}
@@ -104,10 +111,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _predictor(args: argparse.Namespace) -> Predictor:
+def _predictor(args: argparse.Namespace, trace: Sequence[TraceRequest]) -> Predictor:
+    """The profile's time model, for instances of --gpus-per-instance GPUs: refused
+    where such an instance cannot hold the model and the trace's longest request."""
     from shared.predictor import load_predictor
+    from yuebing.lab.tensor_parallel import LINKS, InstanceShape, refuse_unfit, tensor_parallel
+    from yuebing.shapes import SHAPES
 
     predictor = load_predictor(args.profile, args.profile_model or None)
+    instance = InstanceShape(args.gpus_per_instance, args.tp_efficiency, LINKS[args.link])
+    if args.profile_model in SHAPES:
+        shape = SHAPES[args.profile_model]
+        refuse_unfit(shape, args.profile_model, instance, max(r.input_length + r.output_length for r in trace))
+        predictor = tensor_parallel(predictor, shape, instance)
+    elif instance.gpus > 1:
+        raise ValueError(f"--gpus-per-instance needs a --profile-model of known shape ({', '.join(SHAPES)})")
     if args.prefill_time_scale != 1.0:  # a what-if on the profile: the Conductor and the instances alike see it
         predictor = replace(predictor, prefill_coef=tuple(c * args.prefill_time_scale for c in predictor.prefill_coef))
     return predictor

@@ -67,21 +67,7 @@ from dataclasses import dataclass
 from services.conductor.cpp import PipelineGroup, chunked_prefill_s, pipeline_prefill_s, run_pipeline
 from shared.predictor import Predictor
 from yuebing.lab.outcome import percentile
-
-BF16_BYTES = 2
-
-
-@dataclass(frozen=True, slots=True)
-class ModelShape:
-    hidden: int  # a stage boundary hands over one hidden vector per token
-    kv_bytes_per_token: int  # K and V, all layers
-
-
-# layers × KV heads × head dim × (K, V) × bf16 bytes
-SHAPES = {
-    "llama3-8b": ModelShape(hidden=4096, kv_bytes_per_token=32 * 8 * 128 * 2 * BF16_BYTES),
-    "llama2-70b": ModelShape(hidden=8192, kv_bytes_per_token=80 * 8 * 128 * 2 * BF16_BYTES),
-}
+from yuebing.shapes import BF16_BYTES, SHAPES, ModelShape  # noqa: F401  (SHAPES: sim-long-context's models)
 
 
 @dataclass(frozen=True, slots=True)

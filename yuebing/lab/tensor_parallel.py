@@ -1,0 +1,102 @@
+"""Instances of several GPUs in the simulator's time model: tensor parallelism over N
+GPUs, from a profile measured on one.
+
+Tensor parallelism splits every layer's weights, compute and memory traffic N ways, so
+each fitted cost term is divided by N (by N × `efficiency` where kernels on a slice
+run below their full-size speed). Each layer then sums its slices twice, after
+attention and after the MLP: two all-reduces of (tokens × hidden) bf16 values per
+layer. A ring all-reduce over N GPUs moves 2(N−1)/N of the data through each GPU's
+link, and pays a latency per call:
+
+    all_reduce_s(tokens) = latency + 2(N−1)/N × tokens × hidden × 2 bytes / bus bandwidth
+
+Both terms are linear in tokens, so the instance's time model keeps the profile's
+form: the latency adds to each step's fixed cost, the bandwidth to its per-token
+(prefill) or per-sequence (decode) cost.
+
+The links' figures (`LINKS`) are stated with their sources; none was measured here
+(no GPU). An instance that cannot hold its model's weights and one full-context
+request's KV is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from shared.predictor import Predictor
+from yuebing.shapes import BF16_BYTES, ModelShape
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Link:
+    """The GPUs' interconnect, as an all-reduce sees it."""
+
+    name: str
+    bus_bytes_per_s: float  # what a large all-reduce sustains per GPU (nccl-tests' "busbw")
+    latency_s: float  # one small all-reduce
+    source: str
+
+
+# NVLink, each way per GPU, times the share nccl-tests sustains on large all-reduces.
+# NVIDIA's datasheets: A100 SXM NVLink 600 GB/s and A800 SXM 400 GB/s (both directions
+# together), H100 SXM 900 GB/s. nccl-tests' all-reduce on 8 A100 SXM GPUs is commonly
+# reported at about 230 GB/s busbw of the 300 GB/s each way: 0.77 is the share used
+# for every link here. The latency is an assumption of the order nccl-tests prints for
+# messages under 1 MB on one NVLink node, not a measurement.
+BUS_SHARE = 0.77
+LINKS = {
+    "a800-nvlink": Link("A800 SXM NVLink (400 GB/s)", BUS_SHARE * 200e9, 15e-6,
+                        "NVIDIA A800 datasheet: NVLink 400 GB/s; busbw share 0.77 (nccl-tests, A100)"),
+    "h100-nvlink": Link("H100 SXM NVLink (900 GB/s)", BUS_SHARE * 450e9, 15e-6,
+                        "NVIDIA H100 datasheet: NVLink 900 GB/s; busbw share 0.77 (nccl-tests, A100)"),
+}
+
+
+@dataclass(frozen=True)
+class InstanceShape:
+    """An instance: `gpus` GPUs of `gpu_memory_bytes` each, tensor-parallel over `link`."""
+
+    gpus: int = 1
+    efficiency: float = 1.0  # a slice's kernels' speed against the whole layer's, per GPU
+    link: Link = LINKS["a800-nvlink"]
+    gpu_memory_bytes: int = 80 * GIB  # A800 80GB and H100 80GB alike
+    memory_utilization: float = 0.9  # what vLLM takes of each GPU (gpu_memory_utilization)
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1 or not 0 < self.efficiency <= 1 or not 0 < self.memory_utilization <= 1:
+            raise ValueError(f"an instance needs gpus ≥ 1, 0 < efficiency ≤ 1 and 0 < memory share ≤ 1: {self}")
+
+    def all_reduce_s(self, tokens: int, model: ModelShape) -> float:
+        """One all-reduce of `tokens` hidden vectors (0 on one GPU: nothing to sum)."""
+        if self.gpus == 1:
+            return 0.0
+        ring = 2 * (self.gpus - 1) / self.gpus
+        return self.link.latency_s + ring * tokens * model.hidden * BF16_BYTES / self.link.bus_bytes_per_s
+
+
+def refuse_unfit(model: ModelShape, name: str, instance: InstanceShape, context_tokens: int) -> None:
+    """The weights and one request of `context_tokens` must fit the instance's memory."""
+    room = instance.gpus * instance.gpu_memory_bytes * instance.memory_utilization
+    needed = model.weight_bytes + context_tokens * model.kv_bytes_per_token
+    if needed > room:
+        raise ValueError(
+            f"{name} needs {needed / 1e9:.1f} GB (weights {model.weight_bytes / 1e9:.1f} GB in bf16, plus the KV of one "
+            f"{context_tokens}-token request) but an instance of {instance.gpus} × {instance.gpu_memory_bytes / GIB:.0f} "
+            f"GiB GPUs offers {room / 1e9:.1f} GB at {instance.memory_utilization:.0%}: give it more GPUs "
+            "(--gpus-per-instance)")
+
+
+def tensor_parallel(predictor: Predictor, model: ModelShape, instance: InstanceShape) -> Predictor:
+    """The one-GPU time model of `predictor` for an instance of `instance.gpus` GPUs."""
+    if instance.gpus == 1:
+        return predictor
+    speedup = instance.gpus * instance.efficiency
+    calls = 2 * model.layers  # all-reduces a forward makes
+    fixed_ms = calls * instance.link.latency_s * 1e3
+    per_token_ms = calls * (instance.all_reduce_s(1, model) - instance.link.latency_s) * 1e3
+    a, b, c, d = (x / speedup for x in predictor.prefill_coef)
+    da, db, dc = (x / speedup for x in predictor.decode_coef)
+    return replace(predictor, prefill_coef=(a + fixed_ms, b + per_token_ms, c, d),
+                   decode_coef=(da + fixed_ms, db + per_token_ms, dc))
