@@ -60,3 +60,10 @@ def test_every_make_target_shown_exists(page, command):
     done = subprocess.run(["make", "-n", *shlex.split(command)[1:]], cwd=ROOT, check=False, capture_output=True,
                           text=True)
     assert done.returncode == 0, f"{page}: `{command}`: {done.stderr}"
+
+
+def test_readme_links_lead_to_files_that_exist():
+    """README.md is outside the site, so `mkdocs build` does not check its links."""
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
+    local = [link for link in links if not re.match(r"[a-z]+://", link)]
+    assert local and all((ROOT / link).exists() for link in local), [x for x in local if not (ROOT / x).exists()]
