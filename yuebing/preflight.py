@@ -1,11 +1,15 @@
 """What `yuebing up` refuses before it starts anything, each in one line: a model
-folder vLLM could not load, and KV caches and pools that cannot fit in this machine's
-memory. (Ports in use and a run folder another launcher holds: yuebing/launcher.py.)"""
+folder vLLM could not load, KV caches and pools that cannot fit in this machine's
+memory, a port another program holds, a KV transport that cannot load here. (A run
+folder another launcher holds is refused when it is locked: yuebing/launcher.py.)"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from shared.config import ClusterConfig
+from yuebing import process
 
 WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
 TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
@@ -54,3 +58,20 @@ def refuse_oversized_memory(cpu_engines: int, kv_cache_gib: int, nodes: int, poo
             f"{cpu_engines} CPU engines × --kv-cache-gib {kv_cache_gib} plus {nodes} node pool{'s' * (nodes != 1)} × "
             f"{pool_bytes / GIB:.1f} GiB need {needed / GIB:.1f} GiB; this machine has {total / GIB:.1f} GiB: "
             "lower --kv-cache-gib or --pool-mib")
+
+
+def refuse_taken_ports(port: int, host: str, nats_port: int) -> None:
+    """A port another program holds is named before anything starts: otherwise the
+    gateway dies at bind, or the launcher reads that program's answers as its own."""
+    for taken, at, flag in ((port, host, "--port"), (nats_port, "0.0.0.0", "--nats-port")):
+        if taken and process.port_taken(taken, at):
+            raise ValueError(f"port {taken} ({at}) is in use by another program: choose another with {flag}")
+
+
+def refuse_unloadable_transport(config: ClusterConfig) -> None:
+    """A KV transport that cannot load here stops `yuebing up` before anything starts."""
+    if config.kv_transport == "mooncake":
+        from services.messenger.mooncake_transport import why_unavailable
+
+        if why := why_unavailable():
+            raise RuntimeError(why)

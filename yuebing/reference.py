@@ -198,10 +198,11 @@ def _gateway_metrics() -> str:
 
 
 def _messenger_metrics() -> str:
-    from services.messenger import metrics as m
+    """What a messenger's page carries: its own collector, over a messenger's zero state."""
+    from services.messenger.metrics import StatsCollector
+    from services.messenger.node import SecurityStats, Upkeep
+    from shared.messages import MessengerStats
 
-    rows = [("yuebing_messenger_hits", "counter", ["node", "tier"], "Pinned blocks found, by tier (dram, ssd)")]
-    for table, kind in ((m.COUNTERS, "counter"), (m.GAUGES, "gauge"), (m.SECURITY_COUNTERS, "counter"),
-                        (m.SECURITY_GAUGES, "gauge"), (m.UPKEEP_COUNTERS, "counter")):
-        rows += [(f"yuebing_messenger_{name}", kind, ["node"], doc) for name, doc in table.items()]
-    return _metrics_table(rows)
+    collector = StatsCollector(lambda: MessengerStats(node="node-0"),
+                               lambda: SecurityStats("node-0", True, 0, 0, 0, False), Upkeep)
+    return _metrics_table([(f.name, f.type, list(f.samples[0].labels), f.documentation) for f in collector.collect()])

@@ -9,12 +9,12 @@ import os
 import random
 import re
 import signal
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
+from tests.e2e.ops import eventually
 from yuebing.compose import down, health, run
 
 BLOCK = 128  # compose/cluster.json's block_size
@@ -41,17 +41,6 @@ def messenger_metric(cluster, service: str, name: str) -> float:
     page = run(["docker", "exec", cluster.container(service), "python", "-c", read]).stdout
     (value,) = re.findall(rf"^yuebing_messenger_{name}(?:_total)?\{{[^}}]*\}} (\S+)$", page, re.MULTILINE)
     return float(value)
-
-
-def wait_for(probe, accept, what: str, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = probe()
-        if accept(got):
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: still {got!r} after {timeout_s:.0f}s")
-        time.sleep(1)
 
 
 def test_health_says_serving_with_each_instance(compose_cluster):
@@ -125,8 +114,8 @@ def test_a_killed_decode_container_restarts_and_serving_resumes(compose_cluster,
     url = compose_cluster.options.url
     restarts = int(compose_cluster.inspect("decode-0", "{{.RestartCount}}"))
     os.kill(int(compose_cluster.inspect("decode-0", "{{.State.Pid}}")), signal.SIGKILL)  # a crash, not a stop
-    wait_for(lambda: health(url), lambda s: s == 503, "health after the decode died", 60)
-    wait_for(lambda: health(url), lambda s: s == 200, "health after the decode restarted", 300)
+    eventually(lambda: health(url), lambda s: s == 503, "health 503 after the decode died", 60)
+    eventually(lambda: health(url), lambda s: s == 200, "health 200 after the decode restarted", 300)
     assert int(compose_cluster.inspect("decode-0", "{{.RestartCount}}")) > restarts
     tokens, _, _ = complete(compose_client, prompt(300, seed=11))
     assert len(tokens) == MAX_TOKENS

@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace) -> Setup:
-    from yuebing.lab.long_context import SHAPES, Setup
+    from yuebing.lab.long_context import Setup
+    from yuebing.shapes import SHAPES
 
     if args.profile_model not in SHAPES:
         raise ValueError(f"--profile-model must be one of {', '.join(SHAPES)} (its shape sizes the transfers)")

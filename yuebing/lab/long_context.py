@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from services.conductor.cpp import PipelineGroup, chunked_prefill_s, pipeline_prefill_s, run_pipeline
 from shared.predictor import Predictor
 from yuebing.lab.outcome import percentile
-from yuebing.shapes import BF16_BYTES, SHAPES, ModelShape  # noqa: F401  (SHAPES: sim-long-context's models)
+from yuebing.shapes import BF16_BYTES, ModelShape
 
 
 @dataclass(frozen=True, slots=True)

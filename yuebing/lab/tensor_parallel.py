@@ -72,8 +72,12 @@ class InstanceShape:
         """One all-reduce of `tokens` hidden vectors (0 on one GPU: nothing to sum)."""
         if self.gpus == 1:
             return 0.0
+        return self.link.latency_s + tokens * self.all_reduce_s_per_token(model)
+
+    def all_reduce_s_per_token(self, model: ModelShape) -> float:
+        """What each token's hidden vector adds to an all-reduce: a ring moves 2(N−1)/N of it."""
         ring = 2 * (self.gpus - 1) / self.gpus
-        return self.link.latency_s + ring * tokens * model.hidden * BF16_BYTES / self.link.bus_bytes_per_s
+        return ring * model.hidden * BF16_BYTES / self.link.bus_bytes_per_s
 
 
 def refuse_unfit(model: ModelShape, name: str, instance: InstanceShape, context_tokens: int) -> None:
@@ -95,7 +99,7 @@ def tensor_parallel(predictor: Predictor, model: ModelShape, instance: InstanceS
     speedup = instance.gpus * instance.efficiency
     calls = 2 * model.layers  # all-reduces a forward makes
     fixed_ms = calls * instance.link.latency_s * 1e3
-    per_token_ms = calls * (instance.all_reduce_s(1, model) - instance.link.latency_s) * 1e3
+    per_token_ms = calls * instance.all_reduce_s_per_token(model) * 1e3
     a, b, c, d = (x / speedup for x in predictor.prefill_coef)
     da, db, dc = (x / speedup for x in predictor.decode_coef)
     return replace(predictor, prefill_coef=(a + fixed_ms, b + per_token_ms, c, d),

@@ -9,7 +9,6 @@ from shared.predictor import load_predictor
 from yuebing import cli
 from yuebing.lab import data
 from yuebing.lab.long_context import (
-    SHAPES,
     Setup,
     esp_degree,
     esp_prefill_s,
@@ -22,6 +21,7 @@ from yuebing.lab.long_context import (
     study,
     winners,
 )
+from yuebing.shapes import SHAPES
 
 PRED = load_predictor(data.GPU_PROFILE, "llama3-8b")
 SETUP = Setup(SHAPES["llama3-8b"])
