@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +59,11 @@ def write_json(result: Any, path: str | Path | None) -> None:
     """Write `result` as indented JSON when a path is given (`--json`)."""
     if path:
         Path(path).write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
+def text_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A titled table of right-aligned columns, for a terminal."""
+    widths = [max(len(c) for c in column) for column in zip(header, *rows)]
+    lines = [f"\n{title}", "  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)

@@ -74,6 +74,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="a GPU's speed on its slice of a layer against the whole layer's (1: ideal)")
     p.add_argument("--link", default="a800-nvlink", choices=("a800-nvlink", "h100-nvlink"),
                    help="the interconnect tensor parallelism's all-reduces cross")
+    p.add_argument("--gpu", default="h100", choices=("h100", "a800"),
+                   help="the instances' GPU: another than the profile's (an H100) scales its times by the ratio of "
+                   "compute peaks (prefill) and memory bandwidths (decode)")
     p.add_argument("--prefill-time-scale", type=float, default=1.0,
                    help="what-if: the profile's prefill times × this (e.g. 0.5: instances prefill twice as fast)")
     p.add_argument("--policy", default=SimConfig.policy, help="one name, or several comma-separated to compare")
@@ -115,17 +118,12 @@ def _predictor(args: argparse.Namespace, trace: Sequence[TraceRequest]) -> Predi
     """The profile's time model, for instances of --gpus-per-instance GPUs: refused
     where such an instance cannot hold the model and the trace's longest request."""
     from shared.predictor import load_predictor
-    from yuebing.lab.tensor_parallel import LINKS, InstanceShape, refuse_unfit, tensor_parallel
-    from yuebing.shapes import SHAPES
+    from yuebing.lab.tensor_parallel import GPUS, LINKS, InstanceShape, instance_predictor
 
-    predictor = load_predictor(args.profile, args.profile_model or None)
-    instance = InstanceShape(args.gpus_per_instance, args.tp_efficiency, LINKS[args.link])
-    if args.profile_model in SHAPES:
-        shape = SHAPES[args.profile_model]
-        refuse_unfit(shape, args.profile_model, instance, max(r.input_length + r.output_length for r in trace))
-        predictor = tensor_parallel(predictor, shape, instance)
-    elif instance.gpus > 1:
-        raise ValueError(f"--gpus-per-instance needs a --profile-model of known shape ({', '.join(SHAPES)})")
+    instance = InstanceShape(args.gpus_per_instance, args.tp_efficiency, LINKS[args.link], gpu=GPUS[args.gpu])
+    longest = max(r.input_length + r.output_length for r in trace)
+    predictor = instance_predictor(load_predictor(args.profile, args.profile_model or None), args.profile_model,
+                                   instance, longest)
     if args.prefill_time_scale != 1.0:  # a what-if on the profile: the Conductor and the instances alike see it
         predictor = replace(predictor, prefill_coef=tuple(c * args.prefill_time_scale for c in predictor.prefill_coef))
     return predictor

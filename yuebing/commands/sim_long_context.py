@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from yuebing.commands import add_json_flag, write_json
+from yuebing.commands import add_json_flag, text_table, write_json
 from yuebing.lab import data
 
 if TYPE_CHECKING:
@@ -104,21 +104,14 @@ def _tables(rows: list[dict]) -> list[str]:
                    + [f"{r['loaded']['esp']['degree_mean']:.1f}"] for r in rows]
     link = [[_k(r["tokens"])] + [f"{r['loaded'][n]['link_gb']:.1f}" for n in names] for r in rows]
     return [
-        _table("one prompt at a time: TTFT, s", ["input", *names], lone_ttft),
-        _table("one prompt at a time: instance-seconds per request", ["input", *names], lone_inst),
-        _table("loaded (Poisson at the rate shown): TTFT mean/p90, s", ["input", "req/s", *names], loaded_ttft),
-        _table("loaded: instance-seconds per request (esp D: its mean instances)", ["input", *names, "esp D"],
+        text_table("one prompt at a time: TTFT, s", ["input", *names], lone_ttft),
+        text_table("one prompt at a time: instance-seconds per request", ["input", *names], lone_inst),
+        text_table("loaded (Poisson at the rate shown): TTFT mean/p90, s", ["input", "req/s", *names], loaded_ttft),
+        text_table("loaded: instance-seconds per request (esp D: its mean instances)", ["input", *names, "esp D"],
                loaded_inst),
-        _table("loaded: GB each request sends between instances (CPP: activations at stage boundaries; ESP: "
+        text_table("loaded: GB each request sends between instances (CPP: activations at stage boundaries; ESP: "
                "KV blocks round the ring)", ["input", *names], link),
     ]
-
-
-def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(c) for c in column) for column in zip(header, *rows)]
-    lines = [f"\n{title}", "  ".join(h.rjust(w) for h, w in zip(header, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)
 
 
 def _wins(rows: list[dict]) -> dict[str, str]:

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# The paper's capacity gain of disaggregated Mooncake over colocated vLLM, % more
-# requests within the SLOs, per workload and TBT SLO (ms).
-PAPER_GAIN_PCT: dict[str, dict[int, int]] = {
-    "conversation": {100: 498, 200: 157, 300: 59},
-    "tool&agent": {100: 64, 200: 42, 300: 22},
-    "synthetic": {100: 62, 200: 40, 300: 28},
-}
-PAPER_REAL_TRACE = "+75 % requests on the real trace"
+from yuebing.lab.paper import FIG11_GAIN_PCT as PAPER_GAIN_PCT
+from yuebing.lab.paper import FIG13
+
+PAPER_REAL_TRACE = f"+{FIG13['gain_pct']} % requests on the real trace"
 
 
 def capacity_table(found: Sequence[dict], trace: str) -> str:

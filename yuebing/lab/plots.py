@@ -87,6 +87,23 @@ def plot_pairs(live: Sequence[Outcome], simulated: Sequence[Outcome], path: str 
     return _save(fig, path)
 
 
+def plot_capacity(rows: Sequence[dict], group: str, label: str, title: str, path: str | Path) -> str:
+    """Capacity bars: a group per value of `group` (a TBT SLO, an input length), a
+    bar per setup, as the paper's figures compare systems."""
+    plt = _pyplot()
+    groups = list(dict.fromkeys(r[group] for r in rows))
+    setups = list(dict.fromkeys(r["setup"] for r in rows))
+    width = 0.8 / len(setups)
+    fig, ax = plt.subplots(figsize=(11, 4))
+    for i, name in enumerate(setups):
+        heights = [next((r["capacity_rps"] for r in rows if r[group] == g and r["setup"] == name), 0.0) for g in groups]
+        ax.bar([k + i * width for k in range(len(groups))], heights, width, label=name)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(groups))], [str(g) for g in groups])
+    ax.set(xlabel=label, ylabel="capacity (req/s within the SLOs)", title=title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return _save(fig, path)
+
+
 def _save(fig: Any, path: str | Path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -151,6 +151,7 @@ class Simulation:
         self.samples: list[dict] = []
         self.requests: list[SimRequest] = []
         self.unsettled = 0  # requests whose outcome is not final yet (arrived or not)
+        self.max_model_len = 0
 
     # --- event queue --------------------------------------------------------
     def at(self, t: float, kind: str, obj: object, version: int = 0) -> None:
@@ -158,6 +159,8 @@ class Simulation:
 
     def run(self, trace: Sequence[TraceRequest], progress: bool = False) -> list[Outcome]:
         requests = self.requests = [self._request(i, r) for i, r in enumerate(trace)]
+        # vLLM's max_model_len: the longest request it must serve, here the trace's.
+        self.max_model_len = max((r.input_length + r.output_length for r in trace), default=0)
         self.unsettled = len(requests)
         for r in requests:
             self.at(r.arrival, "arrive", r)
@@ -227,8 +230,8 @@ class Simulation:
     def _arrive_colocated(self, r: SimRequest) -> None:
         """Placed by `modes.place_colocated` on what each instance reports (its queue
         of prompt tokens, its batch), as a heartbeat would."""
-        prefixes = self.index.prefix_blocks(r.hashes, self.decodes)
-        loads = [self._colocated_load(inst, prefixes[iid]) for iid, inst in self.decodes.items()]
+        prefixes = self.index.prefix_blocks(r.hashes, self.decodes) if self.config.prefix_caching else {}
+        loads = [self._colocated_load(inst, prefixes.get(iid, 0)) for iid, inst in self.decodes.items()]
         out = modes.place_colocated(r.request, loads, self.predictor, self.config.block_tokens, self.config.step_tokens,
                                     self.config.admission)
         if not isinstance(out, modes.ColocatedChoice):
@@ -396,8 +399,7 @@ class Simulation:
     def _start_segment(self, inst: DecodeInstance) -> None:
         while inst.waiting and len(inst.batch) < self.config.max_batch:
             inst.batch.append(inst.waiting.popleft())
-        # vLLM schedules the decodes first, a token each, then prefill chunks in order.
-        inst.step = fill_step(inst.prefill_queue, self._step_budget(inst), self._uncomputed)
+        inst.step = self._local_prefills(inst)
         if inst.step:
             self._start_mixed_step(inst)
             return
@@ -413,6 +415,19 @@ class Simulation:
         inst.seg_start, inst.seg_steps = self.now, steps
         inst.version += 1
         self.at(self.now + steps * inst.step_s, "segment_end", inst, inst.version)
+
+    def _local_prefills(self, inst: DecodeInstance) -> list[tuple[SimRequest, int]]:
+        """The prompts this step computes beside the batch. vLLM schedules the decodes
+        first, a token each, then prefills in order, while its running requests (the
+        batch, those waiting to join it and those prefilling) number under max_batch
+        (vLLM's max_num_seqs: at 1, one request at a time). Chunked, as much of each
+        as the step budget has left; unchunked (the paper's vLLM baseline), whole
+        prompts, the batch waiting for the step."""
+        room = self.config.max_batch - len(inst.batch) - len(inst.waiting)
+        queue = list(itertools.islice(inst.prefill_queue, max(0, room)))
+        if self.config.unchunked:
+            return fill_whole(queue, self.max_model_len, self._uncomputed)
+        return fill_step(queue, self._step_budget(inst), self._uncomputed)
 
     def _step_budget(self, inst: DecodeInstance) -> int:
         if not inst.prefill_queue:
@@ -540,6 +555,20 @@ def fill_step(queue: Iterable[SimRequest], budget: int, uncomputed: Callable[[Si
     return chunks
 
 
+def fill_whole(queue: Iterable[SimRequest], budget: int, uncomputed: Callable[[SimRequest], int]) -> list[tuple[SimRequest, int]]:
+    """An engine step's prefills without chunked prefill: whole prompts in order while
+    they fit the budget (vLLM's max_num_batched_tokens, at least the longest request
+    it serves), the head's always."""
+    chunks = []
+    for r in queue:
+        n = uncomputed(r)
+        if chunks and n > budget:
+            break
+        chunks.append((r, n))
+        budget -= n
+    return chunks
+
+
 def tail_compute_s(predictor: Predictor, prompt_len: int, block_tokens: int) -> float:
     """What computing a joining request's prompt tail (what no full block holds) adds
     to a decode step: its marginal prefill cost, the step's fixed cost being paid
@@ -588,8 +617,11 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
 
 
 def mode_name(config: SimConfig) -> str:
-    """The serving mode as a table shows it: conditional with its rule."""
-    return f"conditional/{config.conditional_rule}" if config.mode == "conditional" else config.mode
+    """The serving mode as a table shows it: conditional with its rule, colocated
+    without chunked prefill as the paper's baseline."""
+    if config.mode == "conditional":
+        return f"conditional/{config.conditional_rule}"
+    return "colocated/unchunked" if config.mode == "colocated" and config.unchunked else config.mode
 
 
 def _hit_rates(admitted: Sequence[SimRequest]) -> dict[str, float]:

@@ -69,13 +69,21 @@ class SimConfig:
         description="KV streams to decode while prefill computes (--no-layerwise: sent after the last layer)")] = True
     chunk_tokens: Annotated[int, Meta(
         description="a prefill step's token budget, as vLLM's chunked prefill (0: a whole prompt a step)")] = 0
-    max_batch: Annotated[int, Meta(description="decode batch limit: requests a decode instance's KV cache holds")] = 128
+    max_batch: Annotated[int, Meta(
+        description="requests an instance runs at once, as vLLM's max_num_seqs (a decode instance's batch; on one "
+                    "that prefills too, its prefilling requests count)")] = 128
     # Where prefill runs (services/conductor/modes.py): disaggregated; colocated, the
     # prefill + decode instances all running both in one engine (as many GPUs);
     # conditional, disaggregated unless `conditional_rule` lets decode prefill it.
     mode: str = "disaggregated"
     conditional_rule: Annotated[str, Meta(
         description="conditional mode's rule: mooncake (unchunked and within the TBT SLO), dynamo or llmd")] = "mooncake"
+    prefix_caching: Annotated[bool, Meta(
+        description="colocated instances reuse the prefixes they computed (vLLM's automatic prefix caching, off by "
+                    "default before its V1 engine)")] = True
+    unchunked: Annotated[bool, Meta(
+        description="colocated and local prefills compute whole prompts while the decode batch waits, as vLLM "
+                    "without chunked prefill (the paper's vLLM baseline)")] = False
     step_tokens: Annotated[int, Meta(
         description="an engine step's token budget on decode and colocated instances (vLLM's max_num_batched_tokens; "
                     "0: sized each step to the TBT SLO)",

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from shared.predictor import Predictor
-from yuebing.shapes import BF16_BYTES, ModelShape
+from yuebing.shapes import BF16_BYTES, SHAPES, ModelShape
 
 GIB = 1 << 30
 
@@ -55,6 +55,29 @@ LINKS = {
 
 
 @dataclass(frozen=True)
+class Gpu:
+    """A GPU as the time model scales it: prefill is bound by its compute, decode by its
+    memory bandwidth."""
+
+    name: str
+    bf16_flops: float  # dense, peak
+    memory_bytes_per_s: float
+    source: str
+
+
+# NVIDIA's datasheets, SXM parts with 80 GB. The profile was measured on an H100; a
+# time on another GPU is the H100's times the ratio of peaks (prefill: compute; decode:
+# memory bandwidth): a first-order model that assumes both reach the same share of
+# their peak.
+GPUS = {
+    "h100": Gpu("H100 SXM 80GB", 989e12, 3.35e12, "NVIDIA H100 datasheet: BF16 989 TFLOPS dense, HBM3 3.35 TB/s"),
+    "a800": Gpu("A800 SXM4 80GB", 312e12, 2.039e12,
+                "NVIDIA A800 (A100) datasheet: BF16 312 TFLOPS dense, HBM2e 2,039 GB/s"),
+}
+PROFILE_GPU = GPUS["h100"]  # what yuebing/lab/data/h100-dense-llama.json was measured on
+
+
+@dataclass(frozen=True)
 class InstanceShape:
     """An instance: `gpus` GPUs of `gpu_memory_bytes` each, tensor-parallel over `link`."""
 
@@ -63,6 +86,7 @@ class InstanceShape:
     link: Link = LINKS["a800-nvlink"]
     gpu_memory_bytes: int = 80 * GIB  # A800 80GB and H100 80GB alike
     memory_utilization: float = 0.9  # what vLLM takes of each GPU (gpu_memory_utilization)
+    gpu: Gpu = PROFILE_GPU  # the instance's GPUs (another than the profile's: its times scaled)
 
     def __post_init__(self) -> None:
         if self.gpus < 1 or not 0 < self.efficiency <= 1 or not 0 < self.memory_utilization <= 1:
@@ -80,11 +104,21 @@ class InstanceShape:
         return ring * model.hidden * BF16_BYTES / self.link.bus_bytes_per_s
 
 
+def kv_room_bytes(model: ModelShape, instance: InstanceShape) -> float:
+    """What the instance's memory holds of KV once the weights are loaded."""
+    return instance.gpus * instance.gpu_memory_bytes * instance.memory_utilization - model.weight_bytes
+
+
+def kv_capacity_requests(model: ModelShape, instance: InstanceShape, context_tokens: int) -> int:
+    """Requests of `context_tokens` each whose KV fits beside the weights (at least one)."""
+    return max(1, int(kv_room_bytes(model, instance) // (context_tokens * model.kv_bytes_per_token)))
+
+
 def refuse_unfit(model: ModelShape, name: str, instance: InstanceShape, context_tokens: int) -> None:
     """The weights and one request of `context_tokens` must fit the instance's memory."""
     room = instance.gpus * instance.gpu_memory_bytes * instance.memory_utilization
     needed = model.weight_bytes + context_tokens * model.kv_bytes_per_token
-    if needed > room:
+    if context_tokens * model.kv_bytes_per_token > kv_room_bytes(model, instance):
         raise ValueError(
             f"{name} needs {needed / 1e9:.1f} GB (weights {model.weight_bytes / 1e9:.1f} GB in bf16, plus the KV of one "
             f"{context_tokens}-token request) but an instance of {instance.gpus} × {instance.gpu_memory_bytes / GIB:.0f} "
@@ -93,7 +127,8 @@ def refuse_unfit(model: ModelShape, name: str, instance: InstanceShape, context_
 
 
 def tensor_parallel(predictor: Predictor, model: ModelShape, instance: InstanceShape) -> Predictor:
-    """The one-GPU time model of `predictor` for an instance of `instance.gpus` GPUs."""
+    """The profile's one-GPU time model for an instance of `instance.gpus` of `instance.gpu`."""
+    predictor = on_gpu(predictor, instance.gpu)
     if instance.gpus == 1:
         return predictor
     speedup = instance.gpus * instance.efficiency
@@ -104,3 +139,25 @@ def tensor_parallel(predictor: Predictor, model: ModelShape, instance: InstanceS
     da, db, dc = (x / speedup for x in predictor.decode_coef)
     return replace(predictor, prefill_coef=(a + fixed_ms, b + per_token_ms, c, d),
                    decode_coef=(da + fixed_ms, db + per_token_ms, dc))
+
+
+def on_gpu(predictor: Predictor, gpu: Gpu, measured_on: Gpu = PROFILE_GPU) -> Predictor:
+    """The profile's times on `gpu`: prefill's scaled by the ratio of compute peaks,
+    decode's by the ratio of memory bandwidths."""
+    if gpu == measured_on:
+        return predictor
+    compute, memory = measured_on.bf16_flops / gpu.bf16_flops, measured_on.memory_bytes_per_s / gpu.memory_bytes_per_s
+    return replace(predictor, prefill_coef=tuple(x * compute for x in predictor.prefill_coef),
+                   decode_coef=tuple(x * memory for x in predictor.decode_coef))
+
+
+def instance_predictor(predictor: Predictor, model_name: str, instance: InstanceShape, context_tokens: int) -> Predictor:
+    """The profile's one-GPU time model of `model_name` for instances of `instance`:
+    refused where one cannot hold the model and a request of `context_tokens`."""
+    if model_name in SHAPES:
+        shape = SHAPES[model_name]
+        refuse_unfit(shape, model_name, instance, context_tokens)
+        return tensor_parallel(predictor, shape, instance)
+    if instance.gpus > 1 or instance.gpu != PROFILE_GPU:
+        raise ValueError(f"instances of several GPUs, or of another GPU, need a model of known shape ({', '.join(SHAPES)})")
+    return predictor

@@ -105,3 +105,28 @@ def test_prefill_interference_breaks_the_tbt_of_colocated_decodes_not_of_disaggr
     assert colocated["tbt_s"]["p50"] > 2 * disaggregated["tbt_s"]["p50"], (colocated["tbt_s"], disaggregated["tbt_s"])
     assert colocated["slo_attainment"] < disaggregated["slo_attainment"]
     assert colocated["ttft_s"]["mean"] < disaggregated["ttft_s"]["mean"]  # twice the GPUs prefill there
+
+
+def test_an_unchunked_colocated_prefill_stalls_the_batch_for_its_whole_prompt():
+    # The paper's vLLM baseline: the third request's 1024 tokens are one step beside
+    # the first request's decode (10 + 1024 ms), not chunks of 511.
+    trace = [TraceRequest(0.0, 1024, 201, (1, 2)), TraceRequest(0.0, 1024, 201, (3, 4)), TraceRequest(1500.0, 1024, 11, (5, 6))]
+    run = simulate(trace, replace(COLOCATED, step_tokens=512, unchunked=True), FLAT)
+    first, _, third = run.outcomes
+    assert third.ttft_s == pytest.approx(0.004 + 1.034)
+    assert first.end_s == pytest.approx(1.504 + 1.034 + (200 - 48 - 1) * 0.010)
+    assert run.result["mode"] == "colocated/unchunked"
+
+
+def test_max_batch_counts_prefilling_requests_so_one_runs_at_a_time():
+    # vLLM's max_num_seqs at 1 on two instances: the third request's prefill waits
+    # for a first one's last token (1.024 s prefill + 10 steps of 10 ms).
+    trace = [TraceRequest(0.0, 1024, 11, (1, 2)), TraceRequest(0.0, 1024, 11, (3, 4)), TraceRequest(0.0, 1024, 11, (5, 6))]
+    outcomes = simulate(trace, replace(COLOCATED, unchunked=True, max_batch=1), FLAT).outcomes
+    assert sorted(o.ttft_s for o in outcomes) == pytest.approx([1.024, 1.024, 1.124 + 1.024])
+
+
+def test_without_prefix_caching_a_colocated_instance_recomputes_a_repeated_prompt():
+    trace = [TraceRequest(0.0, 1024, 2, (1, 2)), TraceRequest(5000.0, 1024, 2, (1, 2))]
+    cached, plain = (simulate(trace, replace(COLOCATED, prefix_caching=on), FLAT).outcomes[1] for on in (True, False))
+    assert cached.ttft_s < 0.5 and plain.ttft_s == pytest.approx(1.024)

@@ -6,7 +6,7 @@ import pytest
 
 from shared.predictor import Predictor
 from yuebing import cli
-from yuebing.lab.tensor_parallel import LINKS, InstanceShape, Link, refuse_unfit, tensor_parallel
+from yuebing.lab.tensor_parallel import GPUS, LINKS, InstanceShape, Link, kv_capacity_requests, refuse_unfit, tensor_parallel
 from yuebing.shapes import SHAPES
 
 ONE_GPU = Predictor(prefill_coef=(20.0, 0.1, 1e-5, 3e-6), decode_coef=(50.0, 0.04, 1e-4))
@@ -63,3 +63,18 @@ def test_a_bad_instance_is_refused():
         InstanceShape(gpus=0)
     with pytest.raises(ValueError, match="efficiency"):
         InstanceShape(gpus=2, efficiency=1.5)
+
+
+def test_another_gpu_scales_prefill_by_compute_and_decode_by_bandwidth():
+    a800 = tensor_parallel(ONE_GPU, MODEL, InstanceShape(gpus=1, gpu=GPUS["a800"]))
+    h100, slower = GPUS["h100"], GPUS["a800"]
+    assert a800.prefill_s(4096) == pytest.approx(ONE_GPU.prefill_s(4096) * h100.bf16_flops / slower.bf16_flops)
+    assert a800.decode_step_s(8, 8 * 4096) == pytest.approx(
+        ONE_GPU.decode_step_s(8, 8 * 4096) * h100.memory_bytes_per_s / slower.memory_bytes_per_s)
+
+
+def test_kv_capacity_is_the_memory_left_by_the_weights():
+    instance = InstanceShape(gpus=8)
+    room = 8 * instance.gpu_memory_bytes * 0.9 - MODEL.weight_bytes
+    assert kv_capacity_requests(MODEL, instance, 131072) == int(room // (131072 * MODEL.kv_bytes_per_token)) == 11
+    assert kv_capacity_requests(MODEL, InstanceShape(gpus=2), 10**7) == 1  # never none: refuse_unfit says why
