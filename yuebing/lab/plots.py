@@ -33,7 +33,7 @@ def plot_cdfs(outcomes_by_name: dict[str, Sequence[Outcome]], path: str | Path) 
             values.sort()
             ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name)
     a1.set(xlabel="TTFT (s)", ylabel="share of completed requests", xscale="log", title="TTFT CDF")
-    a2.set(xlabel="TBT, mean of longest 10 % gaps (ms)", title="TBT CDF")
+    a2.set(xlabel="TBT, mean of longest 10 % gaps (ms)", xscale="log", title="TBT CDF")  # a stalled few reach seconds
     a1.legend(fontsize=7)
     return _save(fig, path)
 
