@@ -182,6 +182,7 @@ class Sampling(msgspec.Struct, kw_only=True):
     allowed_token_ids: list[int] | None = None
     json_object: bool = False  # response_format json_object: the output is a JSON object
     json_schema: str = ""  # response_format json_schema: the schema (JSON text) the output follows
+    logprobs: int | None = None  # each token's log probability and this many alternatives' (None: none)
 
     @property
     def history_dependent(self) -> bool:
@@ -195,6 +196,17 @@ class Sampling(msgspec.Struct, kw_only=True):
         return bool(
             self.presence_penalty or self.frequency_penalty or self.bad_words or self.json_object or self.json_schema
         )
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """One output token's log probabilities as vLLM's sampler gives them (a row of
+    its LogprobsLists): the sampled token first, then the top alternatives in rank
+    order (the sampled one again among them if it ranks there), and the sampled
+    token's rank."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int
 
 
 class PrefillRequest(Message):
@@ -215,6 +227,7 @@ class PrefillResult(Message):
     # The placement's kv_blocks as it came out: the leading ones prefill's pool took
     # (a block it had no room for never reaches decode); -1: not known.
     kv_blocks: int = -1
+    first_logprobs: TokenLogprobs | None = None  # when the request asks for logprobs
     error: str = ""
     # The engine refused the request itself (vLLM's client errors): the client's 400,
     # and no use asking another instance.
@@ -260,6 +273,7 @@ class TokenChunk(Message):
     token_ids: list[int]
     finish_reason: FinishReason | None = None
     error: str = ""
+    logprobs: list[TokenLogprobs] = []  # one per token, when the request asks for them
     # First chunk only: prompt tokens whose KV decode loaded instead of computing.
     kv_loaded_tokens: int = 0
 

@@ -120,7 +120,8 @@ class Decoder(Handler):
                         log.info("decode kv", loaded_tokens=loaded, computed_prompt_tokens=len(req.prompt_token_ids) - loaded)
                     pace.step(len(step.token_ids), self.predicted_step_s(), first=seq == 0, now=time.monotonic())
                     chunk = TokenChunk(request_id=req.request_id, seq=seq, token_ids=step.token_ids,
-                                       finish_reason=step.finish_reason, kv_loaded_tokens=loaded)
+                                       finish_reason=step.finish_reason, kv_loaded_tokens=loaded,
+                                       logprobs=step.logprobs or [])
                     await bus.publish(self.instance.nc, req.stream_subject, chunk)
                     seq += 1
         except asyncio.CancelledError:

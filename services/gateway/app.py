@@ -31,6 +31,7 @@ from aiohttp import web
 
 from services.gateway import edge, openapi, protocol, server
 from services.gateway.limits import Admission, Shed
+from services.gateway.logprobs import Logprobs, load_logprobs
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Pipeline, Rejected, Report, Slo, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
@@ -313,11 +314,12 @@ class Gateway:
             presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
             repetition_penalty=o.repetition_penalty, logit_bias=dict(o.logit_bias), bad_words=list(o.bad_words),
             allowed_token_ids=list(o.allowed_token_ids) if o.allowed_token_ids is not None else None,
-            json_object=rf.type == "json_object", json_schema=rf.json_schema,
+            json_object=rf.type == "json_object", json_schema=rf.json_schema, logprobs=o.logprobs,
         )
 
-    async def _events(self, p: Prepared, text: TextStream, report: Report) -> Any:
-        """The pipeline's token chunks as (text delta, finish reason), with metrics."""
+    async def _events(self, p: Prepared, text: TextStream, report: Report, logprobs: Logprobs | None = None) -> Any:
+        """The pipeline's token chunks as (text delta, finish reason), with metrics;
+        each token's log probabilities into `logprobs` (when asked for)."""
         timing = Timing(time.monotonic())
         deadline = time.time() + self.config.request_timeout_s
         try:
@@ -327,7 +329,11 @@ class Gateway:
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
                     self._observe(chunk, report, timing)
+                    before = len(text.token_ids)
                     delta = text.push(chunk.token_ids)
+                    if logprobs is not None:  # those of the tokens the text took (none after a stop string)
+                        taken = len(text.token_ids) - before
+                        logprobs.push(chunk.token_ids[:taken], chunk.logprobs[:taken])
                     finish = "stop" if text.stopped else chunk.finish_reason
                     if finish is not None:
                         delta += text.flush()
@@ -364,11 +370,11 @@ class Gateway:
         self.metrics.completion_tokens.inc(n)
 
     async def _complete(self, p: Prepared) -> web.Response:
-        text, report = self._text_stream(p), Report()
+        text, report, logprobs = self._text_stream(p), Report(), await self._logprobs(p)
         finish = None
-        async for _delta, finish_reason in self._events(p, text, report):
+        async for _delta, finish_reason in self._events(p, text, report, logprobs):
             finish = finish_reason or finish
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": self._choice_logprobs(p, logprobs)}
         if p.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text.text}
         else:
@@ -385,8 +391,8 @@ class Gateway:
         return web.Response(body=orjson.dumps(body), content_type="application/json", headers=p.headers())
 
     async def _stream(self, request: web.Request, p: Prepared) -> web.StreamResponse:
-        text, report = self._text_stream(p), Report()
-        events = self._events(p, text, report)
+        text, report, logprobs = self._text_stream(p), Report(), await self._logprobs(p)
+        events = self._events(p, text, report, logprobs)
         # Fail before the first byte where we can: a rejection must be a real 429.
         try:
             first = await anext(events)
@@ -397,7 +403,8 @@ class Gateway:
         )
         try:
             await self._bounded(response.prepare(request))
-            await self._stream_body(response, p, text, report, _chain([first] if first is not None else [], events))
+            await self._stream_body(response, p, text, report, _chain([first] if first is not None else [], events),
+                                    logprobs)
         except server.WriteTimeout as e:
             # The client stopped reading: cancel the request upstream, then drop the
             # connection (its unsent bytes with it).
@@ -409,7 +416,8 @@ class Gateway:
         return response
 
     async def _stream_body(
-        self, response: web.StreamResponse, p: Prepared, text: TextStream, report: Report, events: AsyncIterator[Any]
+        self, response: web.StreamResponse, p: Prepared, text: TextStream, report: Report, events: AsyncIterator[Any],
+        logprobs: Logprobs | None = None,
     ) -> None:
         try:
             usage = self._running_usage(p, text, report)
@@ -418,9 +426,10 @@ class Gateway:
                 await self._send(response, p, role, usage())
             sent_tokens = 0
             async for delta, finish in events:
-                choice = self._stream_choice(p, delta, finish, text.token_ids[sent_tokens:])
+                new_tokens = text.token_ids[sent_tokens:]
+                choice = self._stream_choice(p, delta, finish, new_tokens, self._choice_logprobs(p, logprobs, sent_tokens))
                 sent_tokens = len(text.token_ids)
-                if delta or finish or p.options.return_token_ids:
+                if delta or finish or p.options.return_token_ids or (logprobs is not None and new_tokens):
                     await self._send(response, p, choice, usage())
         except ApiError as e:
             # Headers are gone: the error travels in the stream, and [DONE] never comes.
@@ -445,14 +454,31 @@ class Gateway:
         o = p.options
         return TextStream(self.tokenizer, o.stop, o.include_stop_str_in_output, o.skip_special_tokens)
 
+    async def _logprobs(self, p: Prepared) -> Logprobs | None:
+        """The choice's log probabilities, when asked for (vLLM, which decodes their
+        tokens, is imported off the event loop the first time)."""
+        if p.options.logprobs is None:
+            return None
+        await asyncio.to_thread(load_logprobs)
+        return Logprobs(self.tokenizer.hf, p.options.logprobs)
+
     @staticmethod
-    def _stream_choice(p: Prepared, delta: str, finish: str | None, new_tokens: list[int]) -> dict[str, Any]:
+    def _choice_logprobs(p: Prepared, logprobs: Logprobs | None, start: int = 0) -> dict[str, Any] | None:
+        if logprobs is None:
+            return None
+        return logprobs.chat(start) if p.kind == "chat" else logprobs.completion(start)
+
+    @staticmethod
+    def _stream_choice(p: Prepared, delta: str, finish: str | None, new_tokens: list[int],
+                       logprobs: dict[str, Any] | None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
         if p.kind == "chat":
             choice["delta"] = {"content": delta} if delta else {}
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
         else:
             choice["text"] = delta
-            choice["logprobs"] = None
+            choice["logprobs"] = logprobs
         if p.options.return_token_ids:
             choice["token_ids"] = new_tokens
         return choice

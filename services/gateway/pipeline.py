@@ -183,7 +183,8 @@ class Pipeline:
             return
         report.cached_tokens, report.kv_blocks = result.num_cached_tokens, result.kv_blocks
         first = TokenChunk(request_id=job.request_id, seq=0, token_ids=[result.first_token_id],
-                           finish_reason=result.finish_reason)
+                           finish_reason=result.finish_reason,
+                           logprobs=[result.first_logprobs] if result.first_logprobs is not None else [])
         attempt = self._current(tries)
         if result.finish_reason is not None:
             attempt.finished = True

@@ -19,6 +19,7 @@ from services.gateway.fields import (
     INT64_MIN,
     LOGIT_BIAS,
     MAX_BAD_WORDS,
+    MAX_LOGPROBS,
     MAX_MESSAGES,
     MAX_TOKEN_IDS,
     MAX_USER_CHARS,
@@ -71,6 +72,7 @@ class Options:
     continuous_usage: bool = False
     return_token_ids: bool = False
     user: str | None = None
+    logprobs: int | None = None  # each token's log probability and this many top alternatives' (None: not asked)
 
     def token_ids(self) -> dict[str, tuple[int, ...]]:
         """Every token id the request names, by field: checked against the vocabulary."""
@@ -152,8 +154,8 @@ CHAT: dict[str, Spec] = {
     "add_special_tokens": boolean(False),
     "include_reasoning": boolean(True),  # this server runs no reasoning parser: nothing to include
     "echo": refused(False),
-    "logprobs": refused(False),
-    "top_logprobs": refused(0),
+    "logprobs": boolean(False),
+    "top_logprobs": integer(0, MAX_LOGPROBS),
     "tools": refused(),
     "tool_choice": refused("none"),
     "parallel_tool_calls": refused(True, False, note=" (tools are not supported)"),
@@ -170,7 +172,7 @@ COMPLETION: dict[str, Spec] = {
     "max_tokens": integer(1, INT64_MAX, 16),  # vLLM's (and OpenAI's) completions default
     "add_special_tokens": boolean(True),
     "echo": refused(False),
-    "logprobs": refused(),
+    "logprobs": integer(0, MAX_LOGPROBS),
     "suffix": refused(),
     "prompt_embeds": refused(),
     "best_of": exactly(1, "only best_of=1 is supported"),
@@ -197,7 +199,17 @@ def _fields(body: dict[str, Any], table: dict[str, Spec], own: tuple[str, ...]) 
     return {name: spec.default if body.get(name) is None else spec.parse(name, body[name]) for name, spec in table.items()}
 
 
-def _options(body: dict[str, Any], v: dict[str, Any], max_tokens: int | None) -> Options:
+def _logprobs(v: dict[str, Any], chat: bool) -> int | None:
+    """How many alternatives each token's log probability comes with (None: none):
+    chat's `logprobs` switch with its `top_logprobs`, or the completions' number."""
+    if not chat:
+        return v["logprobs"]
+    if v["top_logprobs"] and not v["logprobs"]:  # vLLM's rule, and its words
+        raise invalid("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+    return (v["top_logprobs"] or 0) if v["logprobs"] else None
+
+
+def _options(body: dict[str, Any], v: dict[str, Any], max_tokens: int | None, chat: bool) -> Options:
     if not v["model"]:
         raise invalid("'model' is required", "model")
     if body.get("stream_options") and not v["stream"]:  # as vLLM: an empty object passes
@@ -214,6 +226,7 @@ def _options(body: dict[str, Any], v: dict[str, Any], max_tokens: int | None) ->
         include_stop_str_in_output=v["include_stop_str_in_output"], skip_special_tokens=v["skip_special_tokens"],
         add_special_tokens=v["add_special_tokens"], stream=v["stream"], include_usage=v["stream_options"][0],
         continuous_usage=v["stream_options"][1], return_token_ids=v["return_token_ids"], user=v["user"],
+        logprobs=_logprobs(v, chat),
     )  # fmt: skip
 
 
@@ -233,13 +246,13 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         raise invalid("'continue_final_message' needs add_generation_prompt=false", "continue_final_message")
     max_tokens = v["max_completion_tokens"] if v["max_completion_tokens"] is not None else v["max_tokens"]
     parsed = tuple(_message(m, i) for i, m in enumerate(messages))
-    return ChatRequest(parsed, _options(body, v, max_tokens), v["add_generation_prompt"], v["continue_final_message"])
+    return ChatRequest(parsed, _options(body, v, max_tokens, chat=True), v["add_generation_prompt"], v["continue_final_message"])
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
     _required(body, "completion")
     v = _fields(body, COMPLETION, ("prompt",))
-    return CompletionRequest(_prompt(body["prompt"]), _options(body, v, v["max_tokens"]))
+    return CompletionRequest(_prompt(body["prompt"]), _options(body, v, v["max_tokens"], chat=False))
 
 
 def _prompt(prompt: Any) -> str | tuple[int, ...]:

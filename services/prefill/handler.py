@@ -103,6 +103,7 @@ class Prefiller(Handler):
         kv = await self._kv_params(req)
         steps = [s async for s in generate(self.engine, req.request_id, req.prompt_token_ids, req.sampling, 1, kv)]
         token_ids = [t for s in steps for t in s.token_ids]
+        logprobs = [lp for s in steps for lp in s.logprobs or ()]
         if len(token_ids) != 1:
             raise RuntimeError(f"engine returned {len(token_ids)} tokens for a 1-token prefill")
         reason = steps[-1].finish_reason
@@ -115,4 +116,5 @@ class Prefiller(Handler):
             finish_reason=finish,
             num_cached_tokens=steps[-1].num_cached_tokens,
             kv_blocks=int((steps[-1].kv_transfer_params or {}).get("kv_blocks", -1)),
+            first_logprobs=logprobs[0] if logprobs else None,
         )

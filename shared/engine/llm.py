@@ -16,7 +16,7 @@ from shared.config import ClusterConfig
 from shared.engine.spin import SPIN_ENV
 from shared.engine.stages import STAGES_ENV
 from shared.instance import EngineLoad
-from shared.messages import FinishReason, Sampling
+from shared.messages import FinishReason, Sampling, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class Step:
     finish_reason: FinishReason | None
     num_cached_tokens: int
     kv_transfer_params: dict[str, Any] | None = None  # the connector's word on a finished request
+    logprobs: list[TokenLogprobs] | None = None  # one per token, when the request asks for them
 
 
 
@@ -160,6 +161,7 @@ def sampling_params(
         bad_words=list(sampling.bad_words) or None,
         allowed_token_ids=list(sampling.allowed_token_ids) if sampling.allowed_token_ids is not None else None,
         structured_outputs=structured,
+        logprobs=sampling.logprobs,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
         extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
@@ -187,4 +189,16 @@ async def generate(
             finish_reason=completion.finish_reason if out.finished else None,
             num_cached_tokens=out.num_cached_tokens or 0,
             kv_transfer_params=out.kv_transfer_params if out.finished else None,
+            logprobs=None if completion.logprobs is None else [token_logprobs(d, params.logprobs)
+                                                               for d in completion.logprobs],
         )
+
+
+def token_logprobs(position: dict[int, Any], k: int) -> TokenLogprobs:
+    """vLLM's logprobs of one output position (token id → Logprob: the sampled token
+    first, then the top `k`, a repeat of the sampled one merged) back into the
+    sampler's row: sampled, then the top `k` in rank order."""
+    sampled_id, sampled = next(iter(position.items()))
+    top = sorted((lp.rank, token_id, lp.logprob) for token_id, lp in position.items() if lp.rank <= k)
+    return TokenLogprobs(token_ids=[sampled_id, *(t for _, t, _ in top)],
+                         logprobs=[sampled.logprob, *(lp for _, _, lp in top)], rank=sampled.rank)

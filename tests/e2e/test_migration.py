@@ -96,14 +96,16 @@ def log_events(cluster, name: str, event: str) -> list[dict]:
     return events
 
 
-def greedy_to_the_end(reference, prompt: list[int], max_tokens: int) -> list[int]:
+def greedy_to_the_end(reference, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
     """The reference engine's greedy output past any EOS, as a stream with ignore_eos
-    asks (Reference.greedy stops at EOS: the tiny model's comes early)."""
+    asks (Reference.greedy stops at EOS: the tiny model's comes early), and each
+    token's log probability."""
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
     [out] = reference.llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
-    return list(out.outputs[0].token_ids)
+    tokens = list(out.outputs[0].token_ids)
+    return tokens, [position[t].logprob for t, position in zip(tokens, out.outputs[0].logprobs)]
 
 
 def complete(cluster, prompt: list[int]) -> list[int]:
@@ -142,15 +144,18 @@ def test_a_decode_killed_mid_stream_hands_the_stream_to_another_that_finishes_it
     cluster = two_of_each
     prompt = [random.Random(16).randrange(32, 127) for _ in range(PROMPT_TOKENS)]
     body = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True, "logprobs": 1}
     before = retries(cluster, "migration")
     tokens: list[int] = []
+    logprobs: list[float] = []
     with httpx.stream("POST", f"{cluster.api}/completions", json=body, timeout=120) as r:
         assert r.status_code == 200, r.read()
         request_id = r.headers["x-yuebing-request-id"]
         events = sse(r.iter_lines())
         while len(tokens) < KILL_AFTER:
-            tokens += next(events)["choices"][0]["token_ids"]
+            choice = next(events)["choices"][0]
+            tokens += choice["token_ids"]
+            logprobs += choice["logprobs"]["token_logprobs"] if choice["logprobs"] else []
         # Taken at the first heartbeat that shows it: the tiny model finishes the rest of
         # the stream in about a second, so a window's latest heartbeat can come after it ended.
         serving = [iid for iid, hb in heartbeats(cluster, 5.0, until=serving_decode).items() if serving_decode(hb)]
@@ -161,11 +166,15 @@ def test_a_decode_killed_mid_stream_hands_the_stream_to_another_that_finishes_it
         for event in events:
             if event["choices"]:
                 tokens += event["choices"][0]["token_ids"]
+                logprobs += (event["choices"][0]["logprobs"] or {}).get("token_logprobs", [])
             else:
                 usage = event
     assert killed_at < MAX_TOKENS - 100, "the stream was nearly over when its decode died: make it longer"
-    # No token missing or repeated: the whole output is the plain engine's greedy one.
-    assert tokens == greedy_to_the_end(reference, prompt, MAX_TOKENS)
+    # No token missing or repeated: the whole output is the plain engine's greedy one,
+    # and so is each token's log probability, on either side of the hand-off.
+    expected, expected_logprobs = greedy_to_the_end(reference, prompt, MAX_TOKENS)
+    assert tokens == expected
+    assert logprobs == pytest.approx(expected_logprobs, abs=1e-4)
     (other,) = {"decode-0", "decode-1"} - set(serving)
     where = usage["yuebing"]
     assert (where["decode_instance"], where["migrations"], where["attempts"]) == (other, 1, 2)

@@ -104,7 +104,7 @@ def chat(**kw) -> dict:
     ("min_p", 1.5), ("presence_penalty", 3), ("repetition_penalty", 0), ("max_tokens", True), ("n", 2), ("n", 1.0),
     ("stop", ["x" * 1025]), ("stop", ["a", "b", "c", "d", "e"]), ("logit_bias", {"x": 1}), ("logit_bias", {"300": 1}),
     ("logit_bias", {"5": True}), ("stop_token_ids", [300]), ("allowed_token_ids", []), ("bad_words", [" "]),
-    ("min_tokens", 3), ("use_beam_search", True), ("logprobs", 1), ("echo", True), ("kv_transfer_params", {}),
+    ("min_tokens", 3), ("use_beam_search", True), ("logprobs", 21), ("logprobs", True), ("echo", True), ("kv_transfer_params", {}),
     ("request_id", "mine"), ("priority", 1), ("structured_outputs", {"json": {}}), ("unknown_field", 1),
     ("stream_options", {"include_usage": True}), ("response_format", {"type": "structural_tag"}),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "bogus"}}}),
@@ -116,8 +116,8 @@ def test_a_bad_or_unsupported_field_is_a_400_naming_it(served, field, value):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"), ("logprobs", True),
-    ("top_logprobs", 2), ("chat_template", "{{ x }}"), ("reasoning_effort", "low"), ("messages", [{"role": "user"}]),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"), ("logprobs", 1),
+    ("top_logprobs", 2), ("top_logprobs", 21), ("chat_template", "{{ x }}"), ("reasoning_effort", "low"), ("messages", [{"role": "user"}]),
     ("messages", [{"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}]),
     ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
     ("messages", [{"role": "user", "content": "x"}] * 2049), ("max_completion_tokens", "2"),

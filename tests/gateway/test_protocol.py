@@ -41,11 +41,21 @@ def test_content_parts_and_max_completion_tokens():
         (chat(n=2), "n"),
         (chat(temperature=3), "temperature"),
         (chat(stop=[""]), "stop"),
-        (chat(logprobs=True), "logprobs"),
+        (chat(logprobs=1), "logprobs"),
+        (chat(top_logprobs=3), "top_logprobs"),  # without logprobs=true
+        (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
     ],
 )
 def test_invalid_chat_names_the_parameter(body, param):
     assert error_of(parse_chat, body).param == param
+
+
+def test_logprobs_ask_for_the_tokens_and_this_many_alternatives():
+    assert parse_chat(chat()).options.logprobs is None
+    assert parse_chat(chat(logprobs=True)).options.logprobs == 0
+    assert parse_chat(chat(logprobs=True, top_logprobs=5)).options.logprobs == 5
+    assert parse_completion({"model": "m", "prompt": "x", "logprobs": 3}).options.logprobs == 3
+    assert parse_completion({"model": "m", "prompt": "x"}).options.logprobs is None
 
 
 def test_malformed_json_and_non_objects():
