@@ -50,6 +50,7 @@ TOKENIZER_THREADS = 2
 # Commas a valid body may hold besides its prompt's text: token-id lists, the JSON
 # schema, stop strings, bad words, messages' punctuation (services/gateway/fields.py caps).
 BODY_COMMA_SLACK = 200_000
+TOKENIZER_PATHS = ("/tokenize", "/detokenize")  # vLLM's paths, outside /v1, behind the API key all the same
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ class Gateway:
         app.router.add_get("/openapi.json", self.openapi_page)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
         return app
 
     @web.middleware
@@ -116,7 +119,8 @@ class Gateway:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        guarded = request.path.startswith("/v1/") or (self.metrics_require_key and request.path == "/metrics")
+        guarded = request.path.startswith("/v1/") or request.path in TOKENIZER_PATHS or (
+            self.metrics_require_key and request.path == "/metrics")
         if self.api_key and guarded and not edge.key_matches(request, self.api_key):
             raise edge.unauthorized()
         return await handler(request)
@@ -152,6 +156,30 @@ class Gateway:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "completion", await self._read(request))
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: a prompt, or messages as the chat template renders them."""
+        t = protocol.parse_tokenize(protocol.parse_body(await self._read(request)))
+        self._check_model(t.model)
+
+        def work() -> dict[str, Any]:  # on a thread: a long prompt takes the tokenizer a while
+            text = t.prompt if t.prompt is not None else self.tokenizer.chat_text(
+                t.messages, t.add_generation_prompt, t.continue_final_message)
+            ids = self.tokenizer.encode(text, add_special_tokens=t.add_special_tokens)
+            strs = self.tokenizer.hf.convert_ids_to_tokens(ids) if t.return_token_strs else None
+            return {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": strs}
+
+        return web.json_response(await asyncio.get_running_loop().run_in_executor(self.executor, work))
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /detokenize: token ids back to text, special tokens included."""
+        model, tokens = protocol.parse_detokenize(protocol.parse_body(await self._read(request)))
+        self._check_model(model)
+        vocab = len(self.tokenizer.hf)
+        if tokens and max(tokens) >= vocab:
+            raise protocol.invalid(f"token id {max(tokens)} is outside the vocabulary (size {vocab})", "tokens")
+        work = functools.partial(self.tokenizer.decode, tokens, skip_special_tokens=False)
+        return web.json_response({"prompt": await asyncio.get_running_loop().run_in_executor(self.executor, work)})
 
     async def _read(self, request: web.Request) -> bytes:
         try:
@@ -248,14 +276,19 @@ class Gateway:
         self, request_id: str, label: str | None, kind: str, parsed: ChatRequest | CompletionRequest, slo: Slo
     ) -> Prepared:
         options = parsed.options
-        if options.model != self.config.served_model_name:
-            raise ApiError(404, f"The model '{options.model}' does not exist", type="not_found_error", param="model", code="model_not_found")
+        self._check_model(options.model)
         prompt = self._prompt(parsed)
         self._check_vocabulary(options)
         max_tokens = self._max_tokens(kind, options, prompt)
         if options.min_tokens > max_tokens:
             raise protocol.invalid(f"'min_tokens' ({options.min_tokens}) must be at most max_tokens ({max_tokens})", "min_tokens")
         return Prepared(request_id, kind, options, prompt, max_tokens, slo, label)
+
+    def _check_model(self, model: str | None) -> None:
+        """A request naming another model than the one served is a 404 (no name: this one)."""
+        if model is not None and model != self.config.served_model_name:
+            raise ApiError(404, f"The model '{model}' does not exist", type="not_found_error", param="model",
+                           code="model_not_found")
 
     def _prompt(self, parsed: ChatRequest | CompletionRequest) -> list[int]:
         o = parsed.options

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.gateway.fields import INT32_MAX, MAX_MESSAGES, Spec
-from services.gateway.protocol import CHAT, COMPLETION, ROLES
+from services.gateway.protocol import CHAT, COMPLETION, DETOKENIZE, ROLES, TOKENIZE
 
 ERROR = {
     "type": "object",
@@ -39,12 +39,13 @@ def _request(table: dict[str, Spec], own: dict[str, Any], required: list[str]) -
             "description": "null stands for a missing field; a field not listed here is a 400"}
 
 
-def _post(summary: str, schema: str) -> dict[str, Any]:
+def _post(summary: str, schema: str, answer: str = "the completion (JSON, or an SSE stream with stream=true)"
+          ) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     return {"post": {
         "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}},
-        "responses": {"200": {"description": "the completion (JSON, or an SSE stream with stream=true)"},
+        "responses": {"200": {"description": answer},
                       "400": {"description": "invalid request", **error}, "401": {"description": "missing or wrong API key", **error},
                       "404": {"description": "unknown model", **error}, "429": {"description": "overloaded", **error},
                       "503": {"description": "cluster unavailable", **error}},
@@ -60,12 +61,17 @@ def document() -> dict[str, Any]:
             "/v1/chat/completions": _post("Chat completion", "ChatCompletionRequest"),
             "/v1/completions": _post("Completion", "CompletionRequest"),
             "/v1/models": {"get": {"summary": "The served model"}},
+            "/tokenize": _post("Token ids of a prompt, or of messages as the chat template renders them",
+                               "TokenizeRequest", "count, max_model_len, tokens (and token_strs)"),
+            "/detokenize": _post("Text of token ids", "DetokenizeRequest", "prompt: the text"),
             "/health": {"get": {"summary": "200 when prefill and decode instances are alive, else 503"}},
             "/metrics": {"get": {"summary": "Prometheus metrics"}},
         },
         "components": {"schemas": {
             "ChatCompletionRequest": _request(CHAT, chat_own, ["model", "messages"]),
             "CompletionRequest": _request(COMPLETION, {"prompt": PROMPT}, ["model", "prompt"]),
+            "TokenizeRequest": _request(TOKENIZE, {"prompt": {"type": "string"}, **chat_own}, []),
+            "DetokenizeRequest": _request(DETOKENIZE, {"tokens": {**TOKEN_IDS, "minItems": 0}}, ["tokens"]),
             "Error": ERROR,
         }, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                           "description": "required on /v1/* when the server has an API key"}}},

@@ -177,7 +177,52 @@ COMPLETION: dict[str, Spec] = {
     "prompt_embeds": refused(),
     "best_of": exactly(1, "only best_of=1 is supported"),
 }
+TOKENIZE: dict[str, Spec] = {  # /tokenize with a prompt, or with messages as chat renders them
+    "model": string(1024),
+    "add_special_tokens": boolean(True),  # a prompt's default; messages' is false, as in chat
+    "return_token_strs": boolean(False),
+    "add_generation_prompt": boolean(True),
+    "continue_final_message": boolean(False),
+}
+DETOKENIZE: dict[str, Spec] = {"model": string(1024)}
 REQUIRED = {"chat": ("model", "messages"), "completion": ("model", "prompt")}
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    model: str | None
+    prompt: str | None  # or messages
+    messages: tuple[dict[str, str], ...]
+    add_special_tokens: bool
+    return_token_strs: bool
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
+    """vLLM's /tokenize: `prompt` (a string) or `messages`, not both."""
+    if (body.get("prompt") is None) == (body.get("messages") is None):
+        raise invalid("/tokenize takes either 'prompt' or 'messages'", "prompt")
+    v = _fields(body, TOKENIZE, ("prompt", "messages"))
+    if body.get("prompt") is not None:
+        if not isinstance(body["prompt"], str):
+            raise invalid("'prompt' must be a string", "prompt")
+        return TokenizeRequest(v["model"], body["prompt"], (), v["add_special_tokens"], v["return_token_strs"])
+    messages = body["messages"]
+    if not isinstance(messages, list) or not 0 < len(messages) <= MAX_MESSAGES:
+        raise invalid(f"'messages' must be a list of 1 to {MAX_MESSAGES} messages", "messages")
+    special = v["add_special_tokens"] if body.get("add_special_tokens") is not None else False
+    return TokenizeRequest(v["model"], None, tuple(_message(m, i) for i, m in enumerate(messages)), special,
+                           v["return_token_strs"], v["add_generation_prompt"], v["continue_final_message"])
+
+
+def parse_detokenize(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...]]:
+    """vLLM's /detokenize: (model, token ids)."""
+    v = _fields(body, DETOKENIZE, ("tokens",))
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(is_int(t) and 0 <= t <= INT32_MAX for t in tokens):
+        raise invalid("'tokens' must be a list of token ids", "tokens")
+    return v["model"], tuple(tokens)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

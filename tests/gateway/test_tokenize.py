@@ -1,0 +1,71 @@
+"""/tokenize and /detokenize, as vLLM's server has them, behind the API key."""
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from services.gateway.app import Gateway
+from services.gateway.text import Tokenizer
+from shared.config import ClusterConfig
+from yuebing.model import ModelSpec, default_model_dir, write_model
+
+AUTH = {"Authorization": "Bearer sesame"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Tokenizer:
+    path = default_model_dir()
+    if not (path / "config.json").exists():  # a tiny model is enough: only its tokenizer is used
+        path = tmp_path_factory.mktemp("m") / "tiny"
+        write_model(ModelSpec(layers=1, hidden=64, heads=2, kv_heads=1, intermediate=64), path)
+    return Tokenizer(str(path))
+
+
+@pytest.fixture
+async def client(tokenizer):
+    gateway = Gateway(ClusterConfig(model="/models/tiny", max_model_len=512), tokenizer=tokenizer, pipeline=None,
+                      api_key="sesame")
+    async with TestClient(TestServer(gateway.app())) as c:
+        yield c
+
+
+async def test_a_prompt_is_tokenized_with_its_special_tokens_and_token_strings(client, tokenizer):
+    r = await client.post("/tokenize", json={"model": "tiny", "prompt": "héllo there", "return_token_strs": True},
+                          headers=AUTH)
+    assert r.status == 200
+    body = await r.json()
+    ids = tokenizer.encode("héllo there", add_special_tokens=True)
+    assert body == {"count": len(ids), "max_model_len": 512, "tokens": ids,
+                    "token_strs": tokenizer.hf.convert_ids_to_tokens(ids)}
+
+
+async def test_messages_are_tokenized_as_chat_renders_them(client, tokenizer):
+    messages = [{"role": "user", "content": "hi"}]
+    r = await client.post("/tokenize", json={"messages": messages}, headers=AUTH)
+    body = await r.json()
+    assert body["tokens"] == tokenizer.encode(tokenizer.chat_text(messages), add_special_tokens=False)
+    assert body["token_strs"] is None
+
+
+async def test_detokenize_gives_the_text_back_special_tokens_included(client, tokenizer):
+    ids = tokenizer.encode("héllo", add_special_tokens=True)
+    r = await client.post("/detokenize", json={"tokens": ids}, headers=AUTH)
+    assert (await r.json()) == {"prompt": tokenizer.decode(ids, skip_special_tokens=False)}
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "x"}]}, "prompt"),
+    ("/tokenize", {}, "prompt"),
+    ("/tokenize", {"prompt": 3}, "prompt"),
+    ("/tokenize", {"prompt": "x", "tools": []}, "tools"),
+    ("/detokenize", {"tokens": [1, -1]}, "tokens"),
+    ("/detokenize", {"tokens": [10**9]}, "tokens"),
+])  # fmt: skip
+async def test_bad_bodies_are_400s_naming_the_field(client, path, body, param):
+    r = await client.post(path, json=body, headers=AUTH)
+    assert r.status == 400 and (await r.json())["error"]["param"] == param
+
+
+async def test_both_need_the_key_and_the_served_model(client):
+    assert (await client.post("/tokenize", json={"prompt": "x"})).status == 401
+    r = await client.post("/detokenize", json={"model": "other", "tokens": [1]}, headers=AUTH)
+    assert r.status == 404
