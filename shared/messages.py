@@ -183,18 +183,21 @@ class Sampling(msgspec.Struct, kw_only=True):
     json_object: bool = False  # response_format json_object: the output is a JSON object
     json_schema: str = ""  # response_format json_schema: the schema (JSON text) the output follows
     logprobs: int | None = None  # each token's log probability and this many alternatives' (None: none)
+    n: int = 1  # outputs to sample from the prompt (vLLM's parallel sampling, on decode)
 
     @property
     def history_dependent(self) -> bool:
         """Whether a token's distribution depends on the output before it (beyond what
         the prompt holds): presence/frequency penalties, multi-token bad words and
-        structured output. Decode then runs on the prompt alone for the whole output
-        and the client's tokens all come from decode (the first token prefill made
-        only warms the KV); otherwise decode continues from prefill's first token,
-        which is exact for everything else (repetition_penalty counts prompt and
-        output alike). This is the one place the rule is written."""
+        structured output; and n > 1, where each output has its own first token.
+        Decode then runs on the prompt alone for the whole output and the client's
+        tokens all come from decode (the first token prefill made only warms the
+        KV); otherwise decode continues from prefill's first token, which is exact
+        for everything else (repetition_penalty counts prompt and output alike).
+        This is the one place the rule is written."""
         return bool(
             self.presence_penalty or self.frequency_penalty or self.bad_words or self.json_object or self.json_schema
+            or self.n > 1
         )
 
 
@@ -274,6 +277,7 @@ class TokenChunk(Message):
     finish_reason: FinishReason | None = None
     error: str = ""
     logprobs: list[TokenLogprobs] = []  # one per token, when the request asks for them
+    index: int = 0  # which of the request's n outputs these tokens extend
     # First chunk only: prompt tokens whose KV decode loaded instead of computing.
     kv_loaded_tokens: int = 0
 

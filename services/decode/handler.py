@@ -44,6 +44,13 @@ class Pace:
         self.last = now
 
 
+def produced(req: DecodeRequest) -> int:
+    """Output tokens the request's prompt already ends with: prefill's first token,
+    unless decode runs the whole output (a local prefill, or a history-dependent
+    request: Sampling.history_dependent)."""
+    return 0 if req.sampling.history_dependent or req.first_token_id == NO_TOKEN else 1
+
+
 class Decoder(Handler):
     ROLE = "decode"
     REQUEST = DecodeRequest
@@ -63,7 +70,7 @@ class Decoder(Handler):
                                                   len(req.prompt_token_ids))
             if tbt * 1e3 > req.slo_tbt_ms:
                 return tbt_exceeded(tbt, req.slo_tbt_ms / 1e3, self.instance.instance_id), True
-        if req.sampling.max_tokens < 2 and req.first_token_id != NO_TOKEN:
+        if req.sampling.max_tokens - produced(req) < 1:
             return "decode needs max_tokens >= 2 (the first token comes from prefill)", False
         if bus.remaining(req.deadline) <= 0:
             return "deadline already passed", False
@@ -104,24 +111,25 @@ class Decoder(Handler):
         # sampling depends on its own output runs from the prompt alone instead, for
         # the whole output, so that its history holds every token (Sampling.history_dependent).
         # A local prefill (first_token_id NO_TOKEN) runs from the prompt, as plain vLLM does.
-        produced = 0 if req.sampling.history_dependent or req.first_token_id == NO_TOKEN else 1
-        prompt = [*req.prompt_token_ids, req.first_token_id][: len(req.prompt_token_ids) + produced]
+        done = produced(req)
+        prompt = [*req.prompt_token_ids, req.first_token_id][: len(req.prompt_token_ids) + done]
         kv = {"kv_blocks": req.kv_blocks, "kv_wait_s": min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)),
               "kv_hashes": req.block_hashes}
         seq, pace = 0, Pace()
         log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens, kv_blocks=req.kv_blocks)
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
-                steps = generate(self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - produced, kv,
-                                 produced)
+                steps = generate(self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - done, kv,
+                                 done, req.sampling.n)
                 async for step in steps:
                     loaded = step.num_cached_tokens if seq == 0 else 0
                     if seq == 0:
                         log.info("decode kv", loaded_tokens=loaded, computed_prompt_tokens=len(req.prompt_token_ids) - loaded)
-                    pace.step(len(step.token_ids), self.predicted_step_s(), first=seq == 0, now=time.monotonic())
+                    if step.index == 0:  # the outputs step together: one paces the request
+                        pace.step(len(step.token_ids), self.predicted_step_s(), first=not pace.last, now=time.monotonic())
                     chunk = TokenChunk(request_id=req.request_id, seq=seq, token_ids=step.token_ids,
                                        finish_reason=step.finish_reason, kv_loaded_tokens=loaded,
-                                       logprobs=step.logprobs or [])
+                                       logprobs=step.logprobs or [], index=step.index)
                     await bus.publish(self.instance.nc, req.stream_subject, chunk)
                     seq += 1
         except asyncio.CancelledError:

@@ -30,6 +30,7 @@ import structlog
 from aiohttp import web
 
 from services.gateway import edge, openapi, protocol, server
+from services.gateway.choices import Choice, completion_tokens, role_chunk
 from services.gateway.limits import Admission, Shed
 from services.gateway.logprobs import Logprobs, load_logprobs
 from services.gateway.metrics import GatewayMetrics
@@ -347,12 +348,12 @@ class Gateway:
             presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
             repetition_penalty=o.repetition_penalty, logit_bias=dict(o.logit_bias), bad_words=list(o.bad_words),
             allowed_token_ids=list(o.allowed_token_ids) if o.allowed_token_ids is not None else None,
-            json_object=rf.type == "json_object", json_schema=rf.json_schema, logprobs=o.logprobs,
+            json_object=rf.type == "json_object", json_schema=rf.json_schema, logprobs=o.logprobs, n=o.n,
         )
 
-    async def _events(self, p: Prepared, text: TextStream, report: Report, logprobs: Logprobs | None = None) -> Any:
-        """The pipeline's token chunks as (text delta, finish reason), with metrics;
-        each token's log probabilities into `logprobs` (when asked for)."""
+    async def _events(self, p: Prepared, choices: list[Choice], report: Report) -> Any:
+        """The pipeline's token chunks into their choices, as (choice, text delta),
+        with metrics, until every choice has ended."""
         timing = Timing(time.monotonic())
         deadline = time.time() + self.config.request_timeout_s
         try:
@@ -362,16 +363,11 @@ class Gateway:
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
                     self._observe(chunk, report, timing)
-                    before = len(text.token_ids)
-                    delta = text.push(chunk.token_ids)
-                    if logprobs is not None:  # those of the tokens the text took (none after a stop string)
-                        taken = len(text.token_ids) - before
-                        logprobs.push(chunk.token_ids[:taken], chunk.logprobs[:taken])
-                    finish = "stop" if text.stopped else chunk.finish_reason
-                    if finish is not None:
-                        delta += text.flush()
-                    yield delta, finish
-                    if finish is not None:
+                    choice = choices[chunk.index]
+                    if choice.finish is not None:
+                        continue  # tokens past its stop string, while the other choices go on
+                    yield choice, choice.push(chunk)
+                    if all(c.finish is not None for c in choices):
                         break
         except (Rejected, UpstreamError) as e:
             raise api_error(e) from e
@@ -380,7 +376,7 @@ class Gateway:
             raise bus_error(e) from e
         finally:
             self.metrics.e2e.observe(time.monotonic() - timing.start)
-        self._done(p, len(text.token_ids), timing)
+        self._done(p, choices, timing)
 
     def _observe(self, chunk: TokenChunk, report: Report, timing: Timing) -> None:
         timing.last_at = time.monotonic()
@@ -391,41 +387,37 @@ class Gateway:
         if chunk.kv_loaded_tokens:  # only decode's first chunk carries it
             self.metrics.kv_loaded_tokens.inc(chunk.kv_loaded_tokens)
 
-    def _done(self, p: Prepared, n: int, timing: Timing) -> None:
-        """A served request's SLO verdict, log line and token counts."""
+    def _done(self, p: Prepared, choices: list[Choice], timing: Timing) -> None:
+        """A served request's SLO verdict (on its first choice's pace), log line and token counts."""
+        n = len(choices[0].text.token_ids)
         ttft_ms = (timing.first_at - timing.start) * 1e3
         tbt_ms = (timing.last_at - timing.first_at) * 1e3 / (n - 1) if n > 1 else 0.0
         slo_ttft, slo_tbt = p.slo.ttft_ms or self.config.slo_ttft_ms, p.slo.tbt_ms or self.config.slo_tbt_ms
         verdict = "missed_ttft" if ttft_ms > slo_ttft else "missed_tbt" if tbt_ms > slo_tbt else "met"
         self.metrics.slo.labels(verdict).inc()
-        log.info("request done", completion_tokens=n, ttft_ms=round(ttft_ms, 1), tbt_ms=round(tbt_ms, 2), slo=verdict)
+        total = completion_tokens(choices)
+        log.info("request done", completion_tokens=total, ttft_ms=round(ttft_ms, 1), tbt_ms=round(tbt_ms, 2), slo=verdict)
         self.metrics.prompt_tokens.inc(len(p.prompt))
-        self.metrics.completion_tokens.inc(n)
+        self.metrics.completion_tokens.inc(total)
 
     async def _complete(self, p: Prepared) -> web.Response:
-        text, report, logprobs = self._text_stream(p), Report(), await self._logprobs(p)
-        finish = None
-        async for _delta, finish_reason in self._events(p, text, report, logprobs):
-            finish = finish_reason or finish
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": self._choice_logprobs(p, logprobs)}
-        if p.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": text.text}
-        else:
-            choice["text"] = text.text
+        choices, report = await self._choices(p), Report()
+        async for _ in self._events(p, choices, report):
+            pass
+        tokens, decoded = completion_tokens(choices), any(len(c.text.token_ids) > 1 or p.options.n > 1 for c in choices)
         body: dict[str, Any] = {
             **self._envelope(p, chunk=False),
-            "choices": [choice],
-            "usage": protocol.usage(len(p.prompt), len(text.token_ids), report.cached_tokens),
-            "yuebing": yuebing_field(report, len(p.prompt), decoded=len(text.token_ids) > 1),
+            "choices": [c.whole(p.kind, p.options.return_token_ids) for c in choices],
+            "usage": protocol.usage(len(p.prompt), tokens, report.cached_tokens),
+            "yuebing": yuebing_field(report, len(p.prompt), decoded),
         }
         if p.options.return_token_ids:
-            choice["token_ids"] = text.token_ids
             body["prompt_token_ids"] = p.prompt
         return web.Response(body=orjson.dumps(body), content_type="application/json", headers=p.headers())
 
     async def _stream(self, request: web.Request, p: Prepared) -> web.StreamResponse:
-        text, report, logprobs = self._text_stream(p), Report(), await self._logprobs(p)
-        events = self._events(p, text, report, logprobs)
+        choices, report = await self._choices(p), Report()
+        events = self._events(p, choices, report)
         # Fail before the first byte where we can: a rejection must be a real 429.
         try:
             first = await anext(events)
@@ -436,8 +428,7 @@ class Gateway:
         )
         try:
             await self._bounded(response.prepare(request))
-            await self._stream_body(response, p, text, report, _chain([first] if first is not None else [], events),
-                                    logprobs)
+            await self._stream_body(response, p, choices, report, _chain([first] if first is not None else [], events))
         except server.WriteTimeout as e:
             # The client stopped reading: cancel the request upstream, then drop the
             # connection (its unsent bytes with it).
@@ -449,32 +440,30 @@ class Gateway:
         return response
 
     async def _stream_body(
-        self, response: web.StreamResponse, p: Prepared, text: TextStream, report: Report, events: AsyncIterator[Any],
-        logprobs: Logprobs | None = None,
+        self, response: web.StreamResponse, p: Prepared, choices: list[Choice], report: Report,
+        events: AsyncIterator[Any],
     ) -> None:
         try:
-            usage = self._running_usage(p, text, report)
+            usage = self._running_usage(p, choices, report)
             if p.kind == "chat":
-                role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                await self._send(response, p, role, usage())
-            sent_tokens = 0
-            async for delta, finish in events:
-                new_tokens = text.token_ids[sent_tokens:]
-                choice = self._stream_choice(p, delta, finish, new_tokens, self._choice_logprobs(p, logprobs, sent_tokens))
-                sent_tokens = len(text.token_ids)
-                if delta or finish or p.options.return_token_ids or (logprobs is not None and new_tokens):
-                    await self._send(response, p, choice, usage())
+                for c in choices:
+                    await self._send(response, p, role_chunk(c.index), usage())
+            async for choice, text in events:
+                part = choice.delta(p.kind, text, p.options.return_token_ids)
+                if part is not None:
+                    await self._send(response, p, part, usage())
         except ApiError as e:
             # Headers are gone: the error travels in the stream, and [DONE] never comes.
             await self._bounded(response.write(b"data: " + e.json() + b"\n\n"))
             await self._bounded(response.write_eof())
             raise
         if p.options.include_usage:
+            tokens = completion_tokens(choices)
             usage = {
                 **self._envelope(p, chunk=True),
                 "choices": [],
-                "usage": protocol.usage(len(p.prompt), len(text.token_ids), report.cached_tokens),
-                "yuebing": yuebing_field(report, len(p.prompt), decoded=len(text.token_ids) > 1),
+                "usage": protocol.usage(len(p.prompt), tokens, report.cached_tokens),
+                "yuebing": yuebing_field(report, len(p.prompt), decoded=tokens > 1),
             }
             await self._bounded(response.write(b"data: " + orjson.dumps(usage) + b"\n\n"))
         await self._bounded(response.write(b"data: [DONE]\n\n"))
@@ -483,45 +472,24 @@ class Gateway:
     async def _bounded(self, write: Awaitable[Any]) -> None:
         await server.bounded(write, self.limits.write_timeout_s)
 
-    def _text_stream(self, p: Prepared) -> TextStream:
+    async def _choices(self, p: Prepared) -> list[Choice]:
+        """The request's n choices, each with its text (decoded as vLLM decodes, after
+        the prompt) and, when asked for, its log probabilities (vLLM, which decodes
+        their tokens, is imported off the event loop the first time)."""
         o = p.options
-        return TextStream(self.tokenizer, o.stop, o.include_stop_str_in_output, o.skip_special_tokens)
-
-    async def _logprobs(self, p: Prepared) -> Logprobs | None:
-        """The choice's log probabilities, when asked for (vLLM, which decodes their
-        tokens, is imported off the event loop the first time)."""
-        if p.options.logprobs is None:
-            return None
-        await asyncio.to_thread(load_logprobs)
-        return Logprobs(self.tokenizer.hf, p.options.logprobs)
+        if o.logprobs is not None:
+            await asyncio.to_thread(load_logprobs)
+        return [Choice(i, TextStream(self.tokenizer, o.stop, o.include_stop_str_in_output, o.skip_special_tokens,
+                                     p.prompt),
+                       Logprobs(self.tokenizer.hf, o.logprobs) if o.logprobs is not None else None)
+                for i in range(o.n)]
 
     @staticmethod
-    def _choice_logprobs(p: Prepared, logprobs: Logprobs | None, start: int = 0) -> dict[str, Any] | None:
-        if logprobs is None:
-            return None
-        return logprobs.chat(start) if p.kind == "chat" else logprobs.completion(start)
-
-    @staticmethod
-    def _stream_choice(p: Prepared, delta: str, finish: str | None, new_tokens: list[int],
-                       logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
-        if p.kind == "chat":
-            choice["delta"] = {"content": delta} if delta else {}
-            if logprobs is not None:
-                choice["logprobs"] = logprobs
-        else:
-            choice["text"] = delta
-            choice["logprobs"] = logprobs
-        if p.options.return_token_ids:
-            choice["token_ids"] = new_tokens
-        return choice
-
-    @staticmethod
-    def _running_usage(p: Prepared, text: TextStream, report: Report) -> Callable[[], dict[str, Any] | None]:
+    def _running_usage(p: Prepared, choices: list[Choice], report: Report) -> Callable[[], dict[str, Any] | None]:
         """stream_options.continuous_usage_stats: the usage so far, in every chunk."""
         if not p.options.continuous_usage:
             return lambda: None
-        return lambda: protocol.usage(len(p.prompt), len(text.token_ids), report.cached_tokens)
+        return lambda: protocol.usage(len(p.prompt), completion_tokens(choices), report.cached_tokens)
 
     async def _send(
         self, response: web.StreamResponse, p: Prepared, choice: dict[str, Any], usage: dict[str, Any] | None = None
@@ -582,6 +550,8 @@ def yuebing_field(report: Report, prompt_tokens: int, decoded: bool) -> dict[str
         # placements it went through (1: no retry) and decodes continued after dying mid-stream
         "attempts": report.attempts,
         "migrations": report.migrations,
+        # times the prompt was prefilled: once for all n choices (more only after a failed instance)
+        "prefills": report.prefills,
         # where its prefill ran and why: the Conductor's serving-mode decision (mode, rule, reason, figures)
         "serving_mode": msgspec.to_builtins(report.mode) if report.mode else None,
         # with a CPP group live: whether its prefill went to the group or a single instance, and why

@@ -28,6 +28,7 @@ MAX_USER_CHARS = 256
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_NESTING = 64  # vLLM's MAX_STRUCTURED_OUTPUT_JSON_NESTING
 MAX_LOGIT_BIAS = 100.0  # vLLM clamps biases to [-100, 100]
+MAX_CHOICES = 16  # ours: n; each choice is a sequence in decode's batch
 MAX_LOGPROBS = 20  # vLLM's max_logprobs default: the most alternatives a token's log probability comes with
 
 Parse = Callable[[str, Any], Any]

@@ -92,6 +92,7 @@ class Report:
     migrations: int = 0  # decodes that died mid-stream and were continued on another
     mode: ModeRecord | None = None  # where its prefill ran and why, as the Conductor decided
     route: str = ""  # a CPP group or a single prefill instance, and why (ScheduleReply.route)
+    prefills: int = 0  # times its prompt was prefilled (once, whatever n, unless an instance failed it)
 
 
 class Rejected(Exception):
@@ -186,7 +187,7 @@ class Pipeline:
                            finish_reason=result.finish_reason,
                            logprobs=[result.first_logprobs] if result.first_logprobs is not None else [])
         attempt = self._current(tries)
-        if result.finish_reason is not None:
+        if result.finish_reason is not None and job.sampling.n == 1:  # with n > 1, decode samples every output
             attempt.finished = True
             yield first
             return
@@ -209,7 +210,9 @@ class Pipeline:
             if attempt.placement.local_prefill:
                 return None
             try:
-                return await self._prefill(job, attempt)
+                result = await self._prefill(job, attempt)
+                report.prefills += 1
+                return result
             except InvalidRequest:
                 raise
             except UpstreamError as e:
@@ -266,14 +269,17 @@ class Pipeline:
             if first is not None and not streamed and not job.sampling.history_dependent:
                 streamed.extend(first.token_ids)
                 yield first
-            async for chunk in self._tokens(sub, attempt.placement.decode_id, job.deadline):
+            ended: set[int] = set()  # outputs whose last token came
+            async for chunk in self._tokens(sub, attempt.placement.decode_id, job.deadline, job.sampling.n):
                 if order.continued:  # it loaded (or computed) KV for a prompt that holds output: not prefill's
                     chunk = msgspec.structs.replace(chunk, kv_loaded_tokens=0)
                 if order.first_token_id == NO_TOKEN and chunk.seq == 0:
                     await self._prefilled_locally(attempt, chunk, report)
                 report.kv_loaded_tokens = report.kv_loaded_tokens or chunk.kv_loaded_tokens
                 streamed.extend(chunk.token_ids)
-                attempt.finished = chunk.finish_reason is not None
+                if chunk.finish_reason is not None:
+                    ended.add(chunk.index)
+                attempt.finished = len(ended) == job.sampling.n
                 yield chunk
         finally:
             await sub.unsubscribe()
@@ -282,6 +288,7 @@ class Pipeline:
         """A local prefill's first token is out: the Conductor's books move it from
         prefilling to decoding, as a prefill instance's prefill_done does."""
         report.cached_tokens = chunk.kv_loaded_tokens
+        report.prefills += 1
         update = RequestUpdate(request_id=attempt.id, kind="prefill_done", instance_id=attempt.placement.decode_id)
         await self._publish(REQUEST_UPDATES, update)
 
@@ -434,8 +441,10 @@ class Pipeline:
             raise
         return sub
 
-    async def _tokens(self, sub: Subscription, decode_id: str, deadline: float) -> AsyncIterator[TokenChunk]:
-        seq = 0
+    async def _tokens(self, sub: Subscription, decode_id: str, deadline: float, n: int = 1
+                      ) -> AsyncIterator[TokenChunk]:
+        """The decode's chunks in order, until each of the `n` outputs has ended."""
+        seq, ended = 0, set()
         while True:
             chunk = await self._next_chunk(sub, decode_id, deadline)
             if chunk.seq != seq:
@@ -443,9 +452,13 @@ class Pipeline:
             seq += 1
             if chunk.error:
                 raise UpstreamError(502, f"decode on {decode_id} failed: {chunk.error}")
+            if not 0 <= chunk.index < n:
+                raise UpstreamError(502, f"decode on {decode_id} sent output {chunk.index} of a request of {n}")
             yield chunk
             if chunk.finish_reason is not None:
-                return
+                ended.add(chunk.index)
+                if len(ended) == n:
+                    return
 
     async def _next_chunk(self, sub: Subscription, instance_id: str, deadline: float) -> TokenChunk:
         quiet_until = time.monotonic() + self.config.token_idle_timeout_s

@@ -19,6 +19,7 @@ from services.gateway.fields import (
     INT64_MIN,
     LOGIT_BIAS,
     MAX_BAD_WORDS,
+    MAX_CHOICES,
     MAX_LOGPROBS,
     MAX_MESSAGES,
     MAX_TOKEN_IDS,
@@ -40,6 +41,7 @@ from services.gateway.fields import (
 from services.gateway.structured import ResponseFormat
 
 __all__ = ["ApiError", "invalid"]
+GREEDY_TEMPERATURE = 1e-5  # below it vLLM samples greedily (its _SAMPLING_EPS)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class Options:
     return_token_ids: bool = False
     user: str | None = None
     logprobs: int | None = None  # each token's log probability and this many top alternatives' (None: not asked)
+    n: int = 1  # choices, sampled from one prefill
 
     def token_ids(self) -> dict[str, tuple[int, ...]]:
         """Every token id the request names, by field: checked against the vocabulary."""
@@ -97,7 +100,7 @@ class CompletionRequest:
 COMMON: dict[str, Spec] = {
     "model": string(1024),
     "max_tokens": integer(1, INT64_MAX),
-    "n": exactly(1, "only n=1 is supported"),
+    "n": integer(1, MAX_CHOICES, 1),
     "temperature": number(0.0, 2.0, 1.0),
     "top_p": number(0.0, 1.0, 1.0, open_lo=True),
     "top_k": integer(-1, INT32_MAX, 0),
@@ -259,6 +262,8 @@ def _options(body: dict[str, Any], v: dict[str, Any], max_tokens: int | None, ch
         raise invalid("'model' is required", "model")
     if body.get("stream_options") and not v["stream"]:  # as vLLM: an empty object passes
         raise invalid("'stream_options' can only be set with stream=true", "stream_options")
+    if v["n"] > 1 and v["temperature"] < GREEDY_TEMPERATURE:  # vLLM's rule, and its words
+        raise invalid(f"n must be 1 when using greedy sampling, got {v['n']}.", "n")
     if max_tokens is not None and v["min_tokens"] > max_tokens:
         raise invalid(f"'min_tokens' ({v['min_tokens']}) must be at most max_tokens ({max_tokens})", "min_tokens")
     return Options(
@@ -271,7 +276,7 @@ def _options(body: dict[str, Any], v: dict[str, Any], max_tokens: int | None, ch
         include_stop_str_in_output=v["include_stop_str_in_output"], skip_special_tokens=v["skip_special_tokens"],
         add_special_tokens=v["add_special_tokens"], stream=v["stream"], include_usage=v["stream_options"][0],
         continuous_usage=v["stream_options"][1], return_token_ids=v["return_token_ids"], user=v["user"],
-        logprobs=_logprobs(v, chat),
+        logprobs=_logprobs(v, chat), n=v["n"],
     )  # fmt: skip
 
 

@@ -9,10 +9,12 @@ from typing import Any
 from services.gateway.errors import invalid
 from services.gateway.stops import StopMatcher
 
-# Tokens an undecodable tail (an incomplete UTF-8 sequence, skipped special tokens)
-# may span before it is released as it is: a UTF-8 character is at most 4 bytes, and
-# an unbounded window would make every later token re-decode all of it.
-MAX_PENDING_TOKENS = 16
+# Tokens an undecodable tail (bytes that are no UTF-8 character yet) may span before
+# it is released as it is. vLLM's detokenizer waits without bound, re-decoding the
+# whole tail at every token: quadratic in a stuck output's length, which a client
+# could force with allowed_token_ids. Past this many, the text differs from vLLM's
+# (it would hold the tail to the end and drop it).
+MAX_PENDING_TOKENS = 256
 LENGTH_SLACK = 4
 
 
@@ -23,6 +25,9 @@ class Tokenizer:
         from transformers import AutoTokenizer  # heavy import, paid once at start
 
         self.hf: Any = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        if not self.hf.is_fast:
+            raise ValueError(f"{model_dir}: the tokenizer has no fast (tokenizers) version, which the gateway decodes "
+                             "with as vLLM does; add its tokenizer.json")
         # No token spans more characters than its longest vocabulary entry (byte-level
         # entries are one character a byte, so this bounds decoded text too).
         self.max_token_chars = max((len(t) for t in self.hf.get_vocab()), default=1)
@@ -54,54 +59,62 @@ class Tokenizer:
 
 
 class TextStream:
-    """Turns a growing list of token ids into text deltas.
+    """Turns a growing list of token ids into text deltas, as vLLM's detokenizer does.
 
-    Decodes only a window of recent tokens (as vLLM's incremental detokenizer does),
-    holds back text that ends in an incomplete UTF-8 sequence, and holds back a tail
-    that could still become a stop string, so no stop string ever reaches the client
-    (unless `include_stop`: then the output ends with it, as vLLM's
+    Decodes with the tokenizers library's DecodeStream primed with the prompt (vLLM's
+    FastIncrementalDetokenizer): text that ends in an incomplete UTF-8 sequence is
+    held until it completes, and dropped if the output ends first. A tail that could
+    still become a stop string is held back too, so no stop string ever reaches the
+    client (unless `include_stop`: then the output ends with it, as vLLM's
     include_stop_str_in_output).
     """
 
     def __init__(
-        self, tokenizer: Tokenizer, stop: Sequence[str] = (), include_stop: bool = False, skip_special_tokens: bool = True
+        self, tokenizer: Tokenizer, stop: Sequence[str] = (), include_stop: bool = False, skip_special_tokens: bool = True,
+        prompt: Sequence[int] = (),
     ) -> None:
+        from tokenizers.decoders import DecodeStream
+
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
         self.include_stop = include_stop
         self.skip_special_tokens = skip_special_tokens
         self.token_ids: list[int] = []
-        self._prefix_offset = 0
-        self._read_offset = 0
+        self._stream = DecodeStream(ids=list(prompt), skip_special_tokens=skip_special_tokens)
+        self._pending: list[int] = []  # tokens the stream holds: no whole character yet
         self._text = ""  # decoded so far, not all of it sent yet
         self._sent = 0
         self._matcher = StopMatcher(self.stop)
         self._scanned = 0  # characters of _text the stop matcher has seen
         self.stopped = False
 
-    def _decode(self, start: int, end: int | None = None) -> str:
-        return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=self.skip_special_tokens)
-
     def push(self, token_ids: Sequence[int]) -> str:
         """Add tokens; returns the text that is now safe to send."""
         if self.stopped:
             return ""
-        self.token_ids.extend(token_ids)
-        prefix = self._decode(self._prefix_offset, self._read_offset)
-        full = self._decode(self._prefix_offset)
-        stalled = len(self.token_ids) - self._read_offset > MAX_PENDING_TOKENS
-        if stalled or (len(full) > len(prefix) and not full.endswith("\ufffd")):
-            self._text += full[len(prefix) :]
-            self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
+        for token_id in token_ids:
+            self.token_ids.append(token_id)
+            self._text += self._step(token_id)
         return self._release(final=False)
 
+    def _step(self, token_id: int) -> str:
+        piece = self._stream.step(self.tokenizer.hf._tokenizer, token_id)
+        if piece is not None:
+            self._pending.clear()
+            return piece
+        self._pending.append(token_id)
+        if len(self._pending) <= MAX_PENDING_TOKENS:
+            return ""
+        from tokenizers.decoders import DecodeStream
+
+        stuck = self.tokenizer.decode(self._pending, skip_special_tokens=self.skip_special_tokens)
+        self._pending.clear()
+        self._stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
+        return stuck
+
     def flush(self) -> str:
-        """At the end of generation: whatever is left, incomplete characters included."""
-        if not self.stopped:
-            rest = self._decode(self._prefix_offset)
-            prefix = self._decode(self._prefix_offset, self._read_offset)
-            self._text += rest[len(prefix) :]
-            self._prefix_offset = self._read_offset = len(self.token_ids)
+        """At the end of generation: the text held back for stop strings (bytes that
+        never became a character are dropped, as vLLM drops them)."""
         return self._release(final=True)
 
     @property

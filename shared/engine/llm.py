@@ -28,6 +28,7 @@ class Step:
     num_cached_tokens: int
     kv_transfer_params: dict[str, Any] | None = None  # the connector's word on a finished request
     logprobs: list[TokenLogprobs] | None = None  # one per token, when the request asks for them
+    index: int = 0  # which of the request's n outputs (vLLM's parallel sampling)
 
 
 
@@ -128,14 +129,15 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
 
 
 def sampling_params(
-    sampling: Sampling, max_tokens: int, kv_transfer_params: dict[str, Any] | None = None, produced: int = 0
+    sampling: Sampling, max_tokens: int, kv_transfer_params: dict[str, Any] | None = None, produced: int = 0,
+    n: int = 1,
 ):  # -> vllm.SamplingParams
     """vLLM's parameters for one engine's share of a request: `max_tokens` more
     tokens, after the `produced` output tokens its prompt already ends with (decode
     continuing from prefill's first token: 1). Only min_tokens depends on the share:
     every other field holds for any stretch of the output (what does not, a
     history-dependent request avoids by running decode from the prompt alone; see
-    `Sampling.history_dependent`)."""
+    `Sampling.history_dependent`). `n`: outputs sampled (decode's; prefill makes one)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -145,6 +147,7 @@ def sampling_params(
     elif sampling.json_object:
         structured = StructuredOutputsParams(json_object=True)
     return SamplingParams(
+        n=n,
         max_tokens=max_tokens,
         min_tokens=min(max_tokens, max(0, sampling.min_tokens - produced)),
         temperature=sampling.temperature,
@@ -176,22 +179,24 @@ async def generate(
     max_tokens: int,
     kv_transfer_params: dict[str, Any] | None = None,
     produced: int = 0,
+    n: int = 1,
 ) -> AsyncIterator[Step]:
     """Run one request; cancelling the consumer aborts it inside the engine.
     `kv_transfer_params` is what the Yuebing connector reads (see shared/kv/connector.py);
-    `produced`: see `sampling_params`."""
-    params = sampling_params(sampling, max_tokens, kv_transfer_params, produced)
+    `produced` and `n`: see `sampling_params`. With n > 1, a step an output."""
+    params = sampling_params(sampling, max_tokens, kv_transfer_params, produced, n)
     prompt = {"prompt_token_ids": prompt_token_ids}
     async for out in engine.generate(prompt, params, request_id):
-        completion = out.outputs[0]
-        yield Step(
-            token_ids=list(completion.token_ids),
-            finish_reason=completion.finish_reason if out.finished else None,
-            num_cached_tokens=out.num_cached_tokens or 0,
-            kv_transfer_params=out.kv_transfer_params if out.finished else None,
-            logprobs=None if completion.logprobs is None else [token_logprobs(d, params.logprobs)
-                                                               for d in completion.logprobs],
-        )
+        for completion in out.outputs:
+            yield Step(
+                token_ids=list(completion.token_ids),
+                finish_reason=completion.finish_reason if completion.finished() else None,
+                num_cached_tokens=out.num_cached_tokens or 0,
+                kv_transfer_params=out.kv_transfer_params if out.finished else None,
+                logprobs=None if completion.logprobs is None else [token_logprobs(d, params.logprobs)
+                                                                   for d in completion.logprobs],
+                index=completion.index,
+            )
 
 
 def token_logprobs(position: dict[int, Any], k: int) -> TokenLogprobs:

@@ -101,7 +101,7 @@ def chat(**kw) -> dict:
 @pytest.mark.parametrize("field, value", [
     ("stream", "false"), ("stream", 0), ("ignore_eos", "true"), ("return_token_ids", 1), ("seed", 2**63),
     ("seed", -(2**63) - 1), ("seed", 1.0), ("top_k", 2**31), ("top_k", -2), ("temperature", 2.01), ("top_p", 0),
-    ("min_p", 1.5), ("presence_penalty", 3), ("repetition_penalty", 0), ("max_tokens", True), ("n", 2), ("n", 1.0),
+    ("min_p", 1.5), ("presence_penalty", 3), ("repetition_penalty", 0), ("max_tokens", True), ("n", 17), ("n", 0), ("n", 1.0),
     ("stop", ["x" * 1025]), ("stop", ["a", "b", "c", "d", "e"]), ("logit_bias", {"x": 1}), ("logit_bias", {"300": 1}),
     ("logit_bias", {"5": True}), ("stop_token_ids", [300]), ("allowed_token_ids", []), ("bad_words", [" "]),
     ("min_tokens", 3), ("use_beam_search", True), ("logprobs", 21), ("logprobs", True), ("echo", True), ("kv_transfer_params", {}),

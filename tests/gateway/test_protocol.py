@@ -38,7 +38,7 @@ def test_content_parts_and_max_completion_tokens():
         (chat(max_tokens=0), "max_tokens"),
         (chat(max_tokens=-3), "max_tokens"),
         (chat(max_tokens="ten"), "max_tokens"),
-        (chat(n=2), "n"),
+        (chat(n=17), "n"),
         (chat(temperature=3), "temperature"),
         (chat(stop=[""]), "stop"),
         (chat(logprobs=1), "logprobs"),

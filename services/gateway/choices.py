@@ -1,0 +1,81 @@
+"""A request's n outputs at the edge: each one's text and log probabilities as its
+tokens arrive, and its JSON in a whole response or in a stream's chunk, as vLLM's
+OpenAI server shapes them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from services.gateway.logprobs import Logprobs
+from services.gateway.text import TextStream
+from shared.messages import TokenChunk
+
+
+@dataclass
+class Choice:
+    index: int
+    text: TextStream
+    logprobs: Logprobs | None = None
+    finish: str | None = None  # its finish reason, once it has ended
+    sent: int = 0  # tokens a stream has sent of it
+
+    def push(self, chunk: TokenChunk) -> str:
+        """The chunk's tokens in; the text now safe to send out (the rest of it, when
+        the chunk or a stop string ends the choice)."""
+        before = len(self.text.token_ids)
+        delta = self.text.push(chunk.token_ids)
+        if self.logprobs is not None:  # those of the tokens the text took (none after a stop string)
+            taken = len(self.text.token_ids) - before
+            self.logprobs.push(chunk.token_ids[:taken], chunk.logprobs[:taken])
+        finish = "stop" if self.text.stopped else chunk.finish_reason
+        if finish is not None:
+            delta += self.text.flush()
+            self.finish = finish
+        return delta
+
+    def whole(self, kind: str, token_ids: bool) -> dict[str, Any]:
+        """The choice in a whole response."""
+        out: dict[str, Any] = {"index": self.index, "finish_reason": self.finish, "logprobs": self._logprobs(kind)}
+        if kind == "chat":
+            out["message"] = {"role": "assistant", "content": self.text.text}
+        else:
+            out["text"] = self.text.text
+        if token_ids:
+            out["token_ids"] = self.text.token_ids
+        return out
+
+    def delta(self, kind: str, text: str, token_ids: bool) -> dict[str, Any] | None:
+        """The choice's part of a stream chunk since the last one (None: nothing to
+        send: no text, no end, and no token a client asked to see)."""
+        new = self.text.token_ids[self.sent :]
+        logprobs = self._logprobs(kind, self.sent)
+        self.sent = len(self.text.token_ids)
+        if not (text or self.finish or token_ids or (logprobs is not None and new)):
+            return None
+        out: dict[str, Any] = {"index": self.index, "finish_reason": self.finish}
+        if kind == "chat":
+            out["delta"] = {"content": text} if text else {}
+            if logprobs is not None:
+                out["logprobs"] = logprobs
+        else:
+            out["text"] = text
+            out["logprobs"] = logprobs
+        if token_ids:
+            out["token_ids"] = new
+        return out
+
+    def _logprobs(self, kind: str, start: int = 0) -> dict[str, Any] | None:
+        if self.logprobs is None:
+            return None
+        return self.logprobs.chat(start) if kind == "chat" else self.logprobs.completion(start)
+
+
+def completion_tokens(choices: Sequence[Choice]) -> int:
+    return sum(len(c.text.token_ids) for c in choices)
+
+
+def role_chunk(index: int) -> dict[str, Any]:
+    """A chat stream opens each choice with its role, as vLLM's server does."""
+    return {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
