@@ -107,7 +107,7 @@ BAD = [
     (b'{"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
     (b'{"model": "yuebing-tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', 400, "max_tokens"),
     (b'{"model": "yuebing-tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}', 400, "max_tokens"),
-    (b'{"model": "yuebing-tiny", "messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "n"),
+    (b'{"model": "yuebing-tiny", "messages": [{"role": "user", "content": "x"}], "n": 17}', 400, "n"),
     (b'{"model": "yuebing-tiny", "messages": [{"role": "user", "content": "' + b"x" * 1100 + b'"}]}', 400, "messages"),
 ]
 
