@@ -184,6 +184,7 @@ class Sampling(msgspec.Struct, kw_only=True):
     json_schema: str = ""  # response_format json_schema: the schema (JSON text) the output follows
     logprobs: int | None = None  # each token's log probability and this many alternatives' (None: none)
     n: int = 1  # outputs to sample from the prompt (vLLM's parallel sampling, on decode)
+    prompt_logprobs: int | None = None  # each prompt token's log probability, computed where it is prefilled
 
     @property
     def history_dependent(self) -> bool:
@@ -231,6 +232,7 @@ class PrefillResult(Message):
     # (a block it had no room for never reaches decode); -1: not known.
     kv_blocks: int = -1
     first_logprobs: TokenLogprobs | None = None  # when the request asks for logprobs
+    prompt_logprobs: list[TokenLogprobs] = []  # the prompt's, from its second token on, when asked for
     error: str = ""
     # The engine refused the request itself (vLLM's client errors): the client's 400,
     # and no use asking another instance.
@@ -278,6 +280,7 @@ class TokenChunk(Message):
     error: str = ""
     logprobs: list[TokenLogprobs] = []  # one per token, when the request asks for them
     index: int = 0  # which of the request's n outputs these tokens extend
+    prompt_logprobs: list[TokenLogprobs] = []  # a local prefill's first chunk, when asked for
     # First chunk only: prompt tokens whose KV decode loaded instead of computing.
     kv_loaded_tokens: int = 0
 

@@ -120,7 +120,7 @@ class Decoder(Handler):
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
                 steps = generate(self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - done, kv,
-                                 done, req.sampling.n)
+                                 done, req.sampling.n, prompt_logprobs=req.first_token_id == NO_TOKEN)
                 async for step in steps:
                     loaded = step.num_cached_tokens if seq == 0 else 0
                     if seq == 0:
@@ -129,7 +129,8 @@ class Decoder(Handler):
                         pace.step(len(step.token_ids), self.predicted_step_s(), first=not pace.last, now=time.monotonic())
                     chunk = TokenChunk(request_id=req.request_id, seq=seq, token_ids=step.token_ids,
                                        finish_reason=step.finish_reason, kv_loaded_tokens=loaded,
-                                       logprobs=step.logprobs or [], index=step.index)
+                                       logprobs=step.logprobs or [], index=step.index,
+                                       prompt_logprobs=step.prompt_logprobs or [])
                     await bus.publish(self.instance.nc, req.stream_subject, chunk)
                     seq += 1
         except asyncio.CancelledError:

@@ -32,7 +32,7 @@ from aiohttp import web
 from services.gateway import edge, openapi, protocol, server
 from services.gateway.choices import Choice, completion_tokens, role_chunk
 from services.gateway.limits import Admission, Shed
-from services.gateway.logprobs import Logprobs, load_logprobs
+from services.gateway.logprobs import Logprobs, load_logprobs, prompt_json, prompt_positions
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Pipeline, Rejected, Report, Slo, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
@@ -65,6 +65,7 @@ class Prepared:
     max_tokens: int
     slo: Slo
     label: str | None = None  # the client's x-request-id: for its logs and the response header only
+    echo: str | None = None  # completions with echo: the prompt's text, leading each choice's
 
     def headers(self) -> dict[str, str]:
         return {REQUEST_ID_HEADER: self.label or self.request_id, OWN_ID_HEADER: self.request_id}
@@ -283,7 +284,16 @@ class Gateway:
         max_tokens = self._max_tokens(kind, options, prompt)
         if options.min_tokens > max_tokens:
             raise protocol.invalid(f"'min_tokens' ({options.min_tokens}) must be at most max_tokens ({max_tokens})", "min_tokens")
-        return Prepared(request_id, kind, options, prompt, max_tokens, slo, label)
+        return Prepared(request_id, kind, options, prompt, max_tokens, slo, label, self._echo(parsed, prompt))
+
+    def _echo(self, parsed: ChatRequest | CompletionRequest, prompt: list[int]) -> str | None:
+        """What an echo puts before the output, as vLLM's server does: the prompt as
+        sent, or its token ids decoded; nothing when token ids are returned."""
+        if isinstance(parsed, ChatRequest) or not parsed.options.echo:
+            return None
+        if parsed.options.return_token_ids:
+            return ""
+        return parsed.prompt if isinstance(parsed.prompt, str) else self.tokenizer.decode(prompt, skip_special_tokens=False)
 
     def _check_model(self, model: str | None) -> None:
         """A request naming another model than the one served is a 404 (no name: this one)."""
@@ -338,7 +348,12 @@ class Gateway:
         return options.max_tokens or room
 
     @staticmethod
-    def _sampling(p: Prepared) -> Sampling:
+    def _prompt_top(p: Prepared) -> int | None:
+        """The prompt logprobs prefill computes: those asked for, or an echo's (vLLM's rule)."""
+        o = p.options
+        return o.prompt_logprobs if o.prompt_logprobs is not None else (o.logprobs if p.echo is not None else None)
+
+    def _sampling(self, p: Prepared) -> Sampling:
         """What the engines are asked: every sampling field as the client gave it
         (prefill and decode each derive their own share of it; see shared/engine/llm.py)."""
         o, rf = p.options, p.options.response_format
@@ -349,6 +364,7 @@ class Gateway:
             repetition_penalty=o.repetition_penalty, logit_bias=dict(o.logit_bias), bad_words=list(o.bad_words),
             allowed_token_ids=list(o.allowed_token_ids) if o.allowed_token_ids is not None else None,
             json_object=rf.type == "json_object", json_schema=rf.json_schema, logprobs=o.logprobs, n=o.n,
+            prompt_logprobs=self._prompt_top(p),
         )
 
     async def _events(self, p: Prepared, choices: list[Choice], report: Report) -> Any:
@@ -362,6 +378,8 @@ class Gateway:
             # reading): the pipeline then cancels the request on every instance.
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
+                    if not timing.first_at and p.echo is not None:
+                        self._echo_into(p, choices, report)
                     self._observe(chunk, report, timing)
                     choice = choices[chunk.index]
                     if choice.finish is not None:
@@ -377,6 +395,14 @@ class Gateway:
         finally:
             self.metrics.e2e.observe(time.monotonic() - timing.start)
         self._done(p, choices, timing)
+
+    def _echo_into(self, p: Prepared, choices: list[Choice], report: Report) -> None:
+        """The prompt leads each choice, with its logprobs when asked for (they came with the first token)."""
+        assert p.echo is not None
+        top = self._prompt_top(p)
+        positions = prompt_positions(self.tokenizer.hf, report.prompt_logprobs, top) if top is not None else []
+        for c in choices:
+            c.echo(p.echo, p.prompt, positions)
 
     def _observe(self, chunk: TokenChunk, report: Report, timing: Timing) -> None:
         timing.last_at = time.monotonic()
@@ -413,6 +439,10 @@ class Gateway:
         }
         if p.options.return_token_ids:
             body["prompt_token_ids"] = p.prompt
+        if p.options.prompt_logprobs is not None:  # vLLM's field: per choice on completions, once on chat
+            prompt = prompt_json(prompt_positions(self.tokenizer.hf, report.prompt_logprobs, p.options.prompt_logprobs))
+            for c in body["choices"] if p.kind == "completion" else [body]:
+                c["prompt_logprobs"] = prompt
         return web.Response(body=orjson.dumps(body), content_type="application/json", headers=p.headers())
 
     async def _stream(self, request: web.Request, p: Prepared) -> web.StreamResponse:
@@ -477,7 +507,7 @@ class Gateway:
         the prompt) and, when asked for, its log probabilities (vLLM, which decodes
         their tokens, is imported off the event loop the first time)."""
         o = p.options
-        if o.logprobs is not None:
+        if o.logprobs is not None or o.prompt_logprobs is not None:
             await asyncio.to_thread(load_logprobs)
         return [Choice(i, TextStream(self.tokenizer, o.stop, o.include_stop_str_in_output, o.skip_special_tokens,
                                      p.prompt),

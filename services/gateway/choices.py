@@ -20,6 +20,14 @@ class Choice:
     logprobs: Logprobs | None = None
     finish: str | None = None  # its finish reason, once it has ended
     sent: int = 0  # tokens a stream has sent of it
+    echoed: str | None = None  # completions' echo: the prompt's text, leading the output's (None: no echo)
+    echo_sent: bool = False
+
+    def echo(self, text: str, prompt: Sequence[int], positions: Sequence[Any]) -> None:
+        """Completions' echo: the prompt's text (and logprobs) lead the choice's."""
+        self.echoed = text
+        if self.logprobs is not None:
+            self.logprobs.echo(prompt, positions)
 
     def push(self, chunk: TokenChunk) -> str:
         """The chunk's tokens in; the text now safe to send out (the rest of it, when
@@ -37,11 +45,12 @@ class Choice:
 
     def whole(self, kind: str, token_ids: bool) -> dict[str, Any]:
         """The choice in a whole response."""
-        out: dict[str, Any] = {"index": self.index, "finish_reason": self.finish, "logprobs": self._logprobs(kind)}
+        logprobs = None if self.logprobs is None else self.logprobs.new(kind)
+        out: dict[str, Any] = {"index": self.index, "finish_reason": self.finish, "logprobs": logprobs}
         if kind == "chat":
             out["message"] = {"role": "assistant", "content": self.text.text}
         else:
-            out["text"] = self.text.text
+            out["text"] = (self.echoed or "") + self.text.text
         if token_ids:
             out["token_ids"] = self.text.token_ids
         return out
@@ -50,8 +59,10 @@ class Choice:
         """The choice's part of a stream chunk since the last one (None: nothing to
         send: no text, no end, and no token a client asked to see)."""
         new = self.text.token_ids[self.sent :]
-        logprobs = self._logprobs(kind, self.sent)
+        logprobs = None if self.logprobs is None else self.logprobs.new(kind)
         self.sent = len(self.text.token_ids)
+        if self.echoed is not None and not self.echo_sent:  # the first part leads with the prompt
+            text, self.echo_sent = self.echoed + text, True
         if not (text or self.finish or token_ids or (logprobs is not None and new)):
             return None
         out: dict[str, Any] = {"index": self.index, "finish_reason": self.finish}
@@ -65,11 +76,6 @@ class Choice:
         if token_ids:
             out["token_ids"] = new
         return out
-
-    def _logprobs(self, kind: str, start: int = 0) -> dict[str, Any] | None:
-        if self.logprobs is None:
-            return None
-        return self.logprobs.chat(start) if kind == "chat" else self.logprobs.completion(start)
 
 
 def completion_tokens(choices: Sequence[Choice]) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import msgspec
@@ -58,6 +58,7 @@ from shared.messages import (
     ScheduleReply,
     ScheduleRequest,
     TokenChunk,
+    TokenLogprobs,
     decode,
     decode_subject,
     prefill_subject,
@@ -93,6 +94,7 @@ class Report:
     mode: ModeRecord | None = None  # where its prefill ran and why, as the Conductor decided
     route: str = ""  # a CPP group or a single prefill instance, and why (ScheduleReply.route)
     prefills: int = 0  # times its prompt was prefilled (once, whatever n, unless an instance failed it)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # where prefill computed them, when asked
 
 
 class Rejected(Exception):
@@ -183,6 +185,7 @@ class Pipeline:
                 yield chunk
             return
         report.cached_tokens, report.kv_blocks = result.num_cached_tokens, result.kv_blocks
+        report.prompt_logprobs = result.prompt_logprobs
         first = TokenChunk(request_id=job.request_id, seq=0, token_ids=[result.first_token_id],
                            finish_reason=result.finish_reason,
                            logprobs=[result.first_logprobs] if result.first_logprobs is not None else [])
@@ -288,6 +291,7 @@ class Pipeline:
         """A local prefill's first token is out: the Conductor's books move it from
         prefilling to decoding, as a prefill instance's prefill_done does."""
         report.cached_tokens = chunk.kv_loaded_tokens
+        report.prompt_logprobs = chunk.prompt_logprobs
         report.prefills += 1
         update = RequestUpdate(request_id=attempt.id, kind="prefill_done", instance_id=attempt.placement.decode_id)
         await self._publish(REQUEST_UPDATES, update)

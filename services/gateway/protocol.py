@@ -76,6 +76,8 @@ class Options:
     user: str | None = None
     logprobs: int | None = None  # each token's log probability and this many top alternatives' (None: not asked)
     n: int = 1  # choices, sampled from one prefill
+    prompt_logprobs: int | None = None  # the prompt tokens' log probabilities, with this many alternatives
+    echo: bool = False  # completions: the prompt leads the text (and the logprobs)
 
     def token_ids(self) -> dict[str, tuple[int, ...]]:
         """Every token id the request names, by field: checked against the vocabulary."""
@@ -130,7 +132,7 @@ COMMON: dict[str, Spec] = {
     "spaces_between_special_tokens": refused(True),
     "truncate_prompt_tokens": refused(),
     "truncation_side": refused(),
-    "prompt_logprobs": refused(),
+    "prompt_logprobs": integer(0, MAX_LOGPROBS),
     "logprob_token_ids": refused(),
     "structured_outputs": refused(note="; use response_format"),
     "priority": refused(0),
@@ -174,7 +176,7 @@ COMPLETION: dict[str, Spec] = {
     **COMMON,
     "max_tokens": integer(1, INT64_MAX, 16),  # vLLM's (and OpenAI's) completions default
     "add_special_tokens": boolean(True),
-    "echo": refused(False),
+    "echo": boolean(False),
     "logprobs": integer(0, MAX_LOGPROBS),
     "suffix": refused(),
     "prompt_embeds": refused(),
@@ -262,6 +264,8 @@ def _options(body: dict[str, Any], v: dict[str, Any], max_tokens: int | None, ch
         raise invalid("'model' is required", "model")
     if body.get("stream_options") and not v["stream"]:  # as vLLM: an empty object passes
         raise invalid("'stream_options' can only be set with stream=true", "stream_options")
+    if v["prompt_logprobs"] and v["stream"]:  # vLLM's rule, and its words
+        raise invalid("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
     if v["n"] > 1 and v["temperature"] < GREEDY_TEMPERATURE:  # vLLM's rule, and its words
         raise invalid(f"n must be 1 when using greedy sampling, got {v['n']}.", "n")
     if max_tokens is not None and v["min_tokens"] > max_tokens:
@@ -276,7 +280,7 @@ def _options(body: dict[str, Any], v: dict[str, Any], max_tokens: int | None, ch
         include_stop_str_in_output=v["include_stop_str_in_output"], skip_special_tokens=v["skip_special_tokens"],
         add_special_tokens=v["add_special_tokens"], stream=v["stream"], include_usage=v["stream_options"][0],
         continuous_usage=v["stream_options"][1], return_token_ids=v["return_token_ids"], user=v["user"],
-        logprobs=_logprobs(v, chat), n=v["n"],
+        logprobs=_logprobs(v, chat), n=v["n"], prompt_logprobs=v["prompt_logprobs"], echo=v.get("echo", False),
     )  # fmt: skip
 
 

@@ -90,7 +90,7 @@ class Prefiller(Handler):
         layer to decode's node, and wait for the blocks a pull brings first."""
         placement = req.placement
         params: dict[str, Any] = {"kv_dest": placement.decode_node, "kv_hashes": req.block_hashes}
-        if placement.pull_from and placement.pull_blocks:
+        if placement.pull_from and placement.pull_blocks and req.sampling.prompt_logprobs is None:
             pulled = await self._pull(req)
             if pulled:  # wait for them (never past the deadline), then compute the rest
                 params.update(kv_blocks=pulled, kv_wait_s=min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)))
@@ -101,7 +101,8 @@ class Prefiller(Handler):
         # saves the others into it layer by layer as they are computed, and the
         # messenger streams them to the decode node meanwhile.
         kv = await self._kv_params(req)
-        steps = [s async for s in generate(self.engine, req.request_id, req.prompt_token_ids, req.sampling, 1, kv)]
+        steps = [s async for s in generate(self.engine, req.request_id, req.prompt_token_ids, req.sampling, 1, kv,
+                                           prompt_logprobs=True)]
         token_ids = [t for s in steps for t in s.token_ids]
         logprobs = [lp for s in steps for lp in s.logprobs or ()]
         if len(token_ids) != 1:
@@ -117,4 +118,5 @@ class Prefiller(Handler):
             num_cached_tokens=steps[-1].num_cached_tokens,
             kv_blocks=int((steps[-1].kv_transfer_params or {}).get("kv_blocks", -1)),
             first_logprobs=logprobs[0] if logprobs else None,
+            prompt_logprobs=next((s.prompt_logprobs for s in steps if s.prompt_logprobs), []),
         )

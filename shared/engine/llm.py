@@ -29,6 +29,7 @@ class Step:
     kv_transfer_params: dict[str, Any] | None = None  # the connector's word on a finished request
     logprobs: list[TokenLogprobs] | None = None  # one per token, when the request asks for them
     index: int = 0  # which of the request's n outputs (vLLM's parallel sampling)
+    prompt_logprobs: list[TokenLogprobs] | None = None  # from the prompt's second token on (first step only)
 
 
 
@@ -130,14 +131,16 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
 
 def sampling_params(
     sampling: Sampling, max_tokens: int, kv_transfer_params: dict[str, Any] | None = None, produced: int = 0,
-    n: int = 1,
+    n: int = 1, prompt_logprobs: bool = False,
 ):  # -> vllm.SamplingParams
     """vLLM's parameters for one engine's share of a request: `max_tokens` more
     tokens, after the `produced` output tokens its prompt already ends with (decode
     continuing from prefill's first token: 1). Only min_tokens depends on the share:
     every other field holds for any stretch of the output (what does not, a
     history-dependent request avoids by running decode from the prompt alone; see
-    `Sampling.history_dependent`). `n`: outputs sampled (decode's; prefill makes one)."""
+    `Sampling.history_dependent`). `n`: outputs sampled (decode's; prefill makes one).
+    `prompt_logprobs`: this engine prefills the prompt, so it computes those asked for
+    (vLLM then reads no cached KV for it: each prompt token must be computed)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -165,6 +168,7 @@ def sampling_params(
         allowed_token_ids=list(sampling.allowed_token_ids) if sampling.allowed_token_ids is not None else None,
         structured_outputs=structured,
         logprobs=sampling.logprobs,
+        prompt_logprobs=sampling.prompt_logprobs if prompt_logprobs else None,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
         extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
@@ -180,11 +184,12 @@ async def generate(
     kv_transfer_params: dict[str, Any] | None = None,
     produced: int = 0,
     n: int = 1,
+    prompt_logprobs: bool = False,
 ) -> AsyncIterator[Step]:
     """Run one request; cancelling the consumer aborts it inside the engine.
     `kv_transfer_params` is what the Yuebing connector reads (see shared/kv/connector.py);
-    `produced` and `n`: see `sampling_params`. With n > 1, a step an output."""
-    params = sampling_params(sampling, max_tokens, kv_transfer_params, produced, n)
+    `produced`, `n` and `prompt_logprobs`: see `sampling_params`. With n > 1, a step an output."""
+    params = sampling_params(sampling, max_tokens, kv_transfer_params, produced, n, prompt_logprobs)
     prompt = {"prompt_token_ids": prompt_token_ids}
     async for out in engine.generate(prompt, params, request_id):
         for completion in out.outputs:
@@ -196,6 +201,8 @@ async def generate(
                 logprobs=None if completion.logprobs is None else [token_logprobs(d, params.logprobs)
                                                                    for d in completion.logprobs],
                 index=completion.index,
+                prompt_logprobs=None if not out.prompt_logprobs else [
+                    token_logprobs(d, params.prompt_logprobs) for d in out.prompt_logprobs if d is not None],
             )
 
 

@@ -76,3 +76,45 @@ def test_completions_logprobs_streamed_or_whole_equal_plain_vllms(cluster, refer
         assert got["text_offset"] == [len("".join(got["tokens"][:i])) for i in range(MAX_TOKENS)]
         assert all(len(top) <= 3 for top in got["top_logprobs"])  # the top 2 and the sampled token
     assert whole["text"] == streamed["text"]
+
+
+def reference_prompt_logprobs(reference, prompt: list[int], top: int) -> list:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=top, logprobs=top)
+    [out] = reference.llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    return out.prompt_logprobs
+
+
+def test_an_echoed_prompts_logprobs_are_plain_vllms_as_lm_eval_asks_for_them(cluster, reference, tokenizer):
+    # lm-evaluation-harness's log-likelihood request: the context and continuation as
+    # one prompt, echoed, one token generated, the logprob and the top one of each.
+    prompt = tokenizer.encode("The capital of France is Paris")
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True,
+            "seed": 1234}
+    whole, streamed = _completion(cluster, body), _completion(cluster, {**body, "stream": True})
+    expected = reference_prompt_logprobs(reference, prompt, 1)
+    assert whole["tokens"] == streamed["tokens"]
+    assert whole["token_logprobs"][0] is None and whole["top_logprobs"][0] is None  # nothing precedes the first
+    for got in (whole, streamed):
+        assert got["text"].startswith(tokenizer.decode(prompt))
+        assert got["tokens"][1:len(prompt)] == [p[t].decoded_token for t, p in zip(prompt[1:], expected[1:])]
+        assert got["token_logprobs"][1:len(prompt)] == pytest.approx(
+            [p[t].logprob for t, p in zip(prompt[1:], expected[1:])], abs=TOLERANCE)
+        assert len(got["tokens"]) == len(prompt) + 1
+
+
+def test_prompt_logprobs_are_plain_vllms_in_its_own_shape(cluster, reference, tokenizer):
+    messages = [{"role": "user", "content": "A short prompt, scored."}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 2}
+    r = httpx.post(f"{cluster.api}/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    got = r.json()["prompt_logprobs"]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    expected = reference_prompt_logprobs(reference, tokenizer.encode(text, add_special_tokens=False), 2)
+    assert got[0] is None and len(got) == len(expected)
+    for position, want in zip(got[1:], expected[1:]):
+        assert list(position) == [str(t) for t in want]  # the prompt's token first, then the top two
+        for t, lp in want.items():
+            assert position[str(t)]["logprob"] == pytest.approx(lp.logprob, abs=TOLERANCE)
+            assert (position[str(t)]["rank"], position[str(t)]["decoded_token"]) == (lp.rank, lp.decoded_token)

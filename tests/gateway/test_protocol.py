@@ -70,4 +70,5 @@ def test_completion_prompts():
     error_of(parse_completion, {"model": "m", "prompt": ""})
     error_of(parse_completion, {"model": "m", "prompt": ["a", "b"]})
     error_of(parse_completion, {"model": "m", "prompt": [1, -2]})
-    error_of(parse_completion, {"model": "m", "prompt": "x", "echo": True})
+    assert parse_completion({"model": "m", "prompt": "x", "echo": True}).options.echo
+    error_of(parse_completion, {"model": "m", "prompt": "x", "prompt_logprobs": 2, "stream": True})
