@@ -1,0 +1,139 @@
+"""lm-evaluation-harness through the cluster gives what it gives through `vllm serve`
+on the same model and dtype: a log-likelihood task over `local-completions` (echoed
+prompts with their logprobs) and a generation task over `local-chat-completions`,
+both shipped in tests/e2e/evaluation/. With random weights the scores are noise, so
+equal scores, and equal per-sample answers, are a strict test of the logprobs and
+the text."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shared.config import ClusterConfig
+from shared.engine.llm import engine_environment
+from tests.e2e.conftest import MAX_MODEL_LEN
+from tests.reference import DTYPE
+from yuebing.process import free_port
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "yuebing-tiny"
+DATA = Path(__file__).parent / "evaluation"
+START_TIMEOUT_S = 240
+TOLERANCE = 1e-4
+TASKS = {
+    "yuebing_choice": """\
+task: yuebing_choice
+dataset_path: json
+dataset_kwargs: {{data_files: {{test: "{data}/choice.jsonl"}}}}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list: [{{metric: acc}}]
+""",
+    "yuebing_generate": """\
+task: yuebing_generate
+dataset_path: json
+dataset_kwargs: {{data_files: {{test: "{data}/generate.jsonl"}}}}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs: {{until: ["\\n\\n"], max_gen_toks: 16, temperature: 0, do_sample: false}}
+metric_list: [{{metric: exact_match}}]
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tasks")
+    for name, text in TASKS.items():
+        (folder / f"{name}.yaml").write_text(text.format(data=DATA))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def vllm_serve(model_dir, cluster, tmp_path_factory):
+    """Plain vLLM's OpenAI server on the same model and dtype (started after the
+    cluster, so that the two do not load at once)."""
+    port = free_port()
+    env = {**os.environ, **engine_environment(ClusterConfig(kv_cache_gib=1))}
+    log = tmp_path_factory.mktemp("vllm") / "serve.log"
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--port", str(port),
+            "--served-model-name", MODEL, "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
+            "--seed", "0"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        yield f"{url}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"vllm serve exited: {log.read_text()[-2000:]}"
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"vllm serve not healthy within {START_TIMEOUT_S} s: {log.read_text()[-2000:]}")
+
+
+def evaluate(api: str, model_dir: Path, tasks: Path, task: str, chat: bool) -> dict:
+    """lm-eval's scores and per-sample answers for one task against one server."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    endpoint = "chat/completions" if chat else "completions"
+    args = {"model": MODEL, "base_url": f"{api}/{endpoint}", "tokenizer": str(model_dir), "num_concurrent": 1,
+            "max_retries": 1, "tokenizer_backend": "huggingface", "tokenized_requests": False, "timeout": 120}
+    out = lm_eval.simple_evaluate(
+        model="local-chat-completions" if chat else "local-completions",
+        model_args=",".join(f"{k}={v}" for k, v in args.items()), tasks=[task],
+        task_manager=TaskManager(include_path=str(tasks)), log_samples=True, apply_chat_template=chat,
+        random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0,
+    )
+    return {"scores": out["results"][task], "answers": [s["resps"] for s in out["samples"][task]]}
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(name, "1")
+
+
+def test_a_log_likelihood_task_scores_as_through_vllm_serve(cluster, vllm_serve, model_dir, tasks):
+    ours = evaluate(cluster.api, model_dir, tasks, "yuebing_choice", chat=False)
+    plain = evaluate(vllm_serve, model_dir, tasks, "yuebing_choice", chat=False)
+    assert ours["scores"] == plain["scores"], json.dumps([ours["scores"], plain["scores"]])
+    # Each answer: (log-likelihood, whether it is the greedy continuation), per choice.
+    for got, want in zip(ours["answers"], plain["answers"], strict=True):
+        assert [r[0][0] for r in got] == pytest.approx([r[0][0] for r in want], abs=TOLERANCE)
+        assert [r[0][1] for r in got] == [r[0][1] for r in want]
+
+
+def test_a_generation_task_scores_as_through_vllm_serve(cluster, vllm_serve, model_dir, tasks):
+    ours = evaluate(cluster.api, model_dir, tasks, "yuebing_generate", chat=True)
+    plain = evaluate(vllm_serve, model_dir, tasks, "yuebing_generate", chat=True)
+    assert ours == plain
