@@ -15,6 +15,7 @@ from services.gateway.stops import StopMatcher
 # could force with allowed_token_ids. Past this many, the text differs from vLLM's
 # (it would hold the tail to the end and drop it).
 MAX_PENDING_TOKENS = 256
+INVALID_PREFIX = "Invalid prefix encountered"  # tokenizers' DecodeStream error vLLM recovers from
 LENGTH_SLACK = 4
 
 
@@ -98,7 +99,7 @@ class TextStream:
         return self._release(final=False)
 
     def _step(self, token_id: int) -> str:
-        piece = self._stream.step(self.tokenizer.hf._tokenizer, token_id)
+        piece = self._protected_step(token_id)
         if piece is not None:
             self._pending.clear()
             return piece
@@ -111,6 +112,22 @@ class TextStream:
         self._pending.clear()
         self._stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
         return stuck
+
+    def _protected_step(self, token_id: int) -> str | None:
+        """One token through the stream decoder, recovering as vLLM's detokenizer does:
+        a token id it cannot decode gives nothing, and a decoder whose prefix no longer
+        decodes the same (non-monotonic UTF-8 output) starts afresh."""
+        from tokenizers.decoders import DecodeStream
+
+        try:
+            return self._stream.step(self.tokenizer.hf._tokenizer, token_id)
+        except (OverflowError, TypeError):
+            return None
+        except Exception as e:  # tokenizers raises a plain Exception for this one
+            if not str(e).startswith(INVALID_PREFIX):
+                raise
+            self._stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
+            return self._stream.step(self.tokenizer.hf._tokenizer, token_id)
 
     def flush(self) -> str:
         """At the end of generation: the text held back for stop strings (bytes that

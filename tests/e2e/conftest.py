@@ -26,6 +26,7 @@ from yuebing.model import default_model_dir
 from yuebing.process import free_port
 
 MAX_MODEL_LEN = 1024
+POOL_MIB = 128  # the tiny model's KV: 512 KiB a 128-token block, so 256 blocks a node
 START_TIMEOUT_S = 420
 
 
@@ -111,6 +112,9 @@ def launch(model_dir: Path, tmp: Path, *flags: str) -> Launch:
         "--request-timeout", "60",
         # Loose SLOs: only requests that ask for tight ones in their headers are rejected.
         "--slo-ttft-ms", "10000", "--slo-tbt-ms", "1000",
+        # Each node's pool is resident (shared memory): a few clusters and the
+        # reference engine share this 24 GiB machine at once. A test may ask for more.
+        "--pool-mib", str(POOL_MIB),
         "--run-dir", str(tmp / "run"),
         "--ready-file", str(tmp / "ready.json"),
         *flags,
