@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +62,12 @@ class Predictor:
     kv_bytes_per_token: int = 0
     transfer_bytes_per_s: float = 1e9
     floor_s: float = 1e-4  # a fitted polynomial may dip below zero outside its data
+
+    def scaled(self, prefill: float = 1.0, decode: float = 1.0) -> Predictor:
+        """The same time model with prefill's and decode's times multiplied (another
+        GPU, or a what-if)."""
+        return replace(self, prefill_coef=tuple(c * prefill for c in self.prefill_coef),
+                       decode_coef=tuple(c * decode for c in self.decode_coef))
 
     def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
         if new_tokens <= 0:

@@ -430,12 +430,12 @@ class Gateway:
         choices, report = await self._choices(p), Report()
         async for _ in self._events(p, choices, report):
             pass
-        tokens, decoded = completion_tokens(choices), any(len(c.text.token_ids) > 1 or p.options.n > 1 for c in choices)
+        tokens = completion_tokens(choices)
         body: dict[str, Any] = {
             **self._envelope(p, chunk=False),
             "choices": [c.whole(p.kind, p.options.return_token_ids) for c in choices],
             "usage": protocol.usage(len(p.prompt), tokens, report.cached_tokens),
-            "yuebing": yuebing_field(report, len(p.prompt), decoded),
+            "yuebing": yuebing_field(report, len(p.prompt), decoded=tokens > 1),
         }
         if p.options.return_token_ids:
             body["prompt_token_ids"] = p.prompt

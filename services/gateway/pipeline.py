@@ -272,17 +272,14 @@ class Pipeline:
             if first is not None and not streamed and not job.sampling.history_dependent:
                 streamed.extend(first.token_ids)
                 yield first
-            ended: set[int] = set()  # outputs whose last token came
-            async for chunk in self._tokens(sub, attempt.placement.decode_id, job.deadline, job.sampling.n):
+            async for chunk, last in self._tokens(sub, attempt.placement.decode_id, job.deadline, job.sampling.n):
                 if order.continued:  # it loaded (or computed) KV for a prompt that holds output: not prefill's
                     chunk = msgspec.structs.replace(chunk, kv_loaded_tokens=0)
                 if order.first_token_id == NO_TOKEN and chunk.seq == 0:
                     await self._prefilled_locally(attempt, chunk, report)
                 report.kv_loaded_tokens = report.kv_loaded_tokens or chunk.kv_loaded_tokens
                 streamed.extend(chunk.token_ids)
-                if chunk.finish_reason is not None:
-                    ended.add(chunk.index)
-                attempt.finished = len(ended) == job.sampling.n
+                attempt.finished = last
                 yield chunk
         finally:
             await sub.unsubscribe()
@@ -445,9 +442,10 @@ class Pipeline:
             raise
         return sub
 
-    async def _tokens(self, sub: Subscription, decode_id: str, deadline: float, n: int = 1
-                      ) -> AsyncIterator[TokenChunk]:
-        """The decode's chunks in order, until each of the `n` outputs has ended."""
+    async def _tokens(self, sub: Subscription, decode_id: str, deadline: float, n: int
+                      ) -> AsyncIterator[tuple[TokenChunk, bool]]:
+        """The decode's chunks in order, each with whether it is the last: until each
+        of the `n` outputs has ended."""
         seq, ended = 0, set()
         while True:
             chunk = await self._next_chunk(sub, decode_id, deadline)
@@ -458,11 +456,11 @@ class Pipeline:
                 raise UpstreamError(502, f"decode on {decode_id} failed: {chunk.error}")
             if not 0 <= chunk.index < n:
                 raise UpstreamError(502, f"decode on {decode_id} sent output {chunk.index} of a request of {n}")
-            yield chunk
             if chunk.finish_reason is not None:
                 ended.add(chunk.index)
-                if len(ended) == n:
-                    return
+            yield chunk, len(ended) == n
+            if len(ended) == n:
+                return
 
     async def _next_chunk(self, sub: Subscription, instance_id: str, deadline: float) -> TokenChunk:
         quiet_until = time.monotonic() + self.config.token_idle_timeout_s

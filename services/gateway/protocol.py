@@ -280,7 +280,7 @@ def _options(body: dict[str, Any], v: dict[str, Any], max_tokens: int | None, ch
         include_stop_str_in_output=v["include_stop_str_in_output"], skip_special_tokens=v["skip_special_tokens"],
         add_special_tokens=v["add_special_tokens"], stream=v["stream"], include_usage=v["stream_options"][0],
         continuous_usage=v["stream_options"][1], return_token_ids=v["return_token_ids"], user=v["user"],
-        logprobs=_logprobs(v, chat), n=v["n"], prompt_logprobs=v["prompt_logprobs"], echo=v.get("echo", False),
+        logprobs=_logprobs(v, chat), n=v["n"], prompt_logprobs=v["prompt_logprobs"], echo=bool(v["echo"]),
     )  # fmt: skip
 
 

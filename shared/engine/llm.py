@@ -192,6 +192,8 @@ async def generate(
     params = sampling_params(sampling, max_tokens, kv_transfer_params, produced, n, prompt_logprobs)
     prompt = {"prompt_token_ids": prompt_token_ids}
     async for out in engine.generate(prompt, params, request_id):
+        # Only the first output carries them: the prompt's, for every choice.
+        prompt_rows = [token_logprobs(d, params.prompt_logprobs) for d in out.prompt_logprobs or () if d is not None]
         for completion in out.outputs:
             yield Step(
                 token_ids=list(completion.token_ids),
@@ -201,8 +203,7 @@ async def generate(
                 logprobs=None if completion.logprobs is None else [token_logprobs(d, params.logprobs)
                                                                    for d in completion.logprobs],
                 index=completion.index,
-                prompt_logprobs=None if not out.prompt_logprobs else [
-                    token_logprobs(d, params.prompt_logprobs) for d in out.prompt_logprobs if d is not None],
+                prompt_logprobs=prompt_rows or None,
             )
 
 

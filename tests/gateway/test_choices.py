@@ -1,20 +1,9 @@
 """A request's choices at the edge: tokens in, text and JSON out, whole or streamed."""
 
-import pytest
 
 from services.gateway.choices import Choice, completion_tokens
 from services.gateway.text import TextStream, Tokenizer
 from shared.messages import TokenChunk
-from yuebing.model import ModelSpec, default_model_dir, write_model
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory) -> Tokenizer:
-    path = default_model_dir()
-    if not (path / "config.json").exists():  # a tiny model is enough: only its tokenizer is used
-        path = tmp_path_factory.mktemp("m") / "tiny"
-        write_model(ModelSpec(layers=1, hidden=64, heads=2, kv_heads=1, intermediate=64), path)
-    return Tokenizer(str(path))
 
 
 def chunk(tokenizer: Tokenizer, text: str, index: int, finish: str | None = None) -> TokenChunk:

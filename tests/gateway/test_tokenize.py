@@ -4,20 +4,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from services.gateway.app import Gateway
-from services.gateway.text import Tokenizer
 from shared.config import ClusterConfig
-from yuebing.model import ModelSpec, default_model_dir, write_model
 
 AUTH = {"Authorization": "Bearer sesame"}
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory) -> Tokenizer:
-    path = default_model_dir()
-    if not (path / "config.json").exists():  # a tiny model is enough: only its tokenizer is used
-        path = tmp_path_factory.mktemp("m") / "tiny"
-        write_model(ModelSpec(layers=1, hidden=64, heads=2, kv_heads=1, intermediate=64), path)
-    return Tokenizer(str(path))
 
 
 @pytest.fixture

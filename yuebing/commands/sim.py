@@ -125,7 +125,7 @@ def _predictor(args: argparse.Namespace, trace: Sequence[TraceRequest]) -> Predi
     predictor = instance_predictor(load_predictor(args.profile, args.profile_model or None), args.profile_model,
                                    instance, longest)
     if args.prefill_time_scale != 1.0:  # a what-if on the profile: the Conductor and the instances alike see it
-        predictor = replace(predictor, prefill_coef=tuple(c * args.prefill_time_scale for c in predictor.prefill_coef))
+        predictor = predictor.scaled(prefill=args.prefill_time_scale)
     return predictor
 
 

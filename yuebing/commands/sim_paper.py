@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from yuebing.commands import add_json_flag, text_table, write_json
 from yuebing.lab import data, paper
+from yuebing.lab.plots import plot_capacity, plot_cdfs
 
 if TYPE_CHECKING:
     from shared.predictor import Predictor
@@ -96,12 +98,12 @@ def _conversation(args: argparse.Namespace, one_gpu: Predictor, parts: set[str])
 
     trace = load_trace(data.CONVERSATION_TRACE, args.limit)
     predictor = _predictor_for(one_gpu, trace, args.gpu)
-    context = round(sum(r.input_length + r.output_length for r in trace) / len(trace))
-    setups = paper.conversation_setups(context)
+    setups = paper.conversation_setups(paper.mean_context(trace))
     rows = paper.capacities_per_tbt(trace, setups, predictor, args.probes, _progress)
     print(_fig11_table(rows, len(trace)))
     out = {"fig11": rows}
-    plots = [_plot_capacity(args, rows, "tbt_slo_ms", "TBT SLO (ms)", "fig11.png", "conversation trace")]
+    if path := _plot_path(args, "fig11.png"):
+        print(f"wrote {plot_capacity(rows, 'tbt_slo_ms', 'TBT SLO (ms)', 'conversation trace', path)}")
     if "fig13" in parts:
         mooncake = next(r for r in rows if r["tbt_slo_ms"] == 100 and r["setup"] == setups[0].name)
         speed = mooncake["capacity_rps"] / base_rate(trace)
@@ -110,8 +112,8 @@ def _conversation(args: argparse.Namespace, one_gpu: Predictor, parts: set[str])
         out["fig13"] = {"speed": speed, "attainment": [{k: getattr(a, k) for k in ("setup", "ttft", "tbt", "both")}
                                                        for a in found]}
         out["fig13"]["paper_share_at"] = _where_paper_share(trace, setups, predictor, speed)
-        plots.append(_plot_cdfs(args, found))
-    _say_plots(plots)
+        if path := _plot_path(args, "fig13.png"):
+            print(f"wrote {plot_cdfs({a.setup: a.outcomes for a in found}, path)}")
     return out
 
 
@@ -167,7 +169,8 @@ def _fig12(args: argparse.Namespace, one_gpu: Predictor) -> list[dict]:
         found = paper.capacities(trace, paper.long_context_setups(length), predictor, args.probes, _progress)
         rows += [r | {"input_tokens": length} for r in found]
     print(_fig12_table(rows))
-    _say_plots([_plot_capacity(args, rows, "input_tokens", "input tokens", "fig12.png", "long-context data")])
+    if path := _plot_path(args, "fig12.png"):
+        print(f"wrote {plot_capacity(rows, 'input_tokens', 'input tokens', 'long-context data', path)}")
     return rows
 
 
@@ -193,10 +196,9 @@ def _table3(one_gpu: Predictor, gpu: str) -> dict:
     from yuebing.lab.trace import load_trace
 
     trace = load_trace(data.CONVERSATION_TRACE)
-    what_if = replace(one_gpu, prefill_coef=tuple(c * 0.45 for c in one_gpu.prefill_coef))
+    what_if = one_gpu.scaled(prefill=0.45)
     one = SimConfig(speed=2.0, max_batch=24, slo_tbt_s=0.15, learn_decode_time=True)
-    context = round(sum(r.input_length + r.output_length for r in trace) / len(trace))
-    nodes = replace(paper.base_config(context), speed=2.0, learn_decode_time=True)
+    nodes = replace(paper.base_config(paper.mean_context(trace)), speed=2.0, learn_decode_time=True)
     out = {"one_gpu_what_if": _refusals(trace, one, what_if), "paper_instances": _refusals(
         trace, nodes, _predictor_for(one_gpu, trace, gpu))}
     rows = [[a, f"{out['one_gpu_what_if'][a]['refused']:,}", f"{out['paper_instances'][a]['refused']:,}",
@@ -217,30 +219,9 @@ def _pct(x: float) -> str:
     return "∞" if x == float("inf") else f"{x * 100:+.0f} %"
 
 
-def _plot_capacity(args: argparse.Namespace, rows: list[dict], group: str, label: str, name: str,
-                   title: str) -> str | None:
+def _plot_path(args: argparse.Namespace, name: str) -> Path | None:
+    """Where a figure's PNG goes (None: --plot-dir not given)."""
     if not args.plot_dir:
         return None
-    from pathlib import Path
-
-    from yuebing.lab.plots import plot_capacity
-
     Path(args.plot_dir).mkdir(parents=True, exist_ok=True)
-    return plot_capacity(rows, group, label, title, Path(args.plot_dir) / name)
-
-
-def _plot_cdfs(args: argparse.Namespace, found: list) -> str | None:
-    if not args.plot_dir:
-        return None
-    from pathlib import Path
-
-    from yuebing.lab.plots import plot_cdfs
-
-    Path(args.plot_dir).mkdir(parents=True, exist_ok=True)
-    return plot_cdfs({a.setup: a.outcomes for a in found}, Path(args.plot_dir) / "fig13.png")
-
-
-def _say_plots(paths: list[str | None]) -> None:
-    for path in paths:
-        if path:
-            print(f"wrote {path}")
+    return Path(args.plot_dir) / name

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from shared.predictor import TBT_SLO_FACTOR, TTFT_SLO_FACTOR, Predictor
 from yuebing.lab.outcome import Outcome
-from yuebing.lab.sim import find_capacity, simulate
+from yuebing.lab.sim import find_capacity, log_bisect, simulate
 from yuebing.lab.sim_config import SimConfig
 from yuebing.lab.tensor_parallel import GPUS, LINKS, InstanceShape, kv_capacity_requests
 from yuebing.lab.trace import SyntheticSpec, TraceRequest, synthetic
@@ -58,6 +58,11 @@ class Setup:
     @property
     def colocated(self) -> bool:  # a vLLM baseline, which Mooncake's gains are measured against
         return self.config.mode == "colocated"
+
+
+def mean_context(trace: Sequence[TraceRequest]) -> int:
+    """A request's mean context (prompt and output): what sizes a batch to the memory."""
+    return round(sum(r.input_length + r.output_length for r in trace) / len(trace))
 
 
 def base_config(context_tokens: int) -> SimConfig:
@@ -160,7 +165,5 @@ def speed_at_tbt_attainment(trace: Sequence[TraceRequest], setup: Setup, predict
                             lo: float, hi: float, steps: int = 8) -> float:
     """The replay speed in [lo, hi] at which `setup` meets Fig. 13's TBT SLO for
     `share` of requests (bisection: attainment falls as load rises)."""
-    for _ in range(steps):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if attainment(trace, [setup], predictor, mid)[0].tbt >= share else (lo, mid)
+    lo, hi = log_bisect(lo, hi, steps, lambda speed: attainment(trace, [setup], predictor, speed)[0].tbt >= share)
     return math.sqrt(lo * hi)

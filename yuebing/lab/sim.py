@@ -425,8 +425,8 @@ class Simulation:
         prompts, the batch waiting for the step."""
         room = self.config.max_batch - len(inst.batch) - len(inst.waiting)
         queue = list(itertools.islice(inst.prefill_queue, max(0, room)))
-        if self.config.unchunked:
-            return fill_whole(queue, self.max_model_len, self._uncomputed)
+        if self.config.unchunked:  # vLLM's max_num_batched_tokens: at least the longest request
+            return fill_step(queue, self.max_model_len, self._uncomputed, whole=True)
         return fill_step(queue, self._step_budget(inst), self._uncomputed)
 
     def _step_budget(self, inst: DecodeInstance) -> int:
@@ -542,30 +542,18 @@ class Simulation:
         return {"blocks": len(counts), "mean": sum(counts) / len(counts), "max": max(counts)}
 
 
-def fill_step(queue: Iterable[SimRequest], budget: int, uncomputed: Callable[[SimRequest], int]) -> list[tuple[SimRequest, int]]:
-    """An engine step's prefill chunks as vLLM's chunked prefill schedules them: the
-    queue's requests in order, each as much of its prompt as the budget has left."""
-    chunks = []
-    for r in queue:
-        if budget <= 0:
-            break
-        n = min(budget, uncomputed(r))
-        chunks.append((r, n))
-        budget -= n
-    return chunks
-
-
-def fill_whole(queue: Iterable[SimRequest], budget: int, uncomputed: Callable[[SimRequest], int]) -> list[tuple[SimRequest, int]]:
-    """An engine step's prefills without chunked prefill: whole prompts in order while
-    they fit the budget (vLLM's max_num_batched_tokens, at least the longest request
-    it serves), the head's always."""
-    chunks = []
+def fill_step(queue: Iterable[SimRequest], budget: int, uncomputed: Callable[[SimRequest], int],
+              whole: bool = False) -> list[tuple[SimRequest, int]]:
+    """An engine step's prefill chunks as vLLM schedules them: the queue's requests in
+    order, each as much of its prompt as the budget has left (chunked prefill); or,
+    `whole` (no chunked prefill), whole prompts while they fit, the head's always."""
+    chunks: list[tuple[SimRequest, int]] = []
     for r in queue:
         n = uncomputed(r)
-        if chunks and n > budget:
+        if budget <= 0 or (whole and chunks and n > budget):
             break
-        chunks.append((r, n))
-        budget -= n
+        chunks.append((r, n if whole else min(budget, n)))
+        budget -= chunks[-1][1]
     return chunks
 
 
@@ -661,11 +649,22 @@ def find_capacity(
              "slo_tbt_s": config.slo_tbt_s, "target": target}
     if attainment(lo) < target:
         return found | {"capacity_speed": 0.0}
-    probes = []
-    for _ in range(steps):
-        mid = math.sqrt(lo * hi)
-        probes.append({"speed": mid, "slo_attainment": attainment(mid)})
+    probes: list[dict] = []
+
+    def meets(speed: float) -> bool:
+        probes.append({"speed": speed, "slo_attainment": attainment(speed)})
         if on_probe:
             on_probe(found | probes[-1])
-        lo, hi = (mid, hi) if probes[-1]["slo_attainment"] >= target else (lo, mid)
+        return probes[-1]["slo_attainment"] >= target
+
+    lo, _ = log_bisect(lo, hi, steps, meets)
     return found | {"capacity_speed": lo, "capacity_rps": base_rate(trace) * lo, "probes": probes}
+
+
+def log_bisect(lo: float, hi: float, steps: int, holds: Callable[[float], bool]) -> tuple[float, float]:
+    """Narrow [lo, hi] on a log scale, `steps` probes, around where `holds` (true at
+    `lo`, false at `hi`: attainment falls as the replay speeds up) turns false."""
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return lo, hi

@@ -146,9 +146,8 @@ def on_gpu(predictor: Predictor, gpu: Gpu, measured_on: Gpu = PROFILE_GPU) -> Pr
     decode's by the ratio of memory bandwidths."""
     if gpu == measured_on:
         return predictor
-    compute, memory = measured_on.bf16_flops / gpu.bf16_flops, measured_on.memory_bytes_per_s / gpu.memory_bytes_per_s
-    return replace(predictor, prefill_coef=tuple(x * compute for x in predictor.prefill_coef),
-                   decode_coef=tuple(x * memory for x in predictor.decode_coef))
+    return predictor.scaled(prefill=measured_on.bf16_flops / gpu.bf16_flops,
+                            decode=measured_on.memory_bytes_per_s / gpu.memory_bytes_per_s)
 
 
 def instance_predictor(predictor: Predictor, model_name: str, instance: InstanceShape, context_tokens: int) -> Predictor:

@@ -6,13 +6,12 @@ import json
 
 import pytest
 
+from yuebing.cli import build_parser
 from yuebing.commands import sim
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="yuebing")
-    sim.add_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["sim", *argv])
+    return build_parser((sim,)).parse_args(["sim", *argv])
 
 
 def test_every_policy_times_admission_given_is_a_run(tmp_path, capsys):

@@ -4,14 +4,13 @@ capacity table against colocated beside the paper's figures."""
 import argparse
 import json
 
+from yuebing.cli import build_parser
 from yuebing.commands import sim
 from yuebing.commands.sim_modes import capacity_table
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="yuebing")
-    sim.add_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["sim", *argv])
+    return build_parser((sim,)).parse_args(["sim", *argv])
 
 
 def test_a_run_per_mode_conditional_rule_and_tbt_slo():

@@ -7,13 +7,12 @@ import json
 
 import pytest
 
+from yuebing.cli import build_parser
 from yuebing.commands import sim_paper
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="yuebing")
-    sim_paper.add_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["sim-paper", *argv])
+    return build_parser((sim_paper,)).parse_args(["sim-paper", *argv])
 
 
 def test_fig12_prints_capacities_beside_the_papers_range_and_plots_them(tmp_path, capsys):
