@@ -210,6 +210,12 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gateway_max_body_bytes: Annotated[
         int, Meta(description="largest request body the gateway reads, bytes (then a 413)")
     ] = 16 << 20
+    # vLLM's parsers by the names `vllm serve --tool-call-parser` takes; naming one
+    # also enables tool_choice "auto", as its --enable-auto-tool-choice does.
+    tool_call_parser: Annotated[
+        str, Meta(description="vLLM tool-call parser for this model (hermes, llama3_json, mistral, ...; "
+                              "empty: requests with tool_choice other than none are refused)")
+    ] = ""
     # --- end of the gateway block ---
     log_level: Annotated[str, Meta(description="log level of every service")] = "info"
 
@@ -260,6 +266,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("max_attempts must be at least 1 and prefill_timeout_s positive")
 
     def _check_gateway(self) -> None:
+        if not re.fullmatch(r"[a-z0-9_]{0,64}", self.tool_call_parser):
+            raise ValueError(f"tool_call_parser must be a vLLM tool parser's name, got {self.tool_call_parser!r}")
         counts = (self.gateway_max_running, self.gateway_max_connections, self.gateway_max_body_bytes)
         if min(counts) <= 0 or self.gateway_max_waiting < 0:
             raise ValueError("gateway_max_running, _max_connections and _max_body_bytes must be positive, "

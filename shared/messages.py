@@ -182,6 +182,7 @@ class Sampling(msgspec.Struct, kw_only=True):
     allowed_token_ids: list[int] | None = None
     json_object: bool = False  # response_format json_object: the output is a JSON object
     json_schema: str = ""  # response_format json_schema: the schema (JSON text) the output follows
+    structural_tag: str = ""  # tool calling's grammar (vLLM's structural tag, JSON text), as its parser set it
     logprobs: int | None = None  # each token's log probability and this many alternatives' (None: none)
     n: int = 1  # outputs to sample from the prompt (vLLM's parallel sampling, on decode)
     prompt_logprobs: int | None = None  # each prompt token's log probability, computed where it is prefilled
@@ -190,7 +191,7 @@ class Sampling(msgspec.Struct, kw_only=True):
     def history_dependent(self) -> bool:
         """Whether a token's distribution depends on the output before it (beyond what
         the prompt holds): presence/frequency penalties, multi-token bad words and
-        structured output; and n > 1, where each output has its own first token.
+        structured output (a tool call's grammar included); and n > 1, where each output has its own first token.
         Decode then runs on the prompt alone for the whole output and the client's
         tokens all come from decode (the first token prefill made only warms the
         KV); otherwise decode continues from prefill's first token, which is exact
@@ -198,7 +199,7 @@ class Sampling(msgspec.Struct, kw_only=True):
         This is the one place the rule is written."""
         return bool(
             self.presence_penalty or self.frequency_penalty or self.bad_words or self.json_object or self.json_schema
-            or self.n > 1
+            or self.structural_tag or self.n > 1
         )
 
 

@@ -43,10 +43,38 @@ UNPRINTABLE_LOGIT_SCALE = 0.3
 BRANCH_STD = 1.0
 QK_STD = 2.0
 
+# Llama-3 headers; with tools, Hermes' tool-call format (what vLLM's `hermes` parser
+# reads): the tools in a system turn, calls as <tool_call> JSON, results in <tool_response>.
+TOOLS_PREAMBLE = (
+    "You may call one or more functions. Their signatures are within <tools></tools>:\n<tools>"
+)
+TOOLS_INSTRUCTIONS = (
+    "\n</tools>\nFor each call, return a JSON object with the function name and arguments within "
+    "<tool_call></tool_call> tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+)
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}"
+    "{{ '<|start_header_id|>system<|end_header_id|>\n\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ '" + TOOLS_PREAMBLE + "' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '" + TOOLS_INSTRUCTIONS.replace("'", "\\'") + "<|eot_id|>' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] %}"
+    "{{ '\n<tool_call>\n' + ({'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson)"
+    " + '\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|eot_id|>' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|start_header_id|>tool<|end_header_id|>\n\n<tool_response>\n' + message['content'] + '\n</tool_response><|eot_id|>' }}"
+    "{% else %}"
     "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] + '<|eot_id|>' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )

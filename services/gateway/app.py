@@ -29,14 +29,16 @@ import orjson
 import structlog
 from aiohttp import web
 
-from services.gateway import edge, openapi, protocol, server
+from services.gateway import edge, openapi, protocol, server, tool_parser
 from services.gateway.choices import Choice, completion_tokens, role_chunk
 from services.gateway.limits import Admission, Shed
 from services.gateway.logprobs import Logprobs, load_logprobs, prompt_json, prompt_positions
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Pipeline, Rejected, Report, Slo, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
+from services.gateway.structured import ResponseFormat
 from services.gateway.text import LENGTH_SLACK, TextStream, Tokenizer
+from services.gateway.tool_parser import ToolParsing, ToolUse
 from shared import bus, service
 from shared.config import ClusterConfig
 from shared.liveness import Registry
@@ -66,6 +68,7 @@ class Prepared:
     slo: Slo
     label: str | None = None  # the client's x-request-id: for its logs and the response header only
     echo: str | None = None  # completions with echo: the prompt's text, leading each choice's
+    tools: ToolUse | None = None  # chat with tools: what vLLM's tool parser made of them
 
     def headers(self) -> dict[str, str]:
         return {REQUEST_ID_HEADER: self.label or self.request_id, OWN_ID_HEADER: self.request_id}
@@ -74,7 +77,7 @@ class Prepared:
 class Gateway:
     def __init__(
         self, config: ClusterConfig, tokenizer: Tokenizer, pipeline: Pipeline, api_key: str | None,
-        metrics_require_key: bool = False, metrics: GatewayMetrics | None = None,
+        metrics_require_key: bool = False, metrics: GatewayMetrics | None = None, tools: ToolParsing | None = None,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -89,6 +92,7 @@ class Gateway:
         self.metrics.running.set_function(lambda: self.admission.running)
         self.metrics.waiting.set_function(lambda: self.admission.waiting)
         self.executor = ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix="gateway-tokenize")
+        self.tool_parsing = tools or ToolParsing("", None)
 
     # --- routes -------------------------------------------------------------
     def app(self) -> web.Application:
@@ -279,12 +283,19 @@ class Gateway:
     ) -> Prepared:
         options = parsed.options
         self._check_model(options.model)
-        prompt = self._prompt(parsed)
+        tools = self._tools(parsed)
+        prompt = self._prompt(parsed, tools)
         self._check_vocabulary(options)
         max_tokens = self._max_tokens(kind, options, prompt)
         if options.min_tokens > max_tokens:
             raise protocol.invalid(f"'min_tokens' ({options.min_tokens}) must be at most max_tokens ({max_tokens})", "min_tokens")
-        return Prepared(request_id, kind, options, prompt, max_tokens, slo, label, self._echo(parsed, prompt))
+        return Prepared(request_id, kind, options, prompt, max_tokens, slo, label, self._echo(parsed, prompt), tools)
+
+    def _tools(self, parsed: ChatRequest | CompletionRequest) -> ToolUse | None:
+        if not isinstance(parsed, ChatRequest):
+            return None
+        o = parsed.options
+        return self.tool_parsing.use(parsed.tools, o.skip_special_tokens, o.response_format)
 
     def _echo(self, parsed: ChatRequest | CompletionRequest, prompt: list[int]) -> str | None:
         """What an echo puts before the output, as vLLM's server does: the prompt as
@@ -301,10 +312,11 @@ class Gateway:
             raise ApiError(404, f"The model '{model}' does not exist", type="not_found_error", param="model",
                            code="model_not_found")
 
-    def _prompt(self, parsed: ChatRequest | CompletionRequest) -> list[int]:
+    def _prompt(self, parsed: ChatRequest | CompletionRequest, tools: ToolUse | None = None) -> list[int]:
         o = parsed.options
         if isinstance(parsed, ChatRequest):
-            text = self.tokenizer.chat_text(parsed.messages, parsed.add_generation_prompt, parsed.continue_final_message)
+            text = self.tokenizer.chat_text(parsed.messages, parsed.add_generation_prompt, parsed.continue_final_message,
+                                            tools.template_tools if tools else None)
             return self._encode(text, o.add_special_tokens, "messages")
         if isinstance(parsed.prompt, str):
             return self._encode(parsed.prompt, o.add_special_tokens, "prompt")
@@ -357,6 +369,8 @@ class Gateway:
         """What the engines are asked: every sampling field as the client gave it
         (prefill and decode each derive their own share of it; see shared/engine/llm.py)."""
         o, rf = p.options, p.options.response_format
+        if p.tools and (p.tools.structural_tag or p.tools.json_schema):  # the tool parser's grammar replaces it
+            rf = ResponseFormat("json_schema", p.tools.json_schema)
         return Sampling(
             max_tokens=p.max_tokens, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p, seed=o.seed,
             ignore_eos=o.ignore_eos, stop_token_ids=list(o.stop_token_ids), min_tokens=o.min_tokens,
@@ -364,6 +378,7 @@ class Gateway:
             repetition_penalty=o.repetition_penalty, logit_bias=dict(o.logit_bias), bad_words=list(o.bad_words),
             allowed_token_ids=list(o.allowed_token_ids) if o.allowed_token_ids is not None else None,
             json_object=rf.type == "json_object", json_schema=rf.json_schema, logprobs=o.logprobs, n=o.n,
+            structural_tag=p.tools.structural_tag if p.tools else "",
             prompt_logprobs=self._prompt_top(p),
         )
 
@@ -509,9 +524,10 @@ class Gateway:
         o = p.options
         if o.logprobs is not None or o.prompt_logprobs is not None:
             await asyncio.to_thread(load_logprobs)
-        return [Choice(i, TextStream(self.tokenizer, o.stop, o.include_stop_str_in_output, o.skip_special_tokens,
-                                     p.prompt),
-                       Logprobs(self.tokenizer.hf, o.logprobs) if o.logprobs is not None else None)
+        skip_special = p.tools.skip_special_tokens if p.tools else o.skip_special_tokens  # a tool parser may keep them
+        return [Choice(i, TextStream(self.tokenizer, o.stop, o.include_stop_str_in_output, skip_special, p.prompt),
+                       Logprobs(self.tokenizer.hf, o.logprobs) if o.logprobs is not None else None,
+                       tools=p.tools.choice(p.prompt) if p.tools else None)
                 for i in range(o.n)]
 
     @staticmethod
@@ -661,10 +677,12 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     except (OSError, ValueError) as e:
         raise SystemExit(f"gateway: API key: {e}") from e
     tokenizer = Tokenizer(config.model)
+    tools = await asyncio.to_thread(_tool_parsing, config, tokenizer)
     metrics = GatewayMetrics()
     registry = Registry(timeout_s=config.liveness_timeout_s)
     link = await connect_link(config, args, registry, metrics)
-    gateway = Gateway(config, tokenizer, Pipeline(link, config, registry), api_key, args.metrics_require_key, metrics)
+    gateway = Gateway(config, tokenizer, Pipeline(link, config, registry), api_key, args.metrics_require_key, metrics,
+                      tools)
     gateway.pipeline.retries.register(metrics.registry)  # yuebing_gateway_retries_total etc. on /metrics
     metrics.registry.register(gateway.pipeline.modes)  # yuebing_gateway_serving_mode_total
     runner = server.GatewayRunner(gateway.app(), server.Guard(gateway.limits, metrics))
@@ -679,6 +697,14 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     await runner.cleanup()
     gateway.executor.shutdown(wait=False, cancel_futures=True)
     await link.close()
+
+
+def _tool_parsing(config: ClusterConfig, tokenizer: Tokenizer) -> ToolParsing:
+    tool_parser.load()
+    try:
+        return ToolParsing(config.tool_call_parser, tokenizer.hf)
+    except ValueError as e:
+        raise SystemExit(f"gateway: {e}") from e
 
 
 async def connect_link(config: ClusterConfig, args: argparse.Namespace, registry: Registry,

@@ -10,6 +10,7 @@ from typing import Any
 
 from services.gateway.logprobs import Logprobs
 from services.gateway.text import TextStream
+from services.gateway.tool_parser import ChoiceTools
 from shared.messages import TokenChunk
 
 
@@ -22,6 +23,7 @@ class Choice:
     sent: int = 0  # tokens a stream has sent of it
     echoed: str | None = None  # completions' echo: the prompt's text, leading the output's (None: no echo)
     echo_sent: bool = False
+    tools: ChoiceTools | None = None  # chat with tools: the text parsed into tool calls
 
     def echo(self, text: str, prompt: Sequence[int], positions: Sequence[Any]) -> None:
         """Completions' echo: the prompt's text (and logprobs) lead the choice's."""
@@ -47,7 +49,9 @@ class Choice:
         """The choice in a whole response."""
         logprobs = None if self.logprobs is None else self.logprobs.new(kind)
         out: dict[str, Any] = {"index": self.index, "finish_reason": self.finish, "logprobs": logprobs}
-        if kind == "chat":
+        if kind == "chat" and self.tools is not None:
+            out["message"], out["finish_reason"] = self.tools.message(self.text.text, self.text.token_ids, self.finish)
+        elif kind == "chat":
             out["message"] = {"role": "assistant", "content": self.text.text}
         else:
             out["text"] = (self.echoed or "") + self.text.text
@@ -63,11 +67,14 @@ class Choice:
         self.sent = len(self.text.token_ids)
         if self.echoed is not None and not self.echo_sent:  # the first part leads with the prompt
             text, self.echo_sent = self.echoed + text, True
-        if not (text or self.finish or token_ids or (logprobs is not None and new)):
+        message = self._message(text, new) if kind == "chat" else None
+        if not ((message if kind == "chat" else text) or self.finish or token_ids or (logprobs is not None and new)):
             return None
         out: dict[str, Any] = {"index": self.index, "finish_reason": self.finish}
         if kind == "chat":
-            out["delta"] = {"content": text} if text else {}
+            out["delta"] = message or {}
+            if self.tools is not None:
+                out["finish_reason"] = self.tools.finish_reason(self.finish)
             if logprobs is not None:
                 out["logprobs"] = logprobs
         else:
@@ -76,6 +83,12 @@ class Choice:
         if token_ids:
             out["token_ids"] = new
         return out
+
+    def _message(self, text: str, new: Sequence[int]) -> dict[str, Any] | None:
+        """A chat delta's message: the text, or what the tool parser makes of it."""
+        if self.tools is None:
+            return {"content": text} if text else None
+        return self.tools.delta(text, new, self.finish)
 
 
 def completion_tokens(choices: Sequence[Choice]) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from services.gateway import structured
+from services.gateway import structured, tools
 from services.gateway.errors import ApiError, invalid
 from services.gateway.fields import (
     INT32_MAX,
@@ -39,6 +39,7 @@ from services.gateway.fields import (
     string,
 )
 from services.gateway.structured import ResponseFormat
+from services.gateway.tools import ToolRequest
 
 __all__ = ["ApiError", "invalid"]
 GREEDY_TEMPERATURE = 1e-5  # below it vLLM samples greedily (its _SAMPLING_EPS)
@@ -87,10 +88,11 @@ class Options:
 
 @dataclass(frozen=True)
 class ChatRequest:
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     options: Options
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    tools: ToolRequest = ToolRequest()
 
 
 @dataclass(frozen=True)
@@ -161,9 +163,9 @@ CHAT: dict[str, Spec] = {
     "echo": refused(False),
     "logprobs": boolean(False),
     "top_logprobs": integer(0, MAX_LOGPROBS),
-    "tools": refused(),
-    "tool_choice": refused("none"),
-    "parallel_tool_calls": refused(True, False, note=" (tools are not supported)"),
+    "tools": tools.TOOLS,
+    "tool_choice": tools.TOOL_CHOICE,
+    "parallel_tool_calls": tools.PARALLEL_TOOL_CALLS,
     "reasoning_effort": refused(),
     "documents": refused(),
     "chat_template": refused(),
@@ -300,7 +302,9 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         raise invalid("'continue_final_message' needs add_generation_prompt=false", "continue_final_message")
     max_tokens = v["max_completion_tokens"] if v["max_completion_tokens"] is not None else v["max_tokens"]
     parsed = tuple(_message(m, i) for i, m in enumerate(messages))
-    return ChatRequest(parsed, _options(body, v, max_tokens, chat=True), v["add_generation_prompt"], v["continue_final_message"])
+    tool_request = ToolRequest(v["tools"] or (), v["tool_choice"], v["parallel_tool_calls"])
+    return ChatRequest(parsed, _options(body, v, max_tokens, chat=True), v["add_generation_prompt"],
+                       v["continue_final_message"], tool_request)
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
@@ -324,23 +328,34 @@ def _prompt(prompt: Any) -> str | tuple[int, ...]:
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-MESSAGE_STRINGS = ("name", "tool_call_id")  # passed to the chat template as they are
-MESSAGE_NOOPS = {"tool_calls": ([],), "function_call": (), "reasoning": (), "reasoning_content": (), "refusal": ()}
+# What the chat template sees of a message besides its role and content, as vLLM's
+# server passes it: these strings as they are, an assistant's reasoning under both
+# of vLLM's names, and its earlier tool calls (services/gateway/tools.py).
+MESSAGE_STRINGS = {"name": ("name",), "tool_call_id": ("tool_call_id",), "reasoning": ("reasoning", "reasoning_content"),
+                   "reasoning_content": ("reasoning", "reasoning_content")}
+MESSAGE_ROLES = {"tool_call_id": ("tool",), "reasoning": ("assistant",), "reasoning_content": ("assistant",),
+                 "tool_calls": ("assistant",)}  # the only roles vLLM passes these for
+MESSAGE_NOOPS = {"function_call": (), "refusal": ()}
 
 
-def _message(m: Any, i: int) -> dict[str, str]:
+def _message(m: Any, i: int) -> dict[str, Any]:
     param = f"messages[{i}]"
     if not isinstance(m, dict):
         raise invalid(f"{param} must be an object", param)
     role = m.get("role")
     if role not in ROLES:
         raise invalid(f"{param}.role must be one of {', '.join(ROLES)}", f"{param}.role")
-    out = {"role": role, "content": _content(m.get("content"), role, param)}
+    out: dict[str, Any] = {"role": role, "content": _content(m.get("content"), role, param)}
     for key, value in m.items():
         if key in ("role", "content") or value is None:
             continue
+        if role not in MESSAGE_ROLES.get(key, ROLES):
+            raise invalid(f"{param}.{key} is only taken on {' and '.join(MESSAGE_ROLES[key])} messages", f"{param}.{key}")
         if key in MESSAGE_STRINGS and isinstance(value, str):
-            out[key] = value
+            out.update(dict.fromkeys(MESSAGE_STRINGS[key], value))
+        elif key == "tool_calls":
+            if calls := tools.tool_calls(value, f"{param}.tool_calls"):  # vLLM drops an empty list
+                out["tool_calls"] = calls
         elif not (key in MESSAGE_NOOPS and value in MESSAGE_NOOPS[key]):
             raise invalid(f"{param}.{key[:64]} is not supported by this server", f"{param}.{key[:64]}")
     return out
@@ -354,7 +369,7 @@ def _content(content: Any, role: str, param: str) -> str:
                 raise invalid(f"{param}.content: only text parts ({{'type': 'text', 'text': ...}}) are supported",
                               f"{param}.content")
             parts.append(part["text"])
-        return "".join(parts)
+        return "\n".join(parts)  # as vLLM joins them for a template that takes string content
     if content is None and role == "assistant":
         return ""
     if not isinstance(content, str):

@@ -47,7 +47,7 @@ def _schema(name: str, spec: Any) -> str:
     if not isinstance(spec.get("description", ""), (str, type(None))) or not isinstance(spec.get("strict", False), (bool, type(None))):
         raise invalid(f"'{name}.json_schema': 'description' must be a string and 'strict' a boolean", name)
     schema = spec["schema"]
-    if _depth(schema) > MAX_SCHEMA_NESTING:
+    if depth(schema) > MAX_SCHEMA_NESTING:
         raise invalid(f"'{name}.json_schema.schema' nests deeper than {MAX_SCHEMA_NESTING} levels", name)
     text = orjson.dumps(schema).decode()
     if len(text) > MAX_SCHEMA_BYTES:
@@ -56,7 +56,7 @@ def _schema(name: str, spec: Any) -> str:
     return text
 
 
-def _depth(v: Any) -> int:
+def depth(v: Any) -> int:
     """Nesting of objects and arrays, iteratively (a deep schema must not recurse)."""
     deepest, level = 0, [v]
     while level:

@@ -42,11 +42,14 @@ class Tokenizer:
         return fewest if fewest > max_tokens else 0
 
     def chat_text(
-        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True, continue_final_message: bool = False,
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
+        """The messages (and tools) through the model's chat template, as vLLM's
+        server renders them."""
         try:
             return self.hf.apply_chat_template(
-                list(messages), add_generation_prompt=add_generation_prompt,
+                template_messages(messages), tools=tools or None, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, tokenize=False,
             )
         except Exception as e:  # jinja2's TemplateError, or the template's own raise_exception
@@ -57,6 +60,19 @@ class Tokenizer:
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+
+def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as a chat template takes them: earlier tool calls' JSON arguments
+    turned into objects by vLLM's own step (templates index into them)."""
+    if not any("tool_calls" in m for m in messages):
+        return list(messages)
+    from vllm.renderers.chat_utils import _postprocess_messages
+
+    out = [{**m, "tool_calls": [{**c, "function": dict(c["function"])} for c in m["tool_calls"]]}
+           if "tool_calls" in m else dict(m) for m in messages]
+    _postprocess_messages(out)  # type: ignore[arg-type]
+    return out
 
 
 class TextStream:

@@ -145,7 +145,9 @@ def sampling_params(
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     structured = None
-    if sampling.json_schema:
+    if sampling.structural_tag:
+        structured = StructuredOutputsParams(structural_tag=sampling.structural_tag)
+    elif sampling.json_schema:
         structured = StructuredOutputsParams(json=sampling.json_schema)
     elif sampling.json_object:
         structured = StructuredOutputsParams(json_object=True)

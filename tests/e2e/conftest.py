@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
 from shared.config import ClusterConfig, load_config
+from shared.engine.llm import engine_environment
 from tests.e2e.ops import openai_client
 from tests.reference import DTYPE, Reference
 from yuebing.model import default_model_dir
@@ -28,6 +30,8 @@ from yuebing.process import free_port
 MAX_MODEL_LEN = 1024
 POOL_MIB = 128  # the tiny model's KV: 512 KiB a 128-token block, so 256 blocks a node
 START_TIMEOUT_S = 420
+SERVE_START_TIMEOUT_S = 240
+TOOL_CALL_PARSER = "hermes"  # the tiny model's chat template speaks Hermes' tool-call format
 
 
 @dataclass
@@ -137,6 +141,7 @@ def cluster_process(model_dir, tmp_path_factory):
     started = launch(
         model_dir, tmp_path_factory.mktemp("cluster"), "--policy", "kvcentric", "--admission", "predictive", "--nodes", "2",
         "--fault-injection",  # tests/e2e/test_transfer.py arms the messengers' fault switches
+        "--tool-call-parser", TOOL_CALL_PARSER,
     )
     yield started
     started.stop()
@@ -147,6 +152,44 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+@pytest.fixture(scope="session")
+def vllm_serve(model_dir, cluster, tmp_path_factory):
+    """Plain vLLM's OpenAI server on the same model, dtype and tool parser, for the
+    tests that compare whole API responses (started after the cluster, so that the
+    two do not load at once); its /v1 URL."""
+    port = free_port()
+    env = {**os.environ, **engine_environment(ClusterConfig(kv_cache_gib=1))}
+    log = tmp_path_factory.mktemp("vllm") / "serve.log"
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--port", str(port),
+            "--served-model-name", model_dir.name, "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN),
+            "--enforce-eager", "--seed", "0", "--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        yield f"{url}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + SERVE_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"vllm serve exited: {log.read_text()[-2000:]}"
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"vllm serve not healthy within {SERVE_START_TIMEOUT_S} s: {log.read_text()[-2000:]}")
 
 
 @pytest.fixture(scope="session")

@@ -8,26 +8,14 @@ the text."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-
-from shared.config import ClusterConfig
-from shared.engine.llm import engine_environment
-from tests.e2e.conftest import MAX_MODEL_LEN
-from tests.reference import DTYPE
-from yuebing.process import free_port
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "yuebing-tiny"
 DATA = Path(__file__).parent / "evaluation"
-START_TIMEOUT_S = 240
 TOLERANCE = 1e-4
 TASKS = {
     "yuebing_choice": """\
@@ -61,43 +49,6 @@ def tasks(tmp_path_factory) -> Path:
     for name, text in TASKS.items():
         (folder / f"{name}.yaml").write_text(text.format(data=DATA))
     return folder
-
-
-@pytest.fixture(scope="module")
-def vllm_serve(model_dir, cluster, tmp_path_factory):
-    """Plain vLLM's OpenAI server on the same model and dtype (started after the
-    cluster, so that the two do not load at once)."""
-    port = free_port()
-    env = {**os.environ, **engine_environment(ClusterConfig(kv_cache_gib=1))}
-    log = tmp_path_factory.mktemp("vllm") / "serve.log"
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--port", str(port),
-            "--served-model-name", MODEL, "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
-            "--seed", "0"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log)
-        yield f"{url}/v1"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"vllm serve exited: {log.read_text()[-2000:]}"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"vllm serve not healthy within {START_TIMEOUT_S} s: {log.read_text()[-2000:]}")
 
 
 def evaluate(api: str, model_dir: Path, tasks: Path, task: str, chat: bool) -> dict:

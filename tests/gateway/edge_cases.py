@@ -30,6 +30,12 @@ JSON = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4)
 TOKEN = st.integers(0, 300)
 SCHEMAS = st.sampled_from([{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
                            {"type": "bogus"}, {"type": "string", "maxLength": 3}, {}, {"type": "array", "items": {"type": "boolean"}}])
+TOOL_NAMES = st.sampled_from(["f", "get_weather", "", "x" * 300, "a\nb", 'q"uote'])
+TOOL = st.fixed_dictionaries({"type": st.sampled_from(["function", "function", "custom"]), "function": st.fixed_dictionaries(
+    {"name": TOOL_NAMES}, optional={"parameters": SCHEMAS, "strict": st.one_of(st.booleans(), JSON),
+                                    "description": st.one_of(st.text(max_size=8), JSON)})})
+CALL = st.fixed_dictionaries({"id": st.text(max_size=4), "type": st.just("function"), "function": st.fixed_dictionaries(
+    {"name": TOOL_NAMES, "arguments": st.one_of(st.sampled_from(['{"a": 1}', "{", "[]", ""]), JSON)})})
 PLAUSIBLE = {
     "stop": st.one_of(st.text(max_size=5), st.lists(st.text(max_size=3), max_size=5), st.just("x" * 1025)),
     "logit_bias": st.dictionaries(st.one_of(TOKEN.map(str), st.text(max_size=4)), st.one_of(NUMBERS, st.text(max_size=2)),
@@ -46,7 +52,15 @@ PLAUSIBLE = {
     "max_completion_tokens": st.one_of(SMALL_MAX, st.sampled_from([0, "2", 2**64 - 1])),
     "min_tokens": st.sampled_from([0, 1, 2, 3, 5, -1, "1"]),
     "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", "wizard"]),
-                                                "content": st.one_of(st.text(max_size=12), JSON)}), max_size=3),
+                                                "content": st.one_of(st.text(max_size=12), JSON)},
+                                               optional={"tool_calls": st.one_of(st.lists(CALL, max_size=2), JSON),
+                                                         "tool_call_id": st.one_of(st.text(max_size=4), JSON),
+                                                         "name": st.text(max_size=4), "reasoning": SCALARS}), max_size=3),
+    "tools": st.one_of(st.lists(TOOL, max_size=3), JSON),
+    "tool_choice": st.one_of(st.sampled_from(["none", "auto", "required", "any"]),
+                             st.fixed_dictionaries({"type": st.just("function"),
+                                                    "function": st.fixed_dictionaries({"name": TOOL_NAMES})}), JSON),
+    "parallel_tool_calls": st.one_of(st.booleans(), JSON),
     "prompt": st.one_of(st.text(max_size=12), st.lists(TOKEN, max_size=4), st.lists(st.text(max_size=3), max_size=2), JSON),
 }
 FIELDS = sorted(set(CHAT) | set(COMPLETION) | {"messages", "prompt", "functions", "best_of", "unknown_field"})
@@ -57,6 +71,17 @@ def _value(name: str) -> st.SearchStrategy:
     if name in ("max_tokens", "max_completion_tokens", "messages", "prompt"):
         return PLAUSIBLE[name]
     return st.one_of(PLAUSIBLE.get(name, JSON), JSON)
+
+
+@st.composite
+def tool_bodies(draw) -> dict:
+    """Chat bodies about tools alone: most get through to vLLM's tool parser."""
+    body: dict = {"model": "yuebing-tiny", "max_tokens": draw(SMALL_MAX), "temperature": 0,
+                  "messages": [{"role": "user", "content": "hi"}], "tools": draw(st.lists(TOOL, min_size=1, max_size=3))}
+    for name in draw(st.lists(st.sampled_from(["tool_choice", "parallel_tool_calls", "messages", "stream",
+                                               "response_format"]), max_size=3, unique=True)):
+        body[name] = draw(st.booleans() if name == "stream" else PLAUSIBLE[name])
+    return body
 
 
 @st.composite

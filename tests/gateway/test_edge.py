@@ -23,10 +23,11 @@ from services.gateway import edge, server
 from services.gateway.app import Gateway, parser
 from services.gateway.protocol import CHAT, COMPLETION
 from services.gateway.text import Tokenizer
+from services.gateway.tool_parser import ToolParsing
 from shared.config import ClusterConfig
 from shared.liveness import Registry
 from shared.messages import Sampling, TokenChunk
-from tests.gateway.edge_cases import KEY, Case, cases, check, send
+from tests.gateway.edge_cases import KEY, Case, cases, check, send, tool_bodies
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "yuebing-tiny"
 pytestmark = pytest.mark.skipif(not (MODEL / "tokenizer.json").exists(), reason="no tiny model (make test writes it)")
@@ -53,7 +54,9 @@ class Served:
     def __init__(self) -> None:
         self.pipeline = FakePipeline()
         config = ClusterConfig(model=str(MODEL), max_model_len=512)
-        self.gateway = Gateway(config, Tokenizer(str(MODEL)), self.pipeline, KEY, metrics_require_key=True)
+        tokenizer = Tokenizer(str(MODEL))
+        tools = ToolParsing("hermes", tokenizer.hf)  # every request with tools goes through vLLM's parser
+        self.gateway = Gateway(config, tokenizer, self.pipeline, KEY, metrics_require_key=True, tools=tools)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -116,7 +119,7 @@ def test_a_bad_or_unsupported_field_is_a_400_naming_it(served, field, value):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"), ("logprobs", 1),
+    ("tools", []), ("tools", [{"type": "function"}]), ("tool_choice", "auto"), ("parallel_tool_calls", 1), ("logprobs", 1),
     ("top_logprobs", 2), ("top_logprobs", 21), ("chat_template", "{{ x }}"), ("reasoning_effort", "low"), ("messages", [{"role": "user"}]),
     ("messages", [{"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}]),
     ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
@@ -236,6 +239,14 @@ def test_no_generated_request_gets_a_5xx_or_a_non_json_error(served, case):
     reply = send(served.url, case)
     event(f"status {reply.status}")  # --hypothesis-show-statistics: how many got through
     check(case, reply)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(body=tool_bodies())
+def test_no_request_with_tools_gets_a_5xx(served, body):
+    status, _ = post(served, body, "/v1/chat/completions")
+    event(f"status {status}")
+    assert status in (200, 400), status
 
 
 def test_a_normal_request_still_succeeds_after_all_that(served):

@@ -89,3 +89,18 @@ def test_a_stuck_tail_is_released_after_a_bound_so_decoding_stays_linear(tokeniz
     stream = TextStream(tokenizer)
     out = stream.push(stray * (MAX_PENDING_TOKENS + 1))
     assert out == "\ufffd" * (MAX_PENDING_TOKENS + 1)
+
+
+def test_tools_and_earlier_calls_reach_the_chat_template(tokenizer):
+    """The tiny model's template renders tools and calls in Hermes' format; a call's
+    JSON arguments reach it as an object (vLLM's step), whatever their spacing."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": "sunny", "tool_call_id": "c1"}]
+    text = tokenizer.chat_text(messages, tools=[tool])
+    assert '{"type": "function", "function": {"name": "get_weather"' in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert "<tool_response>\nsunny\n</tool_response>" in text
+    assert call["function"]["arguments"] == '{"city":"Paris"}'  # the request's own messages are left as they were
+    assert "<tools>" not in tokenizer.chat_text(messages[:1])
