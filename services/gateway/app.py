@@ -38,7 +38,7 @@ from services.gateway.pipeline import Pipeline, Rejected, Report, Slo, UpstreamE
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
 from services.gateway.structured import ResponseFormat
 from services.gateway.text import LENGTH_SLACK, TextStream, Tokenizer
-from services.gateway.tool_parser import ToolParsing, ToolUse
+from services.gateway.tool_parser import ToolParsing, ToolUse, template_tools
 from shared import bus, service
 from shared.config import ClusterConfig
 from shared.liveness import Registry
@@ -170,7 +170,7 @@ class Gateway:
 
         def work() -> dict[str, Any]:  # on a thread: a long prompt takes the tokenizer a while
             text = t.prompt if t.prompt is not None else self.tokenizer.chat_text(
-                t.messages, t.add_generation_prompt, t.continue_final_message)
+                t.messages, t.add_generation_prompt, t.continue_final_message, template_tools(t.tools))
             ids = self.tokenizer.encode(text, add_special_tokens=t.add_special_tokens)
             strs = self.tokenizer.hf.convert_ids_to_tokens(ids) if t.return_token_strs else None
             return {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": strs}

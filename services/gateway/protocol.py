@@ -190,6 +190,7 @@ TOKENIZE: dict[str, Spec] = {  # /tokenize with a prompt, or with messages as ch
     "return_token_strs": boolean(False),
     "add_generation_prompt": boolean(True),
     "continue_final_message": boolean(False),
+    "tools": tools.TOOLS,  # rendered into the prompt, as chat renders them
 }
 DETOKENIZE: dict[str, Spec] = {"model": string(1024)}
 REQUIRED = {"chat": ("model", "messages"), "completion": ("model", "prompt")}
@@ -204,6 +205,7 @@ class TokenizeRequest:
     return_token_strs: bool
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
@@ -220,7 +222,8 @@ def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
         raise invalid(f"'messages' must be a list of 1 to {MAX_MESSAGES} messages", "messages")
     special = v["add_special_tokens"] if body.get("add_special_tokens") is not None else False
     return TokenizeRequest(v["model"], None, tuple(_message(m, i) for i, m in enumerate(messages)), special,
-                           v["return_token_strs"], v["add_generation_prompt"], v["continue_final_message"])
+                           v["return_token_strs"], v["add_generation_prompt"], v["continue_final_message"],
+                           v["tools"] or ())
 
 
 def parse_detokenize(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...]]:

@@ -122,6 +122,20 @@ def _vllm_request(asked: ToolRequest, skip_special_tokens: bool, response_format
         raise invalid(message[:500], param if param.startswith(("tool", "parallel")) else "tools") from None
 
 
+def template_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Tools as the chat template gets them from vLLM (its model's dump: every
+    field, defaults filled in), for a request that renders them without a call."""
+    if not tools:
+        return None
+    from pydantic import ValidationError
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+
+    try:
+        return [ChatCompletionToolsParam.model_validate(t).model_dump() for t in tools]
+    except ValidationError as e:
+        raise invalid(f"'tools': {str(e.errors()[0].get('msg'))[:300]}", "tools") from None
+
+
 def _check_grammar(grammar: Any) -> None:
     """The grammar checked as the engines will check it (a tool's bad schema is a 400
     here, not a failed prefill)."""

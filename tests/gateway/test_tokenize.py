@@ -35,6 +35,15 @@ async def test_messages_are_tokenized_as_chat_renders_them(client, tokenizer):
     assert body["token_strs"] is None
 
 
+async def test_messages_with_tools_are_tokenized_as_chat_renders_them(client, tokenizer):
+    messages = [{"role": "user", "content": "hi"}]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    r = await client.post("/tokenize", json={"messages": messages, "tools": [tool]}, headers=AUTH)
+    dumped = {"type": "function", "function": {"name": "f", "description": None, "parameters": {"type": "object"}}}
+    with_tools = tokenizer.chat_text(messages, tools=[dumped])  # as vLLM's model dumps it
+    assert (await r.json())["tokens"] == tokenizer.encode(with_tools, add_special_tokens=False)
+
+
 async def test_detokenize_gives_the_text_back_special_tokens_included(client, tokenizer):
     ids = tokenizer.encode("héllo", add_special_tokens=True)
     r = await client.post("/detokenize", json={"tokens": ids}, headers=AUTH)
