@@ -86,9 +86,11 @@ def permissions(identity: Identity) -> Permissions:
             subscribe=(SCHEDULE, CONDUCTOR_STATS, HEARTBEAT, REQUEST_UPDATES, KV_EVENTS),
             allow_responses=True,
         ),
+        # A prefill instance decodes too while no decode instance is live (the
+        # Conductor's fallback): its decode subject, and the streams it answers on.
         "prefill": Permissions(
-            publish=(HEARTBEAT, REQUEST_UPDATES, ANY_MESSENGER),  # pulls of remote blocks
-            subscribe=(prefill_subject(identity.name), CANCEL),
+            publish=(HEARTBEAT, REQUEST_UPDATES, ANY_MESSENGER, ANY_STREAM),  # messengers: pulls of remote blocks
+            subscribe=(prefill_subject(identity.name), decode_subject(identity.name), CANCEL),
             allow_responses=True,
         ),
         "decode": Permissions(

@@ -25,6 +25,8 @@ from services.conductor.modes import (
     ModeChoice,
     ModeParams,
     choose_mode,
+    fallback,
+    missing_role,
     place_colocated,
 )
 from services.conductor.policy import (
@@ -39,6 +41,7 @@ from services.conductor.policy import (
     decodes,
     kv_blocks,
     pool_pull,
+    usable,
 )
 from services.conductor.state import ClusterState
 from shared import bus, service
@@ -84,6 +87,10 @@ class View:
     prefill_nodes: dict[str, str]  # instance → node
     decode_nodes: dict[str, str]
     node_prefix: dict[str, int]
+
+    def node(self, instance_id: str) -> str:
+        """Where a live instance of either role runs."""
+        return self.decode_nodes.get(instance_id) or self.prefill_nodes[instance_id]
 
 
 def plausible_slowdown(reported: float) -> float:
@@ -207,6 +214,9 @@ class Conductor:
             return self._schedule_decode(req, ask, view, now)
         if self.config.mode == "colocated":
             return self._schedule_colocated(req, ask, view, now)
+        missing = missing_role(len(usable(req, view.prefills)), len(usable(req, view.decodes)))
+        if missing is not None:
+            return self._schedule_fallback(req, ask, view, missing, now)
         out = self.scheduler.schedule(req, view.prefills, view.decodes, now, self.state.decode_time_s)
         log.debug("decision", request_id=req.request_id, request=req, prefills=view.prefills, decodes=view.decodes, out=out)
         if not isinstance(out, Decision):
@@ -247,6 +257,27 @@ class Conductor:
         cached = min(out.cached_blocks * self.config.block_size, req.prompt_len - 1)
         return self._accept_local(req, ask, out.instance_id, req.prompt_len - cached, out.choice(), view, now)
 
+    def _schedule_fallback(self, req: Request, ask: ScheduleRequest, view: View, missing: str,
+                           now: float) -> ScheduleReply:
+        """Degrade rather than refuse: with no live instance of the `missing` role, the
+        other role's instances prefill and decode, placed as colocated ones are."""
+        loads = [self._colocated_load(x, ask.block_hashes, view, now) for x in self._hosts(missing, view, now)]
+        out = place_colocated(req, loads, self.state.predictor, self.config.block_size, self.config.step_tokens,
+                              self.config.admission)
+        if not isinstance(out, ColocatedChoice):
+            return self._rejected(req, out)
+        choice = fallback(missing, out)
+        log.info("degraded", request_id=req.request_id, host=out.instance_id, reason=choice.reason)
+        cached = min(out.cached_blocks * self.config.block_size, req.prompt_len - 1)
+        return self._accept_local(req, ask, out.instance_id, req.prompt_len - cached, choice, view, now)
+
+    def _hosts(self, missing: str, view: View, now: float) -> list[DecodeLoad]:
+        """The instances that decode while `missing` has none live, with their decode
+        books: decode instances, or single (not CPP-group) prefill instances."""
+        if missing == "prefill":
+            return view.decodes
+        return [self.state.decode_load(x.instance_id, now) for x in view.prefills if x.group is None]
+
     def _colocated_load(self, load: DecodeLoad, hashes: list[str], view: View, now: float) -> ColocatedLoad:
         batch, ctx_tokens = load.at(now)
         return ColocatedLoad(load.instance_id, self.state.local_queued(load.instance_id),
@@ -254,8 +285,8 @@ class Conductor:
                              capacity=load.capacity, slowdown=load.slowdown)
 
     def _decode_prefix(self, hashes: list[str], decode_id: str, view: View) -> int:
-        """What a decode instance would not compute: its engine's cache, or its node's pool."""
-        return max(self.state.decode_prefix(hashes, decode_id), view.node_prefix.get(view.decode_nodes[decode_id], 0))
+        """What an instance would not compute: its engine's cache, or its node's pool."""
+        return max(self.state.decode_prefix(hashes, decode_id), view.node_prefix.get(view.node(decode_id), 0))
 
     def _local_prefill(self, req: Request, hashes: list[str], decode_id: str, remote_ttft_s: float,
                        view: View, now: float) -> LocalPrefill:
@@ -271,8 +302,7 @@ class Conductor:
         """The request's decode instance prefills it, in its batch."""
         self._accepted(req, ask, choice)
         self.state.assign_local(req, ask.block_hashes, decode_id, uncached_tokens, choice.ttft_s, now)
-        placement = Placement(prefill_id="", decode_id=decode_id, decode_node=view.decode_nodes[decode_id],
-                              local_prefill=True)
+        placement = Placement(prefill_id="", decode_id=decode_id, decode_node=view.node(decode_id), local_prefill=True)
         return ScheduleReply(request_id=req.request_id, accepted=True, placement=placement,
                              predicted_ttft_ms=choice.ttft_s * 1e3, predicted_tbt_ms=choice.tbt_s * 1e3,
                              mode=ModeRecord(**choice.record()))
@@ -286,15 +316,24 @@ class Conductor:
     def _schedule_decode(self, req: Request, ask: ScheduleRequest, view: View, now: float) -> ScheduleReply:
         """A decode instance alone, for a request retried after its prefill; its books
         start decoding now. Counted apart: the request was accepted once already."""
-        out = self.scheduler.place_decode(req, view.decodes, now)
+        degraded = not usable(req, view.decodes)  # no decode instance left for it: a prefill instance decodes
+        hosts = self._hosts("decode", view, now) if degraded else view.decodes
+        out = self.scheduler.place_decode(req, hosts, now)
         if not isinstance(out, DecodeDecision):
             return self._rejected(req, out)
         self.counts["replaced_decode"] += 1
         self.deadlines[req.request_id] = ask.deadline
         self.state.assign_decode(req, out.decode_id, now)
-        placement = Placement(prefill_id="", decode_id=out.decode_id, decode_node=view.decode_nodes[out.decode_id])
+        mode = None
+        if degraded:
+            choice = ModeChoice("local", "fallback", "no_decode_live",
+                                f"no live decode instance: prefill instance {out.decode_id} decodes", tbt_s=out.tbt_s)
+            self.modes[choice.key] = self.modes.get(choice.key, 0) + 1
+            log.info("degraded", request_id=req.request_id, host=out.decode_id, reason=choice.reason)
+            mode = ModeRecord(**choice.record())
+        placement = Placement(prefill_id="", decode_id=out.decode_id, decode_node=view.node(out.decode_id))
         return ScheduleReply(request_id=req.request_id, accepted=True, placement=placement,
-                             predicted_tbt_ms=out.tbt_s * 1e3)
+                             predicted_tbt_ms=out.tbt_s * 1e3, mode=mode)
 
     def _view(self, hashes: list[str], now: float) -> View:
         """The live instances' loads for a request with these block hashes."""

@@ -191,6 +191,28 @@ def choose_mode(x: LocalPrefill, predictor: Predictor, params: ModeParams) -> Mo
 DISAGGREGATED = ModeChoice("disaggregated", "disaggregated", "mode", "the cluster runs disaggregated")
 
 
+# --- degraded: one role has no live instance ------------------------------------
+def fallback(missing: str, host: ColocatedChoice) -> ModeChoice:
+    """While no instance of the `missing` role (prefill or decode) is live, an
+    instance of the other prefills and decodes the request on its one engine, as a
+    colocated instance does, rather than the cluster refusing it (`host` is
+    place_colocated's choice among them)."""
+    other = "decode" if missing == "prefill" else "prefill"
+    return ModeChoice("local", "fallback", f"no_{missing}_live",
+                      f"no live {missing} instance: {other} instance {host.instance_id} prefills and decodes",
+                      tbt_s=host.tbt_s, ttft_s=host.ttft_s)
+
+
+def missing_role(prefills: int, decodes: int) -> str | None:
+    """The role a disaggregated request cannot find (None: both have a usable
+    instance, or neither has: then nothing can serve it)."""
+    if prefills and not decodes:
+        return "decode"
+    if decodes and not prefills:
+        return "prefill"
+    return None
+
+
 # --- colocated instances -----------------------------------------------------
 @dataclass(frozen=True)
 class ColocatedLoad:

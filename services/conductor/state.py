@@ -144,9 +144,13 @@ class ClusterState:
         return loads
 
     def decode_loads(self, now: float) -> list[DecodeLoad]:
-        t_d = self.decode_time_s
-        return [DecodeLoad(iid, tuple(_due(i, now, t_d) for i in items.values()), self.decode_capacity)
-                for iid, items in sorted(self.decode.items())]
+        return [self.decode_load(iid, now) for iid in sorted(self.decode)]
+
+    def decode_load(self, instance_id: str, now: float) -> DecodeLoad:
+        """One instance's decodes (none booked: an empty batch), whatever its role: a
+        prefill instance decodes too while no decode instance is live."""
+        items = self.decode.get(instance_id, {}).values()
+        return DecodeLoad(instance_id, tuple(_due(i, now, self.decode_time_s) for i in items), self.decode_capacity)
 
     def local_queued(self, decode_id: str) -> int:
         """Prompt tokens a decode instance has yet to prefill itself."""
@@ -178,7 +182,7 @@ class ClusterState:
         """A request placed on a decode instance alone (a retry after its prefill):
         it decodes from now for t_d."""
         item = DecodeItem(now, now + self.decode_time_s, decode_context(req.prompt_len, req.max_tokens))
-        self.decode[decode_id][req.request_id] = item
+        self.decode.setdefault(decode_id, {})[req.request_id] = item
         self.placed[req.request_id] = ("", decode_id)
 
     def assign_local(self, req: Request, hashes: Sequence[str], decode_id: str, uncached_tokens: int, ttft_s: float,
@@ -186,7 +190,7 @@ class ClusterState:
         """A request its decode instance prefills itself: in the batch from now (its
         prefill is steps of that batch), decoding for t_d after its predicted TTFT."""
         item = DecodeItem(now, now + ttft_s + self.decode_time_s, decode_context(req.prompt_len, req.max_tokens))
-        self.decode[decode_id][req.request_id] = item
+        self.decode.setdefault(decode_id, {})[req.request_id] = item
         self.local.setdefault(decode_id, {})[req.request_id] = uncached_tokens
         self.placed[req.request_id] = ("", decode_id)
         self.index.insert(decode_id, hashes)  # its engine keeps the blocks it computes

@@ -242,6 +242,7 @@ class Pipeline:
                     break
                 await self._again(job, tries, e, stage, attempt.placement.decode_id, order)
                 report.placement = with_decode(report.placement, self._current(tries).placement)
+                report.mode = self._current(tries).mode or report.mode  # a fallback onto a prefill instance says so
                 report.migrations += stage == "migration"
         # Every token the request may have is out, but its end never came: it ends here.
         self._current(tries).finished = True

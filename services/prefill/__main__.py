@@ -1,6 +1,7 @@
 """Prefill instance: computes a prompt and its first token on a vLLM engine."""
 import argparse
 
+from services.decode.handler import Decoder
 from services.prefill.handler import Prefiller
 from shared import service
 from shared.engine.runtime import serving
@@ -21,4 +22,5 @@ def parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    service.run("prefill", serving(Prefiller), parser().parse_args())
+    # Decode orders too: the Conductor's fallback while no decode instance is live.
+    service.run("prefill", serving(Prefiller, Decoder), parser().parse_args())

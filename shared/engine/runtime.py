@@ -3,13 +3,16 @@ connect to NATS, announce the instance with heartbeats, hand each request of the
 role's subject to the role's handler, and shut down in order on `stop`.
 
 A role is a handler class (services/prefill/handler.py, services/decode/handler.py)
-that says which subject and message it serves; everything else is the same."""
+that says which subject and message it serves; everything else is the same. An
+instance may serve several on its one engine: a prefill instance also takes decode
+orders, which the Conductor sends it only when no decode instance can serve (it then
+prefills and decodes, as a colocated instance does)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import structlog
@@ -40,11 +43,12 @@ class Handler:
         raise NotImplementedError
 
 
-def serving(handler: type[Handler]) -> Main:
-    """The service main of an engine instance whose requests `handler` serves."""
+def serving(*handlers: type[Handler]) -> Main:
+    """The service main of an engine instance whose requests `handlers` serve (the
+    first names its role)."""
 
     async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
-        await serve(handler, config, args, stop)
+        await serve(handlers, config, args, stop)
 
     return main
 
@@ -52,24 +56,26 @@ def serving(handler: type[Handler]) -> Main:
 ENGINE_DEAD_EXIT = 3  # the service's exit status when its engine died under it
 
 
-async def serve(handler: type[Handler], config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
+async def serve(handlers: Sequence[type[Handler]], config: ClusterConfig, args: argparse.Namespace,
+                stop: asyncio.Event) -> None:
     """Run an engine instance until `stop`, or until its engine dies: then the
     instance stops beating at once (the Conductor sends it nothing more) and the
     service exits with ENGINE_DEAD_EXIT, for its supervisor to start it again."""
     from shared.engine.llm import build_engine  # vLLM is heavy; only engine services pay for it
 
-    instance_id, node = args.instance_id, args.node
+    instance_id, node, role = args.instance_id, args.node, handlers[0].ROLE
     stages = getattr(args, "stages", 1)  # only prefill's parser has --stages: a CPP group is a prefill instance
     # Colocated, nothing ever reaches a node pool: the engine is plain vLLM, without
     # the connector's hooks in every step and layer.
-    engine, load = build_engine(config, None if config.mode == "colocated" else node, stages, handler.ROLE)
+    engine, load = build_engine(config, None if config.mode == "colocated" else node, stages, role)
     nc = await bus.connect(config.nats_url, instance_id, args.nats_credentials)
-    instance = Instance(handler.ROLE, instance_id, node, config, nc, load, stages)
-    await bus.subscribe(nc, handler.subject(instance_id), handler.REQUEST, handler(instance, engine).on_request)
+    instance = Instance(role, instance_id, node, config, nc, load, stages)
+    for handler in handlers:
+        await bus.subscribe(nc, handler.subject(instance_id), handler.REQUEST, handler(instance, engine).on_request)
     await instance.start()
-    log.info(f"{handler.ROLE} ready", model=config.model, node=node)
+    log.info(f"{role} ready", model=config.model, node=node, serves=[h.ROLE for h in handlers])
     died = await engine_died_before(stop, engine, config.heartbeat_interval_s)
-    log.info(f"{handler.ROLE} stopping", in_flight=len(instance.requests), engine_died=died)
+    log.info(f"{role} stopping", in_flight=len(instance.requests), engine_died=died)
     await instance.close()
     await bus.close(nc)
     engine.shutdown()

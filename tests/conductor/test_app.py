@@ -142,7 +142,11 @@ def test_a_retry_is_placed_away_from_the_instances_that_failed_it():
     first = c.schedule(ask("r1", ["a", "b"]), now=0.0).placement
     again = c.schedule(msgspec.structs.replace(ask("r1-a2", ["a", "b"]), avoid=[first.prefill_id]), now=0.1)
     assert again.accepted and again.placement.prefill_id not in ("", first.prefill_id)
-    nowhere = c.schedule(msgspec.structs.replace(ask("r1-a3", ["a", "b"]), avoid=["p0", "p1"]), now=0.2)
+    # No prefill instance left for it: its decode instance prefills it (degraded, not refused).
+    degraded = c.schedule(msgspec.structs.replace(ask("r1-a3", ["a", "b"]), avoid=["p0", "p1"]), now=0.2)
+    assert degraded.accepted and degraded.placement.local_prefill and degraded.placement.decode_id == "d0"
+    assert (degraded.mode.rule, degraded.mode.reason) == ("fallback", "no_prefill_live")
+    nowhere = c.schedule(msgspec.structs.replace(ask("r1-a4", ["a", "b"]), avoid=["p0", "p1", "d0"]), now=0.2)
     assert not nowhere.accepted and nowhere.rejection == "unavailable"
 
 
@@ -159,8 +163,31 @@ def test_a_decode_alone_is_placed_and_booked_until_its_attempt_finishes():
     assert len(d1.items) == 1 and d1.items[0].start == 0.1  # decoding from now
     c.on_update(RequestUpdate(request_id="r1-a2", kind="finished"), now=0.5)
     assert all(not load.items for load in c.state.decode_loads(now=0.5))
-    none_left = c.schedule(msgspec.structs.replace(alone, request_id="r1-a3", avoid=["d0", "d1"]), now=0.6)
+    # No decode instance left for it: a prefill instance decodes it (degraded, not refused).
+    on_prefill = c.schedule(msgspec.structs.replace(alone, request_id="r1-a3", avoid=["d0", "d1"]), now=0.6)
+    assert on_prefill.accepted and on_prefill.placement.decode_id in ("p0", "p1")
+    assert on_prefill.mode.reason == "no_decode_live" and c.modes["local:no_decode_live"] == 1
+    none_left = c.schedule(msgspec.structs.replace(alone, request_id="r1-a4", avoid=["d0", "d1", "p0", "p1"]), now=0.6)
     assert not none_left.accepted and none_left.rejection == "unavailable"
+
+
+def test_with_no_decode_live_a_prefill_instance_prefills_and_decodes():
+    c = Conductor(config(policy="cache_aware"))
+    for iid in ("p0", "p1"):
+        c.on_heartbeat(hb(iid, "prefill"), now=0.0)
+    first = c.schedule(ask("r1", ["a", "b"]), now=0.0)
+    assert first.accepted and first.placement.local_prefill and first.placement.prefill_id == ""
+    assert (first.mode.mode, first.mode.rule, first.mode.reason) == ("local", "fallback", "no_decode_live")
+    host = first.placement.decode_id
+    assert first.placement.decode_node == "node-0"
+    [load] = [x for x in c.state.decode_loads(now=0.0) if x.instance_id == host]
+    assert len(load.items) == 1  # booked as a decode on that prefill instance
+    second = c.schedule(ask("r2", ["x", "y"]), now=0.0)
+    assert second.placement.decode_id != host  # the other one: the least delay
+    c.on_heartbeat(hb("d0", "decode"), now=0.5)  # a decode instance is back: disaggregated again
+    back = c.schedule(ask("r3", ["c"]), now=0.5)
+    assert not back.placement.local_prefill and back.placement.decode_id == "d0" and back.mode.rule == "disaggregated"
+    assert c.stats(now=0.5).modes == {"local:no_decode_live": 2, "disaggregated:mode": 1}
 
 
 def test_a_decode_that_reports_running_slow_is_judged_at_its_pace():
