@@ -6,7 +6,8 @@ completions back to back the whole time. Each scenario waits until requests succ
 then SIGKILLs a process (the launcher starts it again) or SIGSTOPs it for longer than
 the liveness timeout and SIGCONTs it, and watches until a request sent after the
 fault has succeeded (a probe sends requests of its own until one does: the load's
-clients may all be held by requests the fault broke). For each: the requests that were in flight or sent meanwhile,
+clients may all be held by requests the fault broke) and the process is back. For
+each: the requests that were in flight or sent meanwhile,
 their errors by kind (HTTP status, or a stream or connection error), how many ran
 past their deadline ("hung": must be none), and the seconds from the fault until a
 request succeeded again.
@@ -237,6 +238,15 @@ async def settle(load: Load, everyone: set[str], window_s: float) -> bool:
     return await wait_until(lambda: load.succeeded_since(settled), max(1.0, deadline - settled))
 
 
+async def whole_again(load: Load, everyone: set[str], window_s: float) -> bool:
+    deadline = time.monotonic() + window_s
+    while not everyone <= await instances(load.url):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.5)
+    return True
+
+
 async def run_scenario(load: Load, launcher_pid: int, fault: Fault, stall_s: float, window_s: float,
                        everyone: set[str]) -> Outcome:
     """Steady state first (everyone alive, a request sent now succeeds), then the fault, then watch."""
@@ -249,6 +259,9 @@ async def run_scenario(load: Load, launcher_pid: int, fault: Fault, stall_s: flo
     cleared_at = await inject(launcher_pid, fault, stall_s)
     load.cleared_at = cleared_at
     await probing
+    # The whole outage is judged, not just until the first success: every request sent
+    # until the faulted process is back (a restart takes tens of seconds).
+    await whole_again(load, everyone, window_s)
     # Requests sent before recovery are judged too: wait for those in flight to end
     # (the clients give up on a request well after it should have, so this is bounded).
     until = time.monotonic()
