@@ -132,6 +132,7 @@ class Rejection:
     kind: Literal["overloaded", "unavailable"]
     reason: str
     retry_after_s: float
+    decode: bool = False  # for want of decode room (its TBT SLO, or a full batch): the planner's signal
 
 
 @dataclass(frozen=True)
@@ -378,6 +379,7 @@ class Scheduler:
                     if judged < math.inf
                     else f"decode instance {decode.instance_id} has no room for it",
                     retry_after_s=self._decode_drain_s(decode, when, now),
+                    decode=True,
                 )
         return Decision(choice, decode.instance_id, tbt, route)
 

@@ -104,6 +104,18 @@ def plot_capacity(rows: Sequence[dict], group: str, label: str, title: str, path
     return _save(fig, path)
 
 
+def plot_split(splits: dict[str, Sequence[tuple[float, int]]], instances: int, path: str | Path) -> str:
+    """The planner's prefill instances over simulated time, one line per named run."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for name, split in splits.items():
+        ax.step([t for t, _ in split], [p for _, p in split], where="post", label=name)
+    ax.set(xlabel="simulated time (s)", ylabel="prefill instances", ylim=(0, instances),
+           title=f"the planner's split of {instances} instances")
+    ax.legend()
+    return _save(fig, path)
+
+
 def _save(fig: Any, path: str | Path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=110)

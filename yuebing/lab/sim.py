@@ -46,11 +46,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from services.conductor import modes
+from services.conductor.planner import Arrival
 from services.conductor.index import PrefixIndex
 from services.conductor.policy import Decision, DecodeLoad, Params, Request, Scheduler
 from services.conductor.state import ClusterState
 from shared.predictor import Predictor
 from yuebing.lab.outcome import Outcome, segment_stats, summarize
+from yuebing.lab.roles import DRAIN_POLL_S, RolePlan
 from yuebing.lab.sim_config import SimConfig
 from yuebing.lab.trace import TraceRequest, base_rate
 from yuebing.progress import progress as progress_bar
@@ -103,6 +105,7 @@ class DecodeInstance:
     step_s: float = 0.0
     version: int = 0  # invalidates a scheduled segment end when the batch changes
     join_s: float = 0.0  # prompt tails that joining requests compute in the next step
+    pred_s: float = 0.0  # the running segment's step as the time model predicts it (no tails, no host)
     # Prefills it runs itself (colocated, or conditional's local ones), in order, and
     # the chunks of them the step in progress computes beside the batch.
     prefill_queue: deque[SimRequest] = field(default_factory=deque)
@@ -152,6 +155,9 @@ class Simulation:
         self.requests: list[SimRequest] = []
         self.unsettled = 0  # requests whose outcome is not final yet (arrived or not)
         self.max_model_len = 0
+        if config.planner and config.mode != "disaggregated":
+            raise ValueError("the planner moves instances between prefill and decode: disaggregated mode only")
+        self.plan = RolePlan.of(self.predictor, config.max_batch) if config.planner else None
 
     # --- event queue --------------------------------------------------------
     def at(self, t: float, kind: str, obj: object, version: int = 0) -> None:
@@ -166,6 +172,8 @@ class Simulation:
             self.at(r.arrival, "arrive", r)
         if requests:
             self.at(0.0, "sample", None)
+        if requests and self.plan is not None:
+            self.at(self.plan.interval_s, "plan", None)
         bar = progress_bar(total=len(requests), desc=f"sim {self.config.policy}/{self.config.admission}", unit="req",
                            leave=False, enabled=progress)
         handlers = {
@@ -175,6 +183,8 @@ class Simulation:
             "segment_end": self._segment_end,
             "sample": self._sample,
             "deadline": self._deadline,
+            "plan": self._plan,
+            "drain": self._drain,
         }
         while self.events:
             t, _, kind, obj, version = heapq.heappop(self.events)
@@ -201,11 +211,15 @@ class Simulation:
         if self.config.mode == "colocated":
             self._arrive_colocated(r)
             return
-        loads = self.state.prefill_loads(r.hashes, self.now)
-        decode_loads = self.state.decode_loads(self.now)
+        loads = [x for x in self.state.prefill_loads(r.hashes, self.now) if x.instance_id in self.prefills
+                 and not self._draining(x.instance_id)]
+        decode_loads = [x for x in self.state.decode_loads(self.now) if not self._draining(x.instance_id)]
         out = self.scheduler.schedule(r.request, loads, decode_loads, self.now, self.state.decode_time_s)
         if not isinstance(out, Decision):
             r.outcome.rejected = True
+            self._arrived(r)
+            if self.plan is not None and out.decode:
+                self.plan.refusals.append(self.now)
             self._settle(r)
             return
         if self.config.mode == "conditional" and self._prefill_on_decode(r, out, decode_loads):
@@ -218,6 +232,7 @@ class Simulation:
         reused = max(prefix, out.prefill.cached_blocks)
         r.cached_tokens = min(reused * self.config.block_tokens, r.trace.input_length - 1)
         r.local_cached_tokens = min(prefix * self.config.block_tokens, r.trace.input_length - 1)
+        self._arrived(r)
         self.state.assign(r.request, r.hashes, out, self.now)
         if self.config.request_timeout_s:
             self.at(r.arrival + self.config.request_timeout_s, "deadline", r)
@@ -226,6 +241,51 @@ class Simulation:
         if not inst.busy:
             self._start_step(inst)
             self._host_changed()  # one more prefill running
+
+    # --- roles that follow the load (yuebing/lab/roles.py) ---------------------
+    def _draining(self, iid: str) -> bool:
+        return self.plan is not None and iid in self.plan.draining
+
+    def _arrived(self, r: SimRequest) -> None:
+        """The planner's demand: what the request needed computed, and its lengths."""
+        if self.plan is not None:
+            t = r.trace
+            self.plan.arrived(Arrival(self.now, t.input_length - r.cached_tokens, t.input_length, t.output_length),
+                              r.request.slo_tbt_s)
+
+    def _plan(self, _obj: object, _v: int) -> None:
+        assert self.plan is not None
+        roles = {**dict.fromkeys(self.prefills, "prefill"), **dict.fromkeys(self.decodes, "decode")}
+        batches = {iid: len(d.batch) + len(d.waiting) for iid, d in self.decodes.items()}
+        queues = {x.instance_id: x.queue_s for x in self.state.prefill_loads([], self.now)}
+        obs = self.plan.observe(self.now, roles, batches, queues)  # type: ignore[arg-type]
+        if self.plan.decide(obs):
+            self._drain(None, 0)
+        self.plan.record(self.now, len(self.prefills))
+        if self.unsettled:
+            self.at(self.now + self.plan.interval_s, "plan", None)
+
+    def _drain(self, _obj: object, poll: int) -> None:
+        """Each draining instance whose old work is done takes its new role; checked
+        again every DRAIN_POLL_S while one drains (`poll`: this call is that check)."""
+        assert self.plan is not None
+        self.plan.polling = self.plan.polling and not poll
+        for iid, to in list(self.plan.draining.items()):
+            if to == "prefill" and not self.state.decode.get(iid) and not self.decodes[iid].busy:
+                del self.decodes[iid]
+                self.state.remove_instance(iid)
+                self.prefills[iid] = PrefillInstance(iid)
+            elif to == "decode" and not self.prefills[iid].queue and not self.prefills[iid].busy:
+                del self.prefills[iid]
+                self.state.remove_instance(iid)
+                self.decodes[iid] = DecodeInstance(iid)
+            else:
+                continue
+            self.state.add_instance(to, iid)
+            del self.plan.draining[iid]
+        if self.plan.draining and not self.plan.polling:
+            self.plan.polling = True
+            self.at(self.now + DRAIN_POLL_S, "drain", None, 1)
 
     def _arrive_colocated(self, r: SimRequest) -> None:
         """Placed by `modes.place_colocated` on what each instance reports (its queue
@@ -364,6 +424,8 @@ class Simulation:
         batch, tokens = len(inst.batch) + 1, sum(x.ctx for x in inst.batch) + r.trace.input_length
         full = len(inst.batch) + len(inst.waiting) >= self.config.max_batch
         if full or self.predictor.decode_step_s(batch, tokens) > r.request.slo_tbt_s:  # the decode double-check
+            if self.plan is not None:
+                self.plan.refusals.append(self.now)
             r.outcome.wasted_prefill = True
             r.outcome.ttft_s = None
             self._settle(r)
@@ -408,7 +470,8 @@ class Simulation:
         steps = min(r.remaining for r in inst.batch)
         tokens = sum(r.ctx for r in inst.batch) + len(inst.batch) * steps // 2  # context at mid-segment
         host = self.config.host
-        inst.step_s = host.decode_scale * self.predictor.decode_step_s(len(inst.batch), tokens) + host.step_overhead_s
+        inst.pred_s = self.predictor.decode_step_s(len(inst.batch), tokens)
+        inst.step_s = host.decode_scale * inst.pred_s + host.step_overhead_s
         inst.step_s *= 1 + host.decode_slowdown_per_prefill * self._prefilling()
         if inst.join_s:  # one longer step that carries the joiners' tails
             steps, inst.step_s, inst.join_s = 1, inst.step_s + inst.join_s, 0.0
@@ -469,6 +532,8 @@ class Simulation:
         if version != inst.version:
             return  # this segment was cut short and rescheduled
         k, still = inst.seg_steps, []
+        if self.plan is not None and inst.pred_s and not inst.step:  # the planner's calibration: decode steps alone
+            self.plan.paces.append((self.now, k * inst.step_s, k * inst.pred_s))
         for r in inst.batch:
             if not r.segments:  # the first decode token's gap: the wait since the first token
                 r.segments.append((self.now - (k - 1) * inst.step_s - r.first_token_at, 1))
@@ -526,7 +591,8 @@ class Simulation:
                 "t": self.now,
                 "prefill_queue_s": sum(queue_s) / len(queue_s) if queue_s else 0.0,  # none: colocated
                 "decode_batch": sum(len(d.batch) for d in self.decodes.values()) / len(self.decodes),
-                "decode_tbt_s": sum(tbts) / len(tbts),
+                "decode_tbt_s": sum(tbts) / len(tbts) if tbts else 0.0,
+                "prefill_instances": len(self.prefills),
             }
         )
         # Sample while any request is unsettled; not while only the deadlines of
@@ -599,6 +665,9 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
             "load_over_time": sim.samples,
             "decode_time_s": sim.state.decode_time_s,  # t_d at the end (learned with --learn-decode-time)
             "load_spread": load_spread(sim.samples, max((o.arrival_s for o in outcomes), default=0.0)),
+            # --planner: its moves, and the prefill instances (draining ones counted in their new role) over time
+            "planner_moves": len(sim.plan.moves) if sim.plan else 0,
+            "planner_split": sim.plan.split if sim.plan else [],
         }
     )
     return SimRun(result, outcomes)

@@ -101,6 +101,9 @@ class SimConfig:
     request_timeout_s: Annotated[float, Meta(
         description="a client with no first token after this many s gives up (0: never), as the gateway's deadline",
     )] = REQUEST_TIMEOUT_S
+    planner: Annotated[bool, Meta(
+        description="move instances between prefill and decode as the load shifts (services/conductor/planner.py); "
+                    "--prefill and --decode are then the starting split")] = False
     sample_every_s: float = 10.0  # load-over-time sampling
     seed: int = 0
     host: HostSharing = HostSharing()

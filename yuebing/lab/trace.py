@@ -10,10 +10,11 @@ gzipped (the shipped `yuebing.lab.data.CONVERSATION_TRACE` is).
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, TextIO
@@ -136,3 +137,26 @@ def rescale(trace: Sequence[TraceRequest], speed: float = 1.0, length_factor: fl
         ids = r.hash_ids[: max(1, math.ceil(n_in / block))]
         out.append(TraceRequest(r.timestamp_ms / speed, n_in, n_out, ids))
     return out
+
+
+def shifting(trace: Sequence[TraceRequest], middle: tuple[float, float] = (3.0, 0.125),
+             outer: tuple[float, float] = (1.0, 1.0)) -> list[TraceRequest]:
+    """A mix that shifts and comes back: the trace in thirds, the middle third's
+    prompts and outputs scaled by `middle` (input factor, output factor) and the
+    outer thirds' by `outer`, at the same arrival times; blocks a longer prompt
+    adds are unshared. The default: the trace, then long prompts with short
+    answers, then the trace again (docs/simulator.md, "Roles that follow the load")."""
+    if min(*middle, *outer) <= 0:
+        raise ValueError("shifting: length factors must be positive")
+    third = len(trace) // 3
+    fresh = itertools.count(max((h for r in trace for h in r.hash_ids), default=0) + 1)
+    return [_scaled(r, *(middle if third <= i < 2 * third else outer), fresh) for i, r in enumerate(trace)]
+
+
+def _scaled(r: TraceRequest, input_factor: float, output_factor: float, fresh: Iterator[int]) -> TraceRequest:
+    if input_factor == output_factor == 1.0:
+        return r
+    n_in = max(1, round(r.input_length * input_factor))
+    blocks = math.ceil(n_in / TRACE_BLOCK_TOKENS)
+    ids = r.hash_ids[:blocks] + tuple(next(fresh) for _ in range(blocks - len(r.hash_ids)))
+    return TraceRequest(r.timestamp_ms, n_in, max(1, round(r.output_length * output_factor)), ids)

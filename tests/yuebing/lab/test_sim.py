@@ -231,3 +231,26 @@ def test_predictive_admission_damps_the_swings_of_early_rejection_and_refuses_fe
     assert swing["early"] > 1.5 * swing["predictive"], swing
     assert early["load_spread"]["decode_batch_mean"] < predictive["load_spread"]["decode_batch_mean"]
 
+
+
+def test_the_planner_moves_roles_as_the_mix_shifts_and_drains_before_each_move():
+    """A prefill-heavy middle third: the planner moves decode instances to prefill
+    (each after its requests decoded to their end) and back; every request is still
+    served, and none is lost in a move."""
+    from yuebing.lab.trace import shifting
+
+    trace = shifting(load_trace(CONVERSATION_TRACE, 1500))
+    config = SimConfig(prefill=4, decode=4, speed=1.5, admission="predictive", slo_ttft_s=10.0, slo_tbt_s=0.1,
+                       planner=True, learn_decode_time=True)
+    result = simulate(trace, config, H100_8B).result
+    split = [p for _, p in result["planner_split"]]
+    assert result["planner_moves"] >= 2 and max(split) > 4  # more prefill for the long prompts
+    assert split[-1] < max(split)  # and back
+    assert result["completed"] + result["refused"] == result["requests"] == len(trace)
+    assert result["wasted_prefill"] == 0
+    assert {s["prefill_instances"] for s in result["load_over_time"]} >= {4}
+
+
+def test_the_planner_runs_only_disaggregated():
+    with pytest.raises(ValueError, match="disaggregated"):
+        simulate([TraceRequest(0.0, 100, 2, (1,))], SimConfig(mode="colocated", planner=True), FLAT)

@@ -57,3 +57,21 @@ def test_rescaling_keeps_the_hash_ids_of_what_is_left_of_each_prompt():
     assert r == TraceRequest(500.0, 512, 64, (1, 2, 3, 4))  # 512-token blocks became 128-token ones
     (capped,) = rescale([TraceRequest(0.0, 2048, 4, (1, 2, 3, 4))], length_factor=0.25, max_input=200)
     assert capped.input_length == 200 and capped.hash_ids == (1, 2)
+
+
+def test_a_shifting_trace_changes_its_middle_third_and_keeps_arrivals():
+    from yuebing.lab.trace import shifting
+
+    trace = [TraceRequest(i * 100.0, 1000 + i, 50, (i * 10, i * 10 + 1)) for i in range(9)]
+    out = shifting(trace, middle=(3.0, 0.1), outer=(1.0, 1.0))
+    assert out[:3] == trace[:3] and out[6:] == trace[6:]
+    for before, after in zip(trace[3:6], out[3:6]):
+        assert after.timestamp_ms == before.timestamp_ms and after.output_length == 5
+        assert after.input_length == 3 * before.input_length
+        assert after.hash_ids[:2] == before.hash_ids and len(after.hash_ids) == -(-after.input_length // 512)
+    added = [h for r in out[3:6] for h in r.hash_ids[2:]]
+    assert len(set(added)) == len(added) and not set(added) & {h for r in trace for h in r.hash_ids}  # unshared
+    shorter = shifting(trace, outer=(0.25, 4.0))[0]
+    assert (shorter.input_length, shorter.output_length, shorter.hash_ids) == (250, 200, (0,))
+    with pytest.raises(ValueError):
+        shifting(trace, middle=(0.0, 1.0))

@@ -1,0 +1,211 @@
+"""The planner: how many instances of a fixed fleet prefill and how many decode, from
+what the Conductor sees. An observation and its clock in, a role change (or none)
+out, no I/O: the simulator runs the same code (yuebing/lab/sim.py).
+
+Demand comes from the last `window_s` of arrivals, priced by the time models
+admission uses (shared/predictor.py):
+
+  prefill  seconds of prefill work arriving per second: the arrival rate times the
+           predicted prefill of the mean uncached prompt, over `prefill_utilization`
+           (an instance kept fully busy queues without bound);
+  decode   requests decoding at once (Little's law: the arrival rate times each
+           one's decode time, its output at that batch's step) over the batch an
+           instance may hold (the largest whose predicted step keeps `tbt_headroom`
+           of the TBT SLO), planned `decode_utilization` full.
+
+The fleet is split in proportion to the two (at least one instance of each), decode
+never given fewer than it needs (prefill's shortfall is shed by admission before
+any work is done; decode's breaks the TBT of a whole batch); and
+while decode refuses requests for want of room (more than `refusal_share` of the
+window's arrivals: admission's TBT rejections, decodes refusing what prefill
+computed, whose prefill is then wasted), the split moves toward decode whatever
+the time models say: the cost of too few decode instances is work already done. Instances
+are moved toward that split only when it serves `min_gain` more of the demand than
+the split as it is (the share a split serves: its busier role's capacity over that
+role's demand; on a plateau of splits that all serve it, nothing moves), and only when:
+  - the target has disagreed with the split `confirm` decisions in a row (no flapping
+    on a burst),
+  - each has kept its role `dwell_s` and is not still draining from a move,
+  - and at most `max_moves_per_min` moves in any minute.
+
+What it moves: the decode instance decoding the fewest requests, or the prefill
+instance with the shortest queue; both drain first: the Conductor sends it nothing
+of its old role, and it takes its new one once its old work is done (a decode
+instance's streams finish where they are; nothing is migrated).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from shared.predictor import Predictor
+
+Role = Literal["prefill", "decode"]
+MINUTE_S = 60.0
+
+
+@dataclass(frozen=True)
+class PlannerParams:
+    window_s: float = 60.0  # the arrivals demand is judged on
+    interval_s: float = 10.0  # between decisions
+    confirm: int = 3  # decisions in a row that must want the same move
+    dwell_s: float = 60.0  # an instance keeps a role at least this long
+    max_moves_per_min: int = 4
+    prefill_utilization: float = 0.8  # the share of a prefill instance's time planned busy
+    decode_utilization: float = 0.7  # the share of a decode instance's batch planned full (bursts need room)
+    tbt_headroom: float = 0.9  # the share of the TBT SLO a decode batch is sized to
+    max_batch: int = 128  # requests a decode instance holds at most (vLLM's max_num_seqs)
+    refusal_share: float = 0.01  # decode refusals beyond this share of arrivals move an instance to decode
+    min_gain: float = 0.05  # a move must raise the share of demand the split can serve by this much
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or self.interval_s <= 0 or self.dwell_s < 0 or self.confirm < 1:
+            raise ValueError("planner: window and interval must be positive, confirm at least 1")
+        if not all(0 < x <= 1 for x in (self.prefill_utilization, self.decode_utilization, self.tbt_headroom)):
+            raise ValueError("planner: prefill_utilization, decode_utilization and tbt_headroom must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request as demand: when it came, the prompt tokens it needed computed
+    (after what was cached), its prompt and its output length."""
+
+    at: float
+    uncached_tokens: int
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float
+    roles: dict[str, Role]  # every instance's role, a draining one's new role already
+    arrivals: tuple[Arrival, ...]  # the window's (older ones are ignored)
+    slo_tbt_s: float
+    decode_batches: dict[str, int] = field(default_factory=dict)  # requests decoding on each decode instance
+    prefill_queues_s: dict[str, float] = field(default_factory=dict)  # each prefill instance's work ahead
+    moving: frozenset[str] = frozenset()  # instances still draining from a move: not moved again
+    # The window's requests refused for want of decode room: admission's TBT
+    # rejections, and decodes that refused a prefilled request (its prefill wasted).
+    decode_refusals: int = 0
+    # Decode steps as observed over as predicted (the Conductor's calibration): what
+    # the time models miss, e.g. the prompt tails joining requests add to a step.
+    decode_slowdown: float = 1.0
+
+
+@dataclass(frozen=True)
+class Demand:
+    prefill: float  # instances needed, fractional
+    decode: float
+    target_prefill: int  # the split it asks for (the rest decode)
+    forced: bool = False  # decode is refusing: the move is due whatever it gains
+
+    def served(self, prefills: int, decodes: int) -> float:
+        """The share of the demand a split can serve, the busier role its bound."""
+        return min(1.0, prefills / self.prefill if self.prefill else 1.0, decodes / self.decode if self.decode else 1.0)
+
+    def detail(self) -> str:
+        return f"needs {self.prefill:.2f} prefill and {self.decode:.2f} decode instances: {self.target_prefill} prefill"
+
+
+@dataclass(frozen=True)
+class Move:
+    instance_id: str
+    to: Role
+    reason: str  # the demand that asked for it, for the log and the counter's detail
+
+
+def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Demand | None:
+    """What the window's arrivals ask of each role (None: no arrivals to judge by)."""
+    recent = [a for a in obs.arrivals if a.at > obs.now - params.window_s]
+    if not recent:
+        return None
+    rate = len(recent) / params.window_s
+    uncached = sum(a.uncached_tokens for a in recent) / len(recent)
+    prompt = sum(a.prompt_tokens for a in recent) / len(recent)
+    output = sum(a.output_tokens for a in recent) / len(recent)
+    prefill = rate * predictor.prefill_s(round(uncached), round(prompt - uncached)) / params.prefill_utilization
+    ctx = prompt + output / 2  # a decoding request's mean context over its output
+    slow = max(1.0, obs.decode_slowdown)
+    batch = sized_batch(predictor, ctx, obs.slo_tbt_s * params.tbt_headroom / slow, params.max_batch)
+    each_s = max(0.0, output - 1) * predictor.decode_step_s(batch, round(batch * ctx)) * slow
+    decode = rate * each_s / (batch * params.decode_utilization)
+    n = len(obs.roles)
+    share = prefill / (prefill + decode) if prefill + decode > 0 else 0.5
+    # Decode gets at least what it needs: prefill's shortfall is shed by admission
+    # before any work, decode's breaks the TBT of a whole batch or wastes a prefill.
+    # (unless decode alone needs the whole fleet: then the proportional split).
+    room = n - math.ceil(decode)
+    target = min(round(n * share), room) if room >= 1 else round(n * share)
+    forced = obs.decode_refusals > params.refusal_share * len(recent)
+    if forced:
+        # Decode is refusing what prefill computed: a prefill instance more would only
+        # waste more. Whatever the time models say, the split moves toward decode.
+        target = min(target, sum(1 for r in obs.roles.values() if r == "prefill") - 1)
+    return Demand(prefill, decode, min(n - 1, max(1, target)), forced)
+
+
+def sized_batch(predictor: Predictor, ctx_tokens: float, step_s: float, most: int) -> int:
+    """The largest batch (at least 1) whose decode step, each request holding
+    `ctx_tokens`, takes at most `step_s`."""
+    lo, hi = 1, most
+    if predictor.decode_step_s(hi, round(hi * ctx_tokens)) <= step_s:
+        return hi
+    while hi - lo > 1:  # the step grows with the batch: bisect for the last that fits
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if predictor.decode_step_s(mid, round(mid * ctx_tokens)) <= step_s else (lo, mid)
+    return lo
+
+
+@dataclass
+class Planner:
+    """The decisions' memory: the streak behind a wanted move, when each instance
+    last changed role, and the last minute's moves."""
+
+    predictor: Predictor
+    params: PlannerParams = PlannerParams()
+    streak: int = 0
+    wanted: Role | None = None
+    changed_at: dict[str, float] = field(default_factory=dict)
+    moves: deque[float] = field(default_factory=deque)
+
+    def decide(self, obs: Observation) -> list[Move]:
+        """The moves to start now (none, mostly): toward the target split, as many as
+        the last minute's budget leaves, once the target has held `confirm` times."""
+        d = demand(obs, self.predictor, self.params)
+        prefills = sum(1 for r in obs.roles.values() if r == "prefill")
+        n = len(obs.roles)
+        want: Role | None = None
+        if d is not None and d.target_prefill != prefills and (d.forced or d.served(d.target_prefill, n - d.target_prefill)
+                                                               > d.served(prefills, n - prefills) + self.params.min_gain):
+            want = "prefill" if d.target_prefill > prefills else "decode"
+        self.streak = self.streak + 1 if want is not None and want == self.wanted else int(want is not None)
+        self.wanted = want
+        if want is None or self.streak < self.params.confirm:
+            return []
+        assert d is not None
+        count = min(abs(d.target_prefill - prefills), self._budget(obs.now))
+        moves = [Move(iid, want, d.detail()) for iid in self._candidates(obs, want)[:count]]
+        for m in moves:
+            self.changed_at[m.instance_id] = obs.now
+            self.moves.append(obs.now)
+        self.streak = 0 if moves else self.streak
+        return moves
+
+    def _budget(self, now: float) -> int:
+        """Moves the last minute leaves room for."""
+        while self.moves and self.moves[0] <= now - MINUTE_S:
+            self.moves.popleft()
+        return max(0, self.params.max_moves_per_min - len(self.moves))
+
+    def _candidates(self, obs: Observation, to: Role) -> list[str]:
+        """The instances that may move, cheapest first (see the module's text): of the
+        other role, not mid-move, kept their role `dwell_s`."""
+        source: Role = "decode" if to == "prefill" else "prefill"
+        ready = [iid for iid, role in obs.roles.items() if role == source and iid not in obs.moving
+                 and obs.now - self.changed_at.get(iid, -float("inf")) >= self.params.dwell_s]
+        cost = obs.decode_batches if source == "decode" else obs.prefill_queues_s
+        return sorted(ready, key=lambda iid: (cost.get(iid, 0), iid))

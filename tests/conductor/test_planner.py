@@ -1,0 +1,89 @@
+"""The planner's pure policy: demand from the window's arrivals priced by the time
+models, a split in proportion (decode never short), and moves with hysteresis."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.conductor.planner import Arrival, Observation, Planner, PlannerParams, demand, sized_batch
+from shared.predictor import Predictor
+
+# ms: prefill 10 + 0.02/token (linear only); decode step 10 + 0.1/sequence + 0.00002/context token
+PREDICTOR = Predictor((10.0, 0.02, 0.0, 0.0), (10.0, 0.1, 0.00002))
+PARAMS = PlannerParams(window_s=10.0, interval_s=1.0, confirm=2, dwell_s=5.0, max_moves_per_min=2)
+
+
+def roles(prefill: int, decode: int) -> dict[str, str]:
+    return {**{f"p{i}": "prefill" for i in range(prefill)}, **{f"d{i}": "decode" for i in range(decode)}}
+
+
+def obs(now: float, prefill: int, decode: int, prompt: int, output: int, per_s: float = 10.0, **kw) -> Observation:
+    arrivals = tuple(Arrival(now - i / per_s, prompt, prompt, output) for i in range(int(PARAMS.window_s * per_s)))
+    return Observation(now, roles(prefill, decode), arrivals, slo_tbt_s=0.05, **kw)  # type: ignore[arg-type]
+
+
+def test_long_prompts_ask_for_prefill_and_long_outputs_for_decode():
+    long_prompts = demand(obs(100.0, 4, 4, prompt=20000, output=40), PREDICTOR, PARAMS)
+    long_outputs = demand(obs(100.0, 4, 4, prompt=200, output=2000), PREDICTOR, PARAMS)
+    assert long_prompts.target_prefill > 4 > long_outputs.target_prefill
+    assert demand(Observation(100.0, roles(4, 4), (), 0.05), PREDICTOR, PARAMS) is None  # no arrivals: no opinion
+
+
+def test_decode_is_never_given_less_than_it_needs_and_each_role_keeps_one():
+    d = demand(obs(100.0, 4, 4, prompt=40000, output=80), PREDICTOR, PARAMS)
+    # Prefill overloaded: in proportion decode would get 1 instance of the 1.3 it needs; it gets 2.
+    assert d.prefill > 8 and round(8 * d.prefill / (d.prefill + d.decode)) == 7 and d.target_prefill == 6
+    both = demand(obs(100.0, 4, 4, prompt=60000, output=400), PREDICTOR, PARAMS)  # decode alone needs the fleet
+    assert both.decode > 8 and 1 <= both.target_prefill == round(8 * both.prefill / (both.prefill + both.decode))
+
+
+def test_the_batch_is_sized_to_the_tbt_slo():
+    b = sized_batch(PREDICTOR, 2000, 0.03, 256)
+    assert PREDICTOR.decode_step_s(b, b * 2000) <= 0.03 < PREDICTOR.decode_step_s(b + 1, (b + 1) * 2000)
+    assert sized_batch(PREDICTOR, 10, 1.0, 64) == 64
+
+
+def test_a_move_waits_for_its_target_to_hold_and_takes_the_least_busy_instance():
+    planner = Planner(PREDICTOR, PARAMS)
+    batches = {"d0": 5, "d1": 1, "d2": 3, "d3": 4}
+    first = planner.decide(obs(100.0, 4, 4, prompt=20000, output=40, decode_batches=batches))
+    assert first == []  # once is not yet a trend (confirm=2)
+    second = planner.decide(obs(101.0, 4, 4, prompt=20000, output=40, decode_batches=batches))
+    assert [m.instance_id for m in second] == ["d1", "d2"] and all(m.to == "prefill" for m in second)  # 2 a minute
+
+
+def test_the_minute_budget_and_the_dwell_time_bound_moves():
+    planner = Planner(PREDICTOR, PARAMS)
+    for t in (100.0, 101.0):
+        planner.decide(obs(t, 4, 4, prompt=20000, output=40))
+    after = roles(6, 2)
+    again = [planner.decide(Observation(t, after, obs(t, 6, 2, prompt=20000, output=40).arrivals, 0.05))
+             for t in (102.0, 103.0, 104.0)]
+    assert again == [[], [], []]  # the minute's two moves are spent
+    back = Planner(PREDICTOR, PARAMS, changed_at={"p0": 100.0, "p1": 100.0})
+    want_decode = [back.decide(obs(t, 2, 6, prompt=200, output=3000)) for t in (101.0, 102.0)]
+    assert want_decode == [[], []]  # p0 and p1 have not dwelt 5 s in their role
+
+
+def test_nothing_moves_on_a_plateau_where_every_split_serves_the_load():
+    planner = Planner(PREDICTOR, PARAMS)
+    light = [planner.decide(obs(100.0 + t, 4, 4, prompt=1000, output=50, per_s=1.0)) for t in range(5)]
+    assert light == [[]] * 5
+
+
+def test_decode_refusals_move_an_instance_to_decode_whatever_the_models_say():
+    planner = Planner(PREDICTOR, PARAMS)
+    moves = [planner.decide(obs(100.0 + t, 4, 4, prompt=20000, output=40, decode_refusals=50)) for t in range(2)]
+    assert moves[0] == [] and [(m.to, m.instance_id) for m in moves[1]] == [("decode", "p0")]
+
+
+def test_an_instance_mid_move_is_not_moved_again():
+    planner = Planner(PREDICTOR, PARAMS)
+    for t in (100.0, 101.0):
+        out = planner.decide(obs(t, 4, 4, prompt=20000, output=40, moving=frozenset({"d0", "d1", "d2"})))
+    assert [m.instance_id for m in out] == ["d3"]
+
+
+def test_bad_parameters_are_refused():
+    with pytest.raises(ValueError):
+        PlannerParams(decode_utilization=0)
