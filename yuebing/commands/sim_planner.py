@@ -81,8 +81,8 @@ def _oracle(runs: dict, seconds: float) -> float:
     """What the best role plan could reach: each third of the trace's requests served
     as well as any static split served them (its good requests under the split best
     for that third), as if roles switched at no cost; over the best static run's time."""
-    thirds = [range(0, len(o) // 3), range(len(o) // 3, 2 * len(o) // 3), range(2 * len(o) // 3, len(o))] \
-        if (o := next(iter(runs.values())).outcomes) else []
+    n = len(next(iter(runs.values())).outcomes)
+    thirds = [range(n // 3), range(n // 3, 2 * n // 3), range(2 * n // 3, n)]
     good = sum(max(sum(run.outcomes[i].within_slo for i in part) for run in runs.values()) for part in thirds)
     return good / seconds if seconds else 0.0
 
