@@ -132,6 +132,10 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     slo_attainment: Annotated[
         float, Meta(description="share of admitted requests that calibrated predictions aim to keep within their SLOs")
     ] = 0.95
+    # services/conductor/planner.py; off: every instance keeps the role it was launched in.
+    planner: Annotated[
+        bool, Meta(description="move engine instances between prefill and decode as the load shifts (the planner)")
+    ] = False
     index_capacity_blocks: Annotated[
         int, Meta(description="blocks the Conductor assumes each prefill engine's prefix cache holds")
     ] = 2048

@@ -93,9 +93,10 @@ def permissions(identity: Identity) -> Permissions:
             subscribe=(prefill_subject(identity.name), decode_subject(identity.name), CANCEL),
             allow_responses=True,
         ),
+        # A decode instance prefills too once the planner moves it (services/conductor/roles.py).
         "decode": Permissions(
-            publish=(HEARTBEAT, ANY_STREAM),
-            subscribe=(decode_subject(identity.name), CANCEL),
+            publish=(HEARTBEAT, ANY_STREAM, REQUEST_UPDATES, ANY_MESSENGER),
+            subscribe=(decode_subject(identity.name), prefill_subject(identity.name), CANCEL),
             allow_responses=True,
         ),
         "messenger": Permissions(

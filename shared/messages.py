@@ -158,6 +158,11 @@ class ConductorStats(Message):
     modes: dict[str, int] = {}
     # With a CPP group live, where each prefill went and why, by "cpp|single:reason" (policy.Route).
     routes: dict[str, int] = {}
+    # The planner's (services/conductor/roles.py): instances serving another role than
+    # they were launched in, those moving (to their new role), and moves so far.
+    roles: dict[str, str] = {}
+    draining: dict[str, str] = {}
+    role_changes: int = 0
 
 
 # --- generation ---------------------------------------------------------------

@@ -43,6 +43,8 @@ from services.conductor.policy import (
     pool_pull,
     usable,
 )
+from services.conductor.planner import Arrival, Planner, PlannerParams
+from services.conductor.roles import Roles
 from services.conductor.state import ClusterState
 from shared import bus, service
 from shared.calibration import quantile_z
@@ -119,6 +121,7 @@ class Conductor:
         self.mode_params = mode_params(config)
         self.modes: dict[str, int] = {}  # serving-mode decisions, by ModeChoice.key
         self.routes: dict[str, int] = {}  # CPP group or single instance, by Route.key
+        self.roles = Roles(Planner(predictor, PlannerParams()) if config.planner else None)
 
     def listening(self, now: float) -> None:
         """Heartbeats start arriving now. Until every live instance has sent one (two
@@ -167,6 +170,7 @@ class Conductor:
     def _forget(self, instance_id: str) -> None:
         """An instance is gone (or restarted): its books, and a messenger's pool blocks."""
         self.state.remove_instance(instance_id)
+        self.roles.forget(instance_id)
         node = self.messenger_nodes.pop(instance_id, None)
         if node is not None:
             self.pools.remove_node(node)
@@ -193,6 +197,9 @@ class Conductor:
             slowdown=self.slowdowns(now),
             modes=dict(self.modes),
             routes=dict(self.routes),
+            roles=dict(self.roles.assigned),
+            draining=dict(self.roles.draining),
+            role_changes=self.roles.changes,
         )
 
     def slowdowns(self, now: float) -> dict[str, float]:
@@ -212,6 +219,12 @@ class Conductor:
         view = self._view(ask.block_hashes, now)
         if ask.stage == "decode":
             return self._schedule_decode(req, ask, view, now)
+        reply = self._schedule_new(req, ask, view, now)
+        held = max((x.prefix_blocks for x in view.prefills), default=0) * self.config.block_size
+        self.roles.arrived(Arrival(now, req.prompt_len - min(held, req.prompt_len - 1), req.prompt_len, req.max_tokens))
+        return reply
+
+    def _schedule_new(self, req: Request, ask: ScheduleRequest, view: View, now: float) -> ScheduleReply:
         if self.config.mode == "colocated":
             return self._schedule_colocated(req, ask, view, now)
         missing = missing_role(len(usable(req, view.prefills)), len(usable(req, view.decodes)))
@@ -309,6 +322,8 @@ class Conductor:
 
     def _rejected(self, req: Request, out: Rejection) -> ScheduleReply:
         self.counts["rejected"] += 1
+        if out.decode:
+            self.roles.refused_for_decode(time.monotonic())
         return ScheduleReply(
             request_id=req.request_id, accepted=False, rejection=out.kind, reason=out.reason, retry_after_s=out.retry_after_s
         )
@@ -335,10 +350,15 @@ class Conductor:
         return ScheduleReply(request_id=req.request_id, accepted=True, placement=placement,
                              predicted_tbt_ms=out.tbt_s * 1e3, mode=mode)
 
+    def engines(self, now: float) -> list[Heartbeat]:
+        return [*self.registry.alive("prefill", now), *self.registry.alive("decode", now)]
+
     def _view(self, hashes: list[str], now: float) -> View:
-        """The live instances' loads for a request with these block hashes."""
-        prefill_nodes = {hb.instance_id: hb.node for hb in self.registry.alive("prefill", now)}
-        live_decode = {hb.instance_id: hb for hb in self.registry.alive("decode", now)}
+        """The live instances' loads for a request with these block hashes, each
+        instance in the role it serves now (roles.py: a moving one in neither)."""
+        engines = self.engines(now)
+        prefill_nodes = {hb.instance_id: hb.node for hb in engines if self.roles.of(hb) == "prefill"}
+        live_decode = {hb.instance_id: hb for hb in engines if self.roles.of(hb) == "decode"}
         node_prefix = self.pools.prefix_blocks(hashes, set(self.messenger_nodes.values()))
         pool_prefix = {iid: node_prefix.get(node, 0) for iid, node in prefill_nodes.items()}
         prefills = [x for x in self.state.prefill_loads(hashes, now, pool_prefix) if x.instance_id in prefill_nodes]
@@ -385,12 +405,22 @@ class Conductor:
             return
         if update.kind == "decode_refused":
             self.counts["wasted_prefill"] += 1
+            self.roles.refused_for_decode(now)
             log.warning("wasted prefill: decode refused", request_id=update.request_id, decode=update.instance_id)
         self.finish(update.request_id, now, completed=update.kind == "finished" and update.completed)
 
     def finish(self, request_id: str, now: float, completed: bool = False) -> None:
         self.deadlines.pop(request_id, None)
         self.state.finished(request_id, now, completed)
+
+    def plan(self, now: float) -> None:
+        """The planner's turn (config.planner): finished drains take their new role,
+        and it may start moves."""
+        engines = self.engines(now)
+        decodes = [hb for hb in engines if self.roles.of(hb) == "decode"]
+        slowdown = sum(plausible_slowdown(hb.slowdown) for hb in decodes) / len(decodes) if decodes else 1.0
+        slo = (self.config.slo_tbt_ms or 1e9) / 1e3
+        self.roles.plan(now, engines, self.state, slo, slowdown if self.config.calibrate_time_model else 1.0)
 
 
 def mode_params(config: ClusterConfig) -> ModeParams:
@@ -414,6 +444,7 @@ class Wiring:
         self.conductor = conductor
         self.nc = nc
         self.snapshots: set[asyncio.Task[None]] = set()
+        self.planning: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await bus.subscribe(self.nc, HEARTBEAT, Heartbeat, self.on_heartbeat)
@@ -422,11 +453,23 @@ class Wiring:
         await bus.subscribe(self.nc, KV_EVENTS, KvEvent, self.on_kv_event)
         await self.nc.subscribe(CONDUCTOR_STATS, cb=self.on_stats)
         await bus.subscribe(self.nc, SCHEDULE, ScheduleRequest, self.on_schedule, queue=CONDUCTOR_QUEUE)
+        if self.conductor.roles.planner is not None:
+            self.planning = asyncio.create_task(self.plan_forever(self.conductor.roles.planner.params.interval_s),
+                                                name="planner")
+
+    async def plan_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.conductor.plan(time.monotonic())
+            except Exception:  # a bug in one turn must not stop the planner for good
+                log.exception("planner failed")
 
     async def close(self) -> None:
-        for task in self.snapshots:
+        tasks = [*self.snapshots, *([self.planning] if self.planning else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self.snapshots, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def fetch_snapshot(self, node: str) -> None:
         """A messenger we have not heard from: take its whole pool as the truth."""

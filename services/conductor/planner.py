@@ -94,6 +94,9 @@ class Observation:
     # Decode steps as observed over as predicted (the Conductor's calibration): what
     # the time models miss, e.g. the prompt tails joining requests add to a step.
     decode_slowdown: float = 1.0
+    # How long a request decodes, where outputs are not known at arrival (the live
+    # Conductor's learned t_d); None: each arrival's output at the sized batch's step.
+    decode_time_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,8 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
     ctx = prompt + output / 2  # a decoding request's mean context over its output
     slow = max(1.0, obs.decode_slowdown)
     batch = sized_batch(predictor, ctx, obs.slo_tbt_s * params.tbt_headroom / slow, params.max_batch)
-    each_s = max(0.0, output - 1) * predictor.decode_step_s(batch, round(batch * ctx)) * slow
+    each_s = obs.decode_time_s if obs.decode_time_s is not None else \
+        max(0.0, output - 1) * predictor.decode_step_s(batch, round(batch * ctx)) * slow
     decode = rate * each_s / (batch * params.decode_utilization)
     n = len(obs.roles)
     share = prefill / (prefill + decode) if prefill + decode > 0 else 0.5

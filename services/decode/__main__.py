@@ -2,6 +2,7 @@
 import argparse
 
 from services.decode.handler import Decoder
+from services.prefill.handler import Prefiller
 from shared import service
 from shared.engine.runtime import serving
 
@@ -11,4 +12,5 @@ def parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    service.run("decode", serving(Decoder), parser().parse_args())
+    # Prefill orders too: the planner may move this instance to prefill (services/conductor/roles.py).
+    service.run("decode", serving(Decoder, Prefiller), parser().parse_args())

@@ -9,18 +9,23 @@ DECODE = Identity("decode-0", "decode")
 MESSENGER = Identity("messenger-1", "messenger", node="node-1")
 
 
-def test_an_instance_reads_only_its_own_subject_and_its_own_inbox():
+def test_an_instance_reads_only_its_own_subjects_and_its_own_inbox():
+    """Its own prefill and decode subjects: every engine instance serves both roles
+    (the Conductor's fallback and planner choose which)."""
     p = permissions(DECODE)
-    assert decode_subject("decode-0") in p.subscribe and CANCEL in p.subscribe
-    assert f"{inbox_prefix('decode-0')}.>" in p.subscribe
-    assert not any(s.startswith(("yb.v1.prefill", "yb.v1.conductor", "_INBOX.gateway")) for s in p.subscribe)
-    assert decode_subject("decode-1") not in p.subscribe and SCHEDULE not in p.subscribe
+    assert decode_subject("decode-0") in p.subscribe and prefill_subject("decode-0") in p.subscribe
+    assert CANCEL in p.subscribe and f"{inbox_prefix('decode-0')}.>" in p.subscribe
+    assert not any(s.startswith(("yb.v1.conductor", "_INBOX.gateway")) for s in p.subscribe)
+    assert decode_subject("decode-1") not in p.subscribe and prefill_subject("decode-1") not in p.subscribe
+    assert SCHEDULE not in p.subscribe
+    prefill = permissions(Identity("prefill-0", "prefill"))
+    assert {decode_subject("prefill-0"), prefill_subject("prefill-0")} <= set(prefill.subscribe)
 
 
-def test_decode_streams_tokens_but_cannot_schedule_or_send_prompts():
-    p = permissions(DECODE)
-    assert ANY_STREAM in p.publish and HEARTBEAT in p.publish
-    assert SCHEDULE not in p.publish and not any("prefill" in s or "messenger" in s for s in p.publish)
+def test_engines_stream_tokens_but_cannot_schedule_or_send_prompts():
+    for p in (permissions(DECODE), permissions(Identity("prefill-0", "prefill"))):
+        assert ANY_STREAM in p.publish and HEARTBEAT in p.publish
+        assert SCHEDULE not in p.publish and not any("prefill" in s or "decode" in s for s in p.publish)
 
 
 def test_only_the_admin_can_reach_a_messengers_fault_switch():

@@ -1,0 +1,95 @@
+"""Each engine instance's role as the Conductor uses it, and the planner's view.
+
+Every engine service takes both prefill and decode orders on its one engine (its KV
+connector serves both), so a role is the Conductor's choice, not the process's: an
+instance serves its launch role until the planner (services/conductor/planner.py)
+moves it. A move drains first: the instance gets nothing of its old role at once,
+and takes its new one when the books hold none of its old work (a decode
+instance's streams decode to their end where they are; nothing is migrated). An
+instance that restarts comes back in its launch role.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import structlog
+
+from services.conductor.planner import Arrival, Move, Observation, Planner, Role
+from services.conductor.state import ClusterState
+from shared.messages import Heartbeat
+
+log = structlog.get_logger(__name__)
+ENGINE_ROLES = ("prefill", "decode")
+
+
+@dataclass
+class Roles:
+    planner: Planner | None = None  # None: roles stay as launched (nothing moves them)
+    assigned: dict[str, Role] = field(default_factory=dict)  # moved instances' roles
+    draining: dict[str, Role] = field(default_factory=dict)  # instance → the role it moves to
+    arrivals: deque[Arrival] = field(default_factory=deque)  # the planner's window
+    refusals: deque[float] = field(default_factory=deque)  # when decode room was wanting
+    changes: int = 0
+
+    def of(self, hb: Heartbeat) -> Role | None:
+        """The role an engine instance serves new requests in (None: draining: neither)."""
+        if hb.instance_id in self.draining or hb.role not in ENGINE_ROLES:
+            return None
+        return self.assigned.get(hb.instance_id, hb.role)  # type: ignore[return-value]
+
+    def forget(self, instance_id: str) -> None:
+        """It restarted, or left: back to its launch role if it returns."""
+        self.assigned.pop(instance_id, None)
+        self.draining.pop(instance_id, None)
+
+    # --- the planner's inputs ------------------------------------------------
+    def arrived(self, a: Arrival) -> None:
+        if self.planner is not None:
+            self.arrivals.append(a)
+
+    def refused_for_decode(self, now: float) -> None:
+        if self.planner is not None:
+            self.refusals.append(now)
+
+    # --- moves ---------------------------------------------------------------
+    def settle(self, state: ClusterState) -> None:
+        """Draining instances whose old work is done take their new role."""
+        for iid, to in list(self.draining.items()):
+            busy = state.decode.get(iid) if to == "prefill" else (iid in state.prefill and state.prefill[iid].outstanding)
+            if busy:
+                continue
+            del self.draining[iid]
+            self.assigned[iid] = to
+            state.add_instance(to, iid)
+            log.info("role changed", instance_id=iid, role=to)
+
+    def plan(self, now: float, engines: Iterable[Heartbeat], state: ClusterState, slo_tbt_s: float,
+             slowdown: float) -> list[Move]:
+        """Finished drains settle; then the planner's moves now (drains begin at once)."""
+        self.settle(state)
+        if self.planner is None:
+            return []
+        moves = self.planner.decide(self._observe(now, list(engines), state, slo_tbt_s, slowdown))
+        for m in moves:
+            self.draining[m.instance_id] = m.to
+            self.changes += 1
+            log.info("role change", instance_id=m.instance_id, to=m.to, reason=m.reason)
+        return moves
+
+    def _observe(self, now: float, engines: list[Heartbeat], state: ClusterState, slo_tbt_s: float,
+                 slowdown: float) -> Observation:
+        assert self.planner is not None
+        horizon = now - self.planner.params.window_s
+        while self.arrivals and self.arrivals[0].at <= horizon:
+            self.arrivals.popleft()
+        while self.refusals and self.refusals[0] <= horizon:
+            self.refusals.popleft()
+        roles = {hb.instance_id: self.draining.get(hb.instance_id) or self.assigned.get(hb.instance_id, hb.role)
+                 for hb in engines if hb.role in ENGINE_ROLES}
+        batches = {iid: len(state.decode.get(iid, {})) for iid, r in roles.items() if r == "decode"}
+        queues = {x.instance_id: x.queue_s for x in state.prefill_loads([], now) if roles.get(x.instance_id) == "prefill"}
+        return Observation(now, roles, tuple(self.arrivals), slo_tbt_s, batches, queues,  # type: ignore[arg-type]
+                           frozenset(self.draining), len(self.refusals), slowdown, decode_time_s=state.decode_time_s)
