@@ -29,6 +29,7 @@ from services.conductor.modes import (
     missing_role,
     place_colocated,
 )
+from services.conductor.planner import Arrival, Planner, PlannerParams
 from services.conductor.policy import (
     Decision,
     DecodeDecision,
@@ -43,7 +44,6 @@ from services.conductor.policy import (
     pool_pull,
     usable,
 )
-from services.conductor.planner import Arrival, Planner, PlannerParams
 from services.conductor.roles import Roles
 from services.conductor.state import ClusterState
 from shared import bus, service
