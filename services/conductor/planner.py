@@ -181,16 +181,11 @@ class Planner:
         the last minute's budget leaves, once the target has held `confirm` times."""
         d = demand(obs, self.predictor, self.params)
         prefills = sum(1 for r in obs.roles.values() if r == "prefill")
-        n = len(obs.roles)
-        want: Role | None = None
-        if d is not None and d.target_prefill != prefills and (d.forced or d.served(d.target_prefill, n - d.target_prefill)
-                                                               > d.served(prefills, n - prefills) + self.params.min_gain):
-            want = "prefill" if d.target_prefill > prefills else "decode"
+        want = self._wanted(d, prefills, len(obs.roles))
         self.streak = self.streak + 1 if want is not None and want == self.wanted else int(want is not None)
         self.wanted = want
-        if want is None or self.streak < self.params.confirm:
+        if want is None or d is None or self.streak < self.params.confirm:
             return []
-        assert d is not None
         count = min(abs(d.target_prefill - prefills), self._budget(obs.now))
         moves = [Move(iid, want, d.detail()) for iid in self._candidates(obs, want)[:count]]
         for m in moves:
@@ -198,6 +193,16 @@ class Planner:
             self.moves.append(obs.now)
         self.streak = 0 if moves else self.streak
         return moves
+
+    def _wanted(self, d: Demand | None, prefills: int, n: int) -> Role | None:
+        """The role the demand wants one more instance of (None: the split is right,
+        or moving would not serve `min_gain` more of the demand)."""
+        if d is None or d.target_prefill == prefills:
+            return None
+        gain = d.served(d.target_prefill, n - d.target_prefill) - d.served(prefills, n - prefills)
+        if not d.forced and gain <= self.params.min_gain:
+            return None
+        return "prefill" if d.target_prefill > prefills else "decode"
 
     def _budget(self, now: float) -> int:
         """Moves the last minute leaves room for."""

@@ -72,17 +72,21 @@ class Choice:
             return None
         out: dict[str, Any] = {"index": self.index, "finish_reason": self.finish}
         if kind == "chat":
-            out["delta"] = message or {}
-            if self.tools is not None:
-                out["finish_reason"] = self.tools.finish_reason(self.finish)
-            if logprobs is not None:
-                out["logprobs"] = logprobs
+            out |= self._chat_part(message, logprobs)
         else:
             out["text"] = text
             out["logprobs"] = logprobs
         if token_ids:
             out["token_ids"] = new
         return out
+
+    def _chat_part(self, message: dict[str, Any] | None, logprobs: Any) -> dict[str, Any]:
+        part: dict[str, Any] = {"delta": message or {}}
+        if self.tools is not None:
+            part["finish_reason"] = self.tools.finish_reason(self.finish)
+        if logprobs is not None:
+            part["logprobs"] = logprobs
+        return part
 
     def _message(self, text: str, new: Sequence[int]) -> dict[str, Any] | None:
         """A chat delta's message: the text, or what the tool parser makes of it."""

@@ -154,11 +154,12 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_serve(model_dir, cluster, tmp_path_factory):
     """Plain vLLM's OpenAI server on the same model, dtype and tool parser, for the
     tests that compare whole API responses (started after the cluster, so that the
-    two do not load at once); its /v1 URL."""
+    two do not load at once); its /v1 URL. One per module, stopped at its end: a
+    resident engine more would crowd the later modules' clusters out of memory."""
     port = free_port()
     env = {**os.environ, **engine_environment(ClusterConfig(kv_cache_gib=1))}
     log = tmp_path_factory.mktemp("vllm") / "serve.log"

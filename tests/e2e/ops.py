@@ -91,6 +91,17 @@ def conductor_stats(cluster: Cluster) -> ConductorStats:
     return asyncio.run(ask())
 
 
+def beating(cluster: Cluster, instance_id: str, timeout_s: float = 120.0) -> int:
+    """The instance's pid, once it beats (again, after a restart: its service up and
+    its engine loaded)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return latest_heartbeat(cluster, instance_id, seconds=1.0).pid
+        except AssertionError:
+            assert time.monotonic() < deadline, f"{instance_id} not beating within {timeout_s} s"
+
+
 def latest_heartbeat(cluster: Cluster, instance_id: str, seconds: float = 1.5) -> Heartbeat:
     async def listen() -> Heartbeat:
         nc = await admin(cluster)

@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.ops import eventually
+from tests.e2e.ops import beating, eventually
 from tests.e2e.test_migration import greedy_to_the_end, heartbeats, serving_decode, sse
 
 pytestmark = pytest.mark.e2e
@@ -47,12 +47,6 @@ def prompt(seed: int, n: int = PROMPT_TOKENS) -> list[int]:
 def complete(cluster, tokens: list[int]) -> httpx.Response:
     body = {"model": MODEL, "prompt": tokens, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
     return httpx.post(f"{cluster.api}/completions", json=body, timeout=60)
-
-
-def beating(cluster, instance_id: str) -> int:
-    """The instance's pid, once it beats again (after a restart)."""
-    seen = eventually(lambda: heartbeats(cluster, 1.0), lambda s: instance_id in s, f"{instance_id} beating", RESTART_S)
-    return seen[instance_id].pid
 
 
 def stream_through(cluster, reference, seed: int, kill) -> tuple[dict, float]:
@@ -100,13 +94,13 @@ def served_while_down(cluster, reference, instance_id: str, seed: int) -> list[d
 @pytest.mark.destructive
 def test_a_killed_decode_service_hands_its_stream_and_new_requests_to_the_prefill_instance(one_of_each, reference):
     cluster = one_of_each
-    beating(cluster, "decode-0")
+    beating(cluster, "decode-0", RESTART_S)
     usage, _ = stream_through(cluster, reference, 16, lambda pid: os.kill(pid, signal.SIGKILL))
     where = usage["yuebing"]
     assert (where["decode_instance"], where["migrations"]) == ("prefill-0", 1)
     during = served_while_down(cluster, reference, "decode-0", 3)
     assert any(y["decode_instance"] == "prefill-0" and y["serving_mode"]["reason"] == "no_decode_live" for y in during)
-    beating(cluster, "decode-0")
+    beating(cluster, "decode-0", RESTART_S)
     back = complete(cluster, prompt(99, 150)).json()["yuebing"]
     eventually(lambda: complete(cluster, prompt(98, 150)).json()["yuebing"]["decode_instance"],
                lambda d: d == "decode-0", "disaggregated again once decode-0 is back", 30)
@@ -116,7 +110,7 @@ def test_a_killed_decode_service_hands_its_stream_and_new_requests_to_the_prefil
 @pytest.mark.destructive
 def test_a_killed_decode_engine_core_degrades_the_same_way(one_of_each, reference):
     cluster = one_of_each
-    beating(cluster, "decode-0")
+    beating(cluster, "decode-0", RESTART_S)
 
     def kill_engine(pid: int) -> None:
         (engine,) = [p for p in psutil.Process(pid).children(recursive=True)
@@ -131,8 +125,8 @@ def test_a_killed_decode_engine_core_degrades_the_same_way(one_of_each, referenc
 @pytest.mark.destructive
 def test_a_killed_prefill_service_leaves_the_decode_instance_prefilling(one_of_each, reference):
     cluster = one_of_each
-    pid = beating(cluster, "prefill-0")
-    beating(cluster, "decode-0")
+    pid = beating(cluster, "prefill-0", RESTART_S)
+    beating(cluster, "decode-0", RESTART_S)
     os.kill(pid, signal.SIGKILL)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         during = pool.submit(served_while_down, cluster, reference, "prefill-0", 5).result()

@@ -15,7 +15,7 @@ import openai
 import psutil
 import pytest
 
-from tests.e2e.ops import eventually, latest_heartbeat, messenger
+from tests.e2e.ops import beating, eventually, latest_heartbeat, messenger
 
 pytestmark = pytest.mark.e2e
 
@@ -92,7 +92,7 @@ def test_killing_the_decode_nodes_messenger_mid_transfer(cluster, client, refere
 
 
 @pytest.mark.destructive
-def test_killing_decode_mid_stream_ends_the_stream_with_an_error(cluster, client):
+def test_killing_the_only_decode_mid_stream_continues_the_stream_on_the_prefill_instance(cluster, client):
     stream = client.chat.completions.create(**{k: v for k, v in LONG.items() if k != "ignore_eos"},
                                             extra_body={"ignore_eos": True})
     chunks = iter(stream)
@@ -103,10 +103,8 @@ def test_killing_decode_mid_stream_ends_the_stream_with_an_error(cluster, client
     assert engine, "the decode service runs its vLLM engine in processes of its own"
     os.kill(service.pid, signal.SIGKILL)
     killed = time.monotonic()
-    with pytest.raises(openai.APIError):
-        for _ in chunks:
-            assert time.monotonic() - killed < 30, "stream kept going after its decode instance died"
-    assert time.monotonic() - killed < 15  # liveness timeout + margin, far below the 60 s deadline
+    for _ in chunks:  # no error: the cluster degrades (tests/e2e/test_degraded.py checks the tokens)
+        assert time.monotonic() - killed < 60, "stream did not end within its deadline"
     # The launcher says which child died and why.
     deadline = time.monotonic() + 10
     while "decode-0 (pid" not in cluster.launcher_log.read_text():
@@ -117,11 +115,10 @@ def test_killing_decode_mid_stream_ends_the_stream_with_an_error(cluster, client
     # memory) beside the instance the launcher starts in its place.
     eventually(lambda: [p.pid for p in engine if _alive(p)], lambda alive: not alive,
                "the killed decode service's engine processes gone", timeout_s=10)
-    # With no decode instance left, the next request fails fast and cleanly.
+    # With no decode instance left, the next request is served by the prefill instance.
     start = time.monotonic()
-    with pytest.raises(openai.APIStatusError) as e:
-        client.chat.completions.create(model="yuebing-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
-    assert e.value.status_code == 503
+    r = client.chat.completions.create(model="yuebing-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert r.model_extra["yuebing"]["decode_instance"] == "prefill-0"
     assert time.monotonic() - start < 10
 
 
@@ -150,7 +147,7 @@ def _served(client) -> bool:
 @pytest.mark.destructive
 def test_a_decode_whose_engine_died_stops_taking_work_and_comes_back(cluster, client):
     # A killed decode service (the test above, when run) is started again by the launcher.
-    eventually(lambda: _served(client), bool, "a decode instance serving again after a restart", timeout_s=180)
+    beating(cluster, "decode-0")
     service = _service_process(cluster, "services.decode")
     (engine,) = [p for p in service.children(recursive=True) if "EngineCore" in p.name() + " ".join(p.cmdline())]
     engine.kill()
@@ -162,5 +159,6 @@ def test_a_decode_whose_engine_died_stops_taking_work_and_comes_back(cluster, cl
     assert "exited with code 3" in eventually(cluster.launcher_log.read_text, lambda text: "exited with code 3" in text,
                                               "the launcher reporting the engine's death", timeout_s=10)
     assert time.monotonic() - killed < 15
-    # Started again with a new engine: requests are served again.
-    eventually(lambda: _served(client), bool, "requests served after the decode instance restarted", timeout_s=180)
+    # Started again with a new engine: requests are served again (meanwhile too, by prefill).
+    beating(cluster, "decode-0")
+    assert _served(client)

@@ -46,9 +46,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from services.conductor import modes
-from services.conductor.planner import Arrival
 from services.conductor.index import PrefixIndex
-from services.conductor.policy import Decision, DecodeLoad, Params, Request, Scheduler
+from services.conductor.planner import Arrival
+from services.conductor.policy import Decision, DecodeLoad, Params, Rejection, Request, Scheduler
 from services.conductor.state import ClusterState
 from shared.predictor import Predictor
 from yuebing.lab.outcome import Outcome, segment_stats, summarize
@@ -216,11 +216,7 @@ class Simulation:
         decode_loads = [x for x in self.state.decode_loads(self.now) if not self._draining(x.instance_id)]
         out = self.scheduler.schedule(r.request, loads, decode_loads, self.now, self.state.decode_time_s)
         if not isinstance(out, Decision):
-            r.outcome.rejected = True
-            self._arrived(r)
-            if self.plan is not None and out.decode:
-                self.plan.refusals.append(self.now)
-            self._settle(r)
+            self._rejected(r, out)
             return
         if self.config.mode == "conditional" and self._prefill_on_decode(r, out, decode_loads):
             return
@@ -241,6 +237,13 @@ class Simulation:
         if not inst.busy:
             self._start_step(inst)
             self._host_changed()  # one more prefill running
+
+    def _rejected(self, r: SimRequest, out: Rejection) -> None:
+        r.outcome.rejected = True
+        self._arrived(r)
+        if self.plan is not None and out.decode:
+            self.plan.refusals.append(self.now)
+        self._settle(r)
 
     # --- roles that follow the load (yuebing/lab/roles.py) ---------------------
     def _draining(self, iid: str) -> bool:
