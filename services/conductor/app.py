@@ -221,7 +221,9 @@ class Conductor:
             return self._schedule_decode(req, ask, view, now)
         reply = self._schedule_new(req, ask, view, now)
         held = max((x.prefix_blocks for x in view.prefills), default=0) * self.config.block_size
-        self.roles.arrived(Arrival(now, req.prompt_len - min(held, req.prompt_len - 1), req.prompt_len, req.max_tokens))
+        # Its output is not known yet (max_tokens is only a bound): the planner prices
+        # decode by the learned t_d instead (Observation.decode_time_s).
+        self.roles.arrived(Arrival(now, req.prompt_len - min(held, req.prompt_len - 1), req.prompt_len, 0))
         return reply
 
     def _schedule_new(self, req: Request, ask: ScheduleRequest, view: View, now: float) -> ScheduleReply:
