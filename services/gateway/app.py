@@ -36,7 +36,6 @@ from services.gateway.logprobs import Logprobs, load_logprobs, prompt_json, prom
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Pipeline, Rejected, Report, Slo, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
-from services.gateway.structured import ResponseFormat
 from services.gateway.text import LENGTH_SLACK, TextStream, Tokenizer
 from services.gateway.tool_parser import ToolParsing, ToolUse, template_tools
 from shared import bus, service
@@ -368,9 +367,8 @@ class Gateway:
     def _sampling(self, p: Prepared) -> Sampling:
         """What the engines are asked: every sampling field as the client gave it
         (prefill and decode each derive their own share of it; see shared/engine/llm.py)."""
-        o, rf = p.options, p.options.response_format
-        if p.tools and (p.tools.structural_tag or p.tools.json_schema):  # the tool parser's grammar replaces it
-            rf = ResponseFormat("json_schema", p.tools.json_schema)
+        o = p.options
+        rf = p.tools.response_format if p.tools else o.response_format  # a tool parser's grammar replaces the client's
         return Sampling(
             max_tokens=p.max_tokens, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p, seed=o.seed,
             ignore_eos=o.ignore_eos, stop_token_ids=list(o.stop_token_ids), min_tokens=o.min_tokens,

@@ -31,8 +31,8 @@ class ToolUse:
     template_tools: list[dict[str, Any]]  # what the chat template gets as `tools`
     parser_cls: Any  # vllm's Parser class, or None: the tools only reach the template
     tokenizer: Any
-    structural_tag: str = ""  # the grammar a forced call decodes under (vLLM's structural tag)
-    json_schema: str = ""  # or, for parsers without one, a JSON schema
+    response_format: ResponseFormat  # the output's format: the client's, or the parser's JSON schema
+    structural_tag: str = ""  # or the grammar a forced call decodes under (vLLM's structural tag)
     skip_special_tokens: bool = True
 
     def choice(self, prompt: Sequence[int]) -> ChoiceTools | None:
@@ -61,7 +61,7 @@ class ToolParsing:
         from vllm.parser import ParserManager
 
         try:  # both checks vllm serve makes at start: the name, and the tokenizer's fit
-            self.parser_cls = ParserManager.get_parser(tool_parser_name=name or None, enable_auto_tools=bool(name))
+            self.parser_cls = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True)
             if self.parser_cls is not None:
                 ParserManager.validate_parser_tokenizer(self.parser_cls, tokenizer, tool_parser_name=name)
         except (KeyError, TypeError) as e:
@@ -77,15 +77,13 @@ class ToolParsing:
             parser = self.parser_cls(self.tokenizer, request.tools, model_config=None, chat_template_kwargs={})
             request = parser.adjust_request(request)
         grammar = request.structured_outputs
-        if grammar is not None:
-            _check_grammar(grammar)
-        tools = None if request.tools is None else [t.model_dump() for t in request.tools]
-        return ToolUse(
-            request, tools or [], self.parser_cls, self.tokenizer,
-            structural_tag=(grammar.structural_tag or "") if grammar else "",
-            json_schema=_schema_text(grammar.json) if grammar and grammar.json is not None else "",
-            skip_special_tokens=request.skip_special_tokens,
-        )
+        if grammar is None:  # the parser set none: the client's format holds
+            return ToolUse(request, _dumped(request.tools), self.parser_cls, self.tokenizer, response_format,
+                           skip_special_tokens=request.skip_special_tokens)
+        _check_grammar(grammar)
+        schema = ResponseFormat("json_schema", _schema_text(grammar.json)) if grammar.json is not None else ResponseFormat()
+        return ToolUse(request, _dumped(request.tools), self.parser_cls, self.tokenizer, schema,
+                       grammar.structural_tag or "", request.skip_special_tokens)
 
     def _check_parser(self, choice: Any) -> None:
         """vLLM's server's rule, in its words (its flags are this cluster's setting)."""
@@ -122,18 +120,17 @@ def _vllm_request(asked: ToolRequest, skip_special_tokens: bool, response_format
         raise invalid(message[:500], param if param.startswith(("tool", "parallel")) else "tools") from None
 
 
-def template_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """Tools as the chat template gets them from vLLM (its model's dump: every
-    field, defaults filled in), for a request that renders them without a call."""
+def template_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tools as the chat template gets them, for a request that renders them without
+    a call (/tokenize): through vLLM's request model, as with a call."""
     if not tools:
-        return None
-    from pydantic import ValidationError
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+        return []
+    return _dumped(_vllm_request(ToolRequest(tuple(tools), "none"), True, ResponseFormat()).tools)
 
-    try:
-        return [ChatCompletionToolsParam.model_validate(t).model_dump() for t in tools]
-    except ValidationError as e:
-        raise invalid(f"'tools': {str(e.errors()[0].get('msg'))[:300]}", "tools") from None
+
+def _dumped(tools: Any) -> list[dict[str, Any]]:
+    """vLLM's tool models as the chat template gets them (every field, defaults filled in)."""
+    return [t.model_dump() for t in tools or ()]
 
 
 def _check_grammar(grammar: Any) -> None:
@@ -165,7 +162,7 @@ class ChoiceTools:
     """One choice's text, parsed into content and tool calls by vLLM's parser."""
 
     def __init__(self, use: ToolUse, parser: Any, prompt: list[int]) -> None:
-        self.use, self.parser, self.prompt = use, parser, prompt
+        self.parser, self.prompt = parser, prompt
         self.request = use.request
         self.streamed = False  # a stream has sent a tool call delta
 
