@@ -235,7 +235,7 @@ class Conductor:
         out = self.scheduler.schedule(req, view.prefills, view.decodes, now, self.state.decode_time_s)
         log.debug("decision", request_id=req.request_id, request=req, prefills=view.prefills, decodes=view.decodes, out=out)
         if not isinstance(out, Decision):
-            return self._rejected(req, out)
+            return self._rejected(req, out, now)
         choice = DISAGGREGATED
         if self.config.mode == "conditional":
             x = self._local_prefill(req, ask.block_hashes, out.decode_id, out.prefill.ttft_s, view, now)
@@ -258,8 +258,11 @@ class Conductor:
 
     def _accepted(self, req: Request, ask: ScheduleRequest, choice: ModeChoice) -> None:
         self.counts["accepted"] += 1
-        self.modes[choice.key] = self.modes.get(choice.key, 0) + 1
         self.deadlines[req.request_id] = ask.deadline
+        self._count_mode(req, choice)
+
+    def _count_mode(self, req: Request, choice: ModeChoice) -> None:
+        self.modes[choice.key] = self.modes.get(choice.key, 0) + 1
         log.debug("serving mode", request_id=req.request_id, **choice.record())
 
     def _schedule_colocated(self, req: Request, ask: ScheduleRequest, view: View, now: float) -> ScheduleReply:
@@ -268,7 +271,7 @@ class Conductor:
         out = place_colocated(req, loads, self.state.predictor, self.config.block_size, self.config.step_tokens,
                               self.config.admission)
         if not isinstance(out, ColocatedChoice):
-            return self._rejected(req, out)
+            return self._rejected(req, out, now)
         cached = min(out.cached_blocks * self.config.block_size, req.prompt_len - 1)
         return self._accept_local(req, ask, out.instance_id, req.prompt_len - cached, out.choice(), view, now)
 
@@ -280,8 +283,8 @@ class Conductor:
         out = place_colocated(req, loads, self.state.predictor, self.config.block_size, self.config.step_tokens,
                               self.config.admission)
         if not isinstance(out, ColocatedChoice):
-            return self._rejected(req, out)
-        choice = fallback(missing, out)
+            return self._rejected(req, out, now)
+        choice = fallback(missing, out.instance_id, out.tbt_s, out.ttft_s)
         log.info("degraded", request_id=req.request_id, host=out.instance_id, reason=choice.reason)
         cached = min(out.cached_blocks * self.config.block_size, req.prompt_len - 1)
         return self._accept_local(req, ask, out.instance_id, req.prompt_len - cached, choice, view, now)
@@ -322,10 +325,10 @@ class Conductor:
                              predicted_ttft_ms=choice.ttft_s * 1e3, predicted_tbt_ms=choice.tbt_s * 1e3,
                              mode=ModeRecord(**choice.record()))
 
-    def _rejected(self, req: Request, out: Rejection) -> ScheduleReply:
+    def _rejected(self, req: Request, out: Rejection, now: float) -> ScheduleReply:
         self.counts["rejected"] += 1
         if out.decode:
-            self.roles.refused_for_decode(time.monotonic())
+            self.roles.refused_for_decode(now)
         return ScheduleReply(
             request_id=req.request_id, accepted=False, rejection=out.kind, reason=out.reason, retry_after_s=out.retry_after_s
         )
@@ -337,15 +340,14 @@ class Conductor:
         hosts = self._hosts("decode", view, now) if degraded else view.decodes
         out = self.scheduler.place_decode(req, hosts, now)
         if not isinstance(out, DecodeDecision):
-            return self._rejected(req, out)
+            return self._rejected(req, out, now)
         self.counts["replaced_decode"] += 1
         self.deadlines[req.request_id] = ask.deadline
         self.state.assign_decode(req, out.decode_id, now)
         mode = None
         if degraded:
-            choice = ModeChoice("local", "fallback", "no_decode_live",
-                                f"no live decode instance: prefill instance {out.decode_id} decodes", tbt_s=out.tbt_s)
-            self.modes[choice.key] = self.modes.get(choice.key, 0) + 1
+            choice = fallback("decode", out.decode_id, tbt_s=out.tbt_s)
+            self._count_mode(req, choice)
             log.info("degraded", request_id=req.request_id, host=out.decode_id, reason=choice.reason)
             mode = ModeRecord(**choice.record())
         placement = Placement(prefill_id="", decode_id=out.decode_id, decode_node=view.node(out.decode_id))

@@ -192,15 +192,13 @@ DISAGGREGATED = ModeChoice("disaggregated", "disaggregated", "mode", "the cluste
 
 
 # --- degraded: one role has no live instance ------------------------------------
-def fallback(missing: str, host: ColocatedChoice) -> ModeChoice:
+def fallback(missing: str, host_id: str, tbt_s: float = 0.0, ttft_s: float = 0.0) -> ModeChoice:
     """While no instance of the `missing` role (prefill or decode) is live, an
-    instance of the other prefills and decodes the request on its one engine, as a
-    colocated instance does, rather than the cluster refusing it (`host` is
-    place_colocated's choice among them)."""
+    instance of the other (`host_id`) prefills and decodes the request on its one
+    engine, as a colocated instance does, rather than the cluster refusing it."""
     other = "decode" if missing == "prefill" else "prefill"
     return ModeChoice("local", "fallback", f"no_{missing}_live",
-                      f"no live {missing} instance: {other} instance {host.instance_id} prefills and decodes",
-                      tbt_s=host.tbt_s, ttft_s=host.ttft_s)
+                      f"no live {missing} instance: {other} instance {host_id} serves it", tbt_s=tbt_s, ttft_s=ttft_s)
 
 
 def missing_role(prefills: int, decodes: int) -> str | None:

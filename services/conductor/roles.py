@@ -68,28 +68,32 @@ class Roles:
 
     def plan(self, now: float, engines: Iterable[Heartbeat], state: ClusterState, slo_tbt_s: float,
              slowdown: float) -> list[Move]:
-        """Finished drains settle; then the planner's moves now (drains begin at once)."""
+        """The live Conductor's turn: finished drains settle, then the planner may
+        start moves on the books (outputs unknown at arrival: decode priced by t_d)."""
         self.settle(state)
+        roles: dict[str, Role] = {hb.instance_id: self.assigned.get(hb.instance_id, hb.role)  # type: ignore[misc]
+                                  for hb in engines if hb.role in ENGINE_ROLES}
+        batches = {iid: len(state.decode.get(iid, {})) for iid, r in roles.items() if r == "decode"}
+        queues = {x.instance_id: x.queue_s for x in state.prefill_loads([], now) if roles.get(x.instance_id) == "prefill"}
+        return self.decide(now, roles, slo_tbt_s, batches, queues, slowdown, state.decode_time_s)
+
+    def decide(self, now: float, roles: dict[str, Role], slo_tbt_s: float, decode_batches: dict[str, int],
+               prefill_queues_s: dict[str, float], slowdown: float = 1.0,
+               decode_time_s: float | None = None) -> list[Move]:
+        """The planner on the window's demand and these instances (their roles before
+        any move in progress; the simulator calls this too). Moves start draining."""
         if self.planner is None:
             return []
-        moves = self.planner.decide(self._observe(now, list(engines), state, slo_tbt_s, slowdown))
-        for m in moves:
-            self.draining[m.instance_id] = m.to
-            self.changes += 1
-            log.info("role change", instance_id=m.instance_id, to=m.to, reason=m.reason)
-        return moves
-
-    def _observe(self, now: float, engines: list[Heartbeat], state: ClusterState, slo_tbt_s: float,
-                 slowdown: float) -> Observation:
-        assert self.planner is not None
         horizon = now - self.planner.params.window_s
         while self.arrivals and self.arrivals[0].at <= horizon:
             self.arrivals.popleft()
         while self.refusals and self.refusals[0] <= horizon:
             self.refusals.popleft()
-        roles = {hb.instance_id: self.draining.get(hb.instance_id) or self.assigned.get(hb.instance_id, hb.role)
-                 for hb in engines if hb.role in ENGINE_ROLES}
-        batches = {iid: len(state.decode.get(iid, {})) for iid, r in roles.items() if r == "decode"}
-        queues = {x.instance_id: x.queue_s for x in state.prefill_loads([], now) if roles.get(x.instance_id) == "prefill"}
-        return Observation(now, roles, tuple(self.arrivals), slo_tbt_s, batches, queues,  # type: ignore[arg-type]
-                           frozenset(self.draining), len(self.refusals), slowdown, decode_time_s=state.decode_time_s)
+        obs = Observation(now, {**roles, **self.draining}, tuple(self.arrivals), slo_tbt_s, decode_batches,
+                          prefill_queues_s, frozenset(self.draining), len(self.refusals), slowdown, decode_time_s)
+        moves = self.planner.decide(obs)
+        for m in moves:
+            self.draining[m.instance_id] = m.to
+            self.changes += 1
+            log.info("role change", instance_id=m.instance_id, to=m.to, reason=m.reason)
+        return moves

@@ -28,9 +28,11 @@ def config(**kw) -> ClusterConfig:
     return ClusterConfig(**{"model": "/m/tiny", "admission": "none", "slo_ttft_ms": 10_000.0, "slo_tbt_ms": 1_000.0, **kw})
 
 
-def conductor(**kw) -> Conductor:
-    c = Conductor(config(policy="cache_aware", **kw))
-    for iid, role in [("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")]:
+def conductor(roster: tuple[tuple[str, str], ...] = (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")),
+              **kw) -> Conductor:
+    """A Conductor that has heard each (instance, role) of `roster` at time 0."""
+    c = Conductor(config(**{"policy": "cache_aware", **kw}))
+    for iid, role in roster:
         c.on_heartbeat(hb(iid, role), now=0.0)
     return c
 

@@ -8,14 +8,13 @@ import msgspec
 
 from services.conductor.app import Conductor
 from shared.messages import RequestUpdate
-from tests.conductor.test_app import ask, config, hb
+from tests.conductor.test_app import ask, conductor, hb
+
+ROSTER = (("p0", "prefill"), ("d0", "decode"), ("d1", "decode"))
 
 
 def cluster(**kw) -> Conductor:
-    c = Conductor(config(policy="round_robin", **kw))
-    for iid, role in [("p0", "prefill"), ("d0", "decode"), ("d1", "decode")]:
-        c.on_heartbeat(hb(iid, role), now=0.0)
-    return c
+    return conductor(ROSTER, **{"policy": "round_robin", **kw})
 
 
 def test_a_moving_instance_drains_then_serves_its_new_role():
@@ -46,7 +45,7 @@ def test_the_planner_moves_a_decode_to_prefill_under_long_prompts():
     c = cluster(planner=True, slo_tbt_ms=1000.0)
     for i in range(400):  # long prompts, few tokens out: prefill-bound
         t = i * 0.1
-        for iid, role in [("p0", "prefill"), ("d0", "decode"), ("d1", "decode")]:
+        for iid, role in ROSTER:
             c.on_heartbeat(hb(iid, role), now=t)
         reply = c.schedule(msgspec.structs.replace(ask(f"r{i}", [f"h{i}-{j}" for j in range(30)]), max_tokens=2), now=t)
         if reply.accepted:

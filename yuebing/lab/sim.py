@@ -173,7 +173,7 @@ class Simulation:
         if requests:
             self.at(0.0, "sample", None)
         if requests and self.plan is not None:
-            self.at(self.plan.interval_s, "plan", None)
+            self.at(self.plan.params.interval_s, "plan", None)
         bar = progress_bar(total=len(requests), desc=f"sim {self.config.policy}/{self.config.admission}", unit="req",
                            leave=False, enabled=progress)
         handlers = {
@@ -242,7 +242,7 @@ class Simulation:
         r.outcome.rejected = True
         self._arrived(r)
         if self.plan is not None and out.decode:
-            self.plan.refusals.append(self.now)
+            self.plan.roles.refused_for_decode(self.now)
         self._settle(r)
 
     # --- roles that follow the load (yuebing/lab/roles.py) ---------------------
@@ -261,12 +261,11 @@ class Simulation:
         roles = {**dict.fromkeys(self.prefills, "prefill"), **dict.fromkeys(self.decodes, "decode")}
         batches = {iid: len(d.batch) + len(d.waiting) for iid, d in self.decodes.items()}
         queues = {x.instance_id: x.queue_s for x in self.state.prefill_loads([], self.now)}
-        obs = self.plan.observe(self.now, roles, batches, queues)  # type: ignore[arg-type]
-        if self.plan.decide(obs):
+        if self.plan.decide(self.now, roles, batches, queues):
             self._drain(None, 0)
         self.plan.record(self.now, len(self.prefills))
         if self.unsettled:
-            self.at(self.now + self.plan.interval_s, "plan", None)
+            self.at(self.now + self.plan.params.interval_s, "plan", None)
 
     def _drain(self, _obj: object, poll: int) -> None:
         """Each draining instance whose old work is done takes its new role; checked
@@ -428,7 +427,7 @@ class Simulation:
         full = len(inst.batch) + len(inst.waiting) >= self.config.max_batch
         if full or self.predictor.decode_step_s(batch, tokens) > r.request.slo_tbt_s:  # the decode double-check
             if self.plan is not None:
-                self.plan.refusals.append(self.now)
+                self.plan.roles.refused_for_decode(self.now)
             r.outcome.wasted_prefill = True
             r.outcome.ttft_s = None
             self._settle(r)
@@ -669,7 +668,7 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
             "decode_time_s": sim.state.decode_time_s,  # t_d at the end (learned with --learn-decode-time)
             "load_spread": load_spread(sim.samples, max((o.arrival_s for o in outcomes), default=0.0)),
             # --planner: its moves, and the prefill instances (draining ones counted in their new role) over time
-            "planner_moves": len(sim.plan.moves) if sim.plan else 0,
+            "planner_moves": sim.plan.roles.changes if sim.plan else 0,
             "planner_split": sim.plan.split if sim.plan else [],
         }
     )
