@@ -89,12 +89,16 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         float, Meta(description="longest wait for a prefill's first token before placing it elsewhere, s")
     ] = 60.0
     # --- end of retry and migration ---
-    # Where prefill runs (services/conductor/modes.py). Disaggregated is the default:
-    # it keeps prefill out of the decode batch, so TBT holds under load (docs/scheduling.md, "Serving modes").
+    # Where prefill runs (services/conductor/modes.py). Adaptive is the default: it
+    # disaggregates, which keeps prefill out of the decode batch so that TBT holds
+    # under load, and spills a request disaggregation would refuse onto any engine that
+    # can serve it in time, so that two engines never serve less than two plain vLLM
+    # servers (docs/scheduling.md, "Serving modes").
     mode: Annotated[
-        str, Meta(description="serving mode: disaggregated, colocated (every instance prefills and decodes) "
-                              "or conditional (prefill on the decode instance when a rule allows)")
-    ] = "disaggregated"
+        str, Meta(description="serving mode: adaptive (disaggregated; a request it would refuse runs both phases "
+                              "on any instance that can serve it in time), disaggregated, colocated (every instance "
+                              "prefills and decodes) or conditional (prefill on the decode instance when a rule allows)")
+    ] = "adaptive"
     conditional_rule: Annotated[
         str, Meta(description="conditional mode's rule: mooncake (unchunked and within the TBT SLO), dynamo or llmd")
     ] = "mooncake"

@@ -28,6 +28,7 @@ from services.conductor.modes import (
     fallback,
     missing_role,
     place_colocated,
+    spill,
 )
 from services.conductor.planner import Arrival, Planner, PlannerParams
 from services.conductor.policy import (
@@ -234,6 +235,8 @@ class Conductor:
             return self._schedule_fallback(req, ask, view, missing, now)
         out = self.scheduler.schedule(req, view.prefills, view.decodes, now, self.state.decode_time_s)
         log.debug("decision", request_id=req.request_id, request=req, prefills=view.prefills, decodes=view.decodes, out=out)
+        if not isinstance(out, Decision) and self.config.mode == "adaptive":
+            return self._spill(req, ask, view, out, now)
         if not isinstance(out, Decision):
             return self._rejected(req, out, now)
         choice = DISAGGREGATED
@@ -272,20 +275,40 @@ class Conductor:
                               self.config.admission)
         if not isinstance(out, ColocatedChoice):
             return self._rejected(req, out, now)
-        cached = min(out.cached_blocks * self.config.block_size, req.prompt_len - 1)
-        return self._accept_local(req, ask, out.instance_id, req.prompt_len - cached, out.choice(), view, now)
+        return self._accept_both(req, ask, out, out.choice(), view, now)
 
     def _schedule_fallback(self, req: Request, ask: ScheduleRequest, view: View, missing: str,
                            now: float) -> ScheduleReply:
         """Degrade rather than refuse: with no live instance of the `missing` role, the
         other role's instances prefill and decode, placed as colocated ones are."""
-        loads = [self._colocated_load(x, ask.block_hashes, view, now) for x in self._hosts(missing, view, now)]
-        out = place_colocated(req, loads, self.state.predictor, self.config.block_size, self.config.step_tokens,
-                              self.config.admission)
+        out = self._both_phases(req, ask, view, self._hosts(missing, view, now), now)
         if not isinstance(out, ColocatedChoice):
             return self._rejected(req, out, now)
         choice = fallback(missing, out.instance_id, out.tbt_s, out.ttft_s)
         log.info("degraded", request_id=req.request_id, host=out.instance_id, reason=choice.reason)
+        return self._accept_both(req, ask, out, choice, view, now)
+
+    def _spill(self, req: Request, ask: ScheduleRequest, view: View, refused: Rejection, now: float) -> ScheduleReply:
+        """Adaptive mode: before refusing, any instance (a decode's batch, a prefill's
+        own engine) that can prefill and decode the request within its SLOs takes it."""
+        out = self._both_phases(req, ask, view, [*view.decodes, *self._hosts("decode", view, now)], now)
+        if not isinstance(out, ColocatedChoice):
+            return self._rejected(req, refused, now)
+        choice = spill(out.instance_id, refused.reason, out.tbt_s, out.ttft_s)
+        log.info("spilled", request_id=req.request_id, host=out.instance_id, refused=refused.reason)
+        return self._accept_both(req, ask, out, choice, view, now)
+
+    def _both_phases(self, req: Request, ask: ScheduleRequest, view: View, hosts: list[DecodeLoad],
+                     now: float) -> ColocatedChoice | Rejection:
+        """The host among `hosts` that would prefill and decode the request soonest, as colocated placement picks."""
+        queues = {x.instance_id: x.queue_s for x in view.prefills}  # a prefill instance's own work comes first
+        loads = [replace(self._colocated_load(x, ask.block_hashes, view, now), queue_s=queues.get(x.instance_id, 0.0))
+                 for x in hosts]
+        return place_colocated(req, loads, self.state.predictor, self.config.block_size, self.config.step_tokens,
+                               self.config.admission)
+
+    def _accept_both(self, req: Request, ask: ScheduleRequest, out: ColocatedChoice, choice: ModeChoice, view: View,
+                     now: float) -> ScheduleReply:
         cached = min(out.cached_blocks * self.config.block_size, req.prompt_len - 1)
         return self._accept_local(req, ask, out.instance_id, req.prompt_len - cached, choice, view, now)
 

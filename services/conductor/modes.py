@@ -1,6 +1,10 @@
 """Serving modes: where a request's prefill runs. Plain data in, a decision with its
 rule and reason out, no I/O (the simulator and the live Conductor call the same code).
 
+  adaptive       disaggregated while that serves a request within its SLOs; one it
+                 would refuse (its prefill queue too long, or no decode batch with
+                 room) runs both phases on whichever instance can serve it in time:
+                 a decode instance's batch, or a prefill instance's own engine
   disaggregated  prefill on a prefill instance, decode on a decode instance (policy.py)
   colocated      every instance prefills and decodes in one engine, vLLM's chunked
                  prefill: each step mixes a prefill chunk into the decode batch
@@ -26,7 +30,7 @@ from typing import Literal
 from services.conductor.policy import Rejection, Request, joining_tbt_s, tbt_exceeded
 from shared.predictor import Predictor
 
-MODES = ("disaggregated", "colocated", "conditional")
+MODES = ("adaptive", "disaggregated", "colocated", "conditional")
 
 
 # --- time of a mixed step -----------------------------------------------------
@@ -201,6 +205,13 @@ def fallback(missing: str, host_id: str, tbt_s: float = 0.0, ttft_s: float = 0.0
                       f"no live {missing} instance: {other} instance {host_id} serves it", tbt_s=tbt_s, ttft_s=ttft_s)
 
 
+def spill(host_id: str, refused: str, tbt_s: float = 0.0, ttft_s: float = 0.0) -> ModeChoice:
+    """Adaptive mode: a request that disaggregated serving would refuse runs both
+    phases on `host_id`, an instance that can serve it within its SLOs."""
+    return ModeChoice("local", "adaptive", "spilled", f"disaggregated would refuse it ({refused}); {host_id} "
+                      "prefills and decodes it", tbt_s=tbt_s, ttft_s=ttft_s)
+
+
 def missing_role(prefills: int, decodes: int) -> str | None:
     """The role a disaggregated request cannot find (None: both have a usable
     instance, or neither has: then nothing can serve it)."""
@@ -223,6 +234,7 @@ class ColocatedLoad:
     ctx_tokens: int
     capacity: int = 1 << 30  # requests its KV cache holds at once
     slowdown: float = 1.0
+    queue_s: float = 0.0  # predicted work ahead besides `queued_tokens` (a prefill instance's own queue)
 
 
 @dataclass(frozen=True)
@@ -252,7 +264,7 @@ def colocated_ttft_s(load: ColocatedLoad, req: Request, predictor: Predictor, bl
     steps = math.ceil((load.queued_tokens + new) / budget)
     fixed = predictor.decode_step_s(load.batch, load.ctx_tokens) if load.batch else predictor.prefill_coef[0] / 1e3
     work = prefill_marginal_s(predictor, [(load.queued_tokens, 0)]) + prefill_marginal_s(predictor, [(new, cached)])
-    return load.slowdown * (steps * fixed + work)
+    return load.queue_s + load.slowdown * (steps * fixed + work)
 
 
 def colocated_stall_s(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int) -> float:

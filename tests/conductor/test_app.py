@@ -82,7 +82,7 @@ def test_decode_refusal_counts_as_wasted_prefill_and_frees_the_books():
 
 
 def test_a_decode_engine_reporting_a_full_kv_cache_gets_no_new_request():
-    c = conductor(admission="predictive")
+    c = conductor(admission="predictive", mode="disaggregated")
     full = Heartbeat(instance_id="d0", role="decode", node="node-0", pid=1, seq=2, sent_at=0.0, kv_usage=0.99)
     c.on_heartbeat(full, now=0.5)
     reply = c.schedule(ask("r1", ["a"]), now=0.6)
@@ -91,109 +91,30 @@ def test_a_decode_engine_reporting_a_full_kv_cache_gets_no_new_request():
     assert c.schedule(ask("r2", ["a"]), now=0.8).accepted
 
 
-def test_pool_index_from_kv_events_routes_and_pulls_and_forgets_a_silent_node():
-    from shared.messages import KvEvent, KvSnapshot
-
-    c = Conductor(config(policy="round_robin"))
-    beats = [Heartbeat(instance_id=i, role=r, node=n, pid=1, seq=1, sent_at=0.0)
-             for i, r, n in [("p0", "prefill", "node-0"), ("p1", "prefill", "node-1"), ("d0", "decode", "node-2"),
-                             ("m0", "messenger", "node-0"), ("m1", "messenger", "node-1")]]
-    fresh = [c.on_heartbeat(b, now=0.0) for b in beats]
-    assert fresh == [False, False, False, True, True]  # messengers: their snapshots are wanted
-    c.on_snapshot(KvSnapshot(node="node-1", dram=["a"], ssd=["b", "c"]))
-    c.on_kv_event(KvEvent(node="node-0", kind="stored", tier="dram", hashes=["a"]))
-    assert c.stats(now=0.0).pool_blocks == 3 and c.stats(now=0.0).pool_nodes == ["node-0", "node-1"]
-    # Round robin picks p0 (node-0 holds 1 block); node-1 holds 3 (DRAM and SSD): pull them.
-    reply = c.schedule(ask("r1", ["a", "b", "c", "d"]), now=0.0)
-    placement = reply.placement
-    assert placement.prefill_id == "p0" and (placement.pull_from, placement.pull_blocks) == ("node-1", 3)
-    assert placement.pull_skip == 1  # node-0's pool holds "a": it does not travel again
-    # The books charge p0 for that pull: 3 blocks it will not compute.
-    assert c.state.prefill["p0"].outstanding["r1"].cached_tokens == 3 * 128
-    # Evicted from SSD too: gone from node-1.
-    c.on_kv_event(KvEvent(node="node-1", kind="evicted", tier="ssd", hashes=["b"]))
-    assert c.pools.prefix_blocks(["a", "b"], ["node-1"]) == {"node-1": 1}
-    # node-1's messenger goes silent: everything it held leaves the index.
-    for b in beats[:4]:
-        c.on_heartbeat(b, now=5.0)
-    assert c.pools.prefix_blocks(["a"], ["node-1"]) == {"node-1": 0} and c.stats(now=5.0).pool_nodes == ["node-0"]
-    # node-0's messenger restarts before it is missed (a new pid): its DRAM pool is new,
-    # so its old blocks leave the index and its snapshot is wanted again.
-    restarted = Heartbeat(instance_id="m0", role="messenger", node="node-0", pid=2, seq=1, sent_at=0.0)
-    assert c.on_heartbeat(restarted, now=5.5) is True
-    assert c.pools.prefix_blocks(["a"], ["node-0"]) == {"node-0": 0} and c.stats(now=5.5).pool_nodes == ["node-0"]
+def test_adaptive_spills_what_disaggregation_would_refuse_onto_an_engine_that_can_serve_it():
+    c = conductor(admission="predictive")  # adaptive: the default mode
+    full = Heartbeat(instance_id="d0", role="decode", node="node-0", pid=1, seq=2, sent_at=0.0, kv_usage=0.99)
+    c.on_heartbeat(full, now=0.5)
+    reply = c.schedule(ask("r1", ["a"]), now=0.6)  # no decode room: a prefill engine runs both phases
+    assert reply.accepted and reply.placement.local_prefill and reply.placement.decode_id in ("p0", "p1")
+    assert (reply.mode.mode, reply.mode.rule, reply.mode.reason) == ("local", "adaptive", "spilled")
+    assert "room" in reply.mode.detail and c.stats(now=0.6).modes == {"local:spilled": 1}
 
 
-def test_a_just_started_conductor_waits_to_hear_the_cluster_before_calling_it_unavailable():
-    c = Conductor(config(policy="cache_aware", heartbeat_interval_s=0.5))
-    c.listening(now=100.0)
-    assert c.hearing_instances(now=100.1)  # nothing heard yet: wait, do not refuse
-    c.on_heartbeat(hb("p0", "prefill"), now=100.2)
-    assert c.hearing_instances(now=100.2)  # still no decode instance
-    c.on_heartbeat(hb("d0", "decode"), now=100.3)
-    assert not c.hearing_instances(now=100.3)
-    assert c.schedule(ask("r1", ["a"]), now=100.3).accepted
-    empty = Conductor(config(policy="cache_aware", heartbeat_interval_s=0.5))
-    empty.listening(now=0.0)
-    assert not empty.hearing_instances(now=1.0)  # a whole round of heartbeats: nobody is there
-    assert empty.schedule(ask("r2", ["a"]), now=1.0).rejection == "unavailable"
-
-
-def test_a_retry_is_placed_away_from_the_instances_that_failed_it():
-    c = conductor()
-    first = c.schedule(ask("r1", ["a", "b"]), now=0.0).placement
-    again = c.schedule(msgspec.structs.replace(ask("r1-a2", ["a", "b"]), avoid=[first.prefill_id]), now=0.1)
-    assert again.accepted and again.placement.prefill_id not in ("", first.prefill_id)
-    # No prefill instance left for it: its decode instance prefills it (degraded, not refused).
-    degraded = c.schedule(msgspec.structs.replace(ask("r1-a3", ["a", "b"]), avoid=["p0", "p1"]), now=0.2)
-    assert degraded.accepted and degraded.placement.local_prefill and degraded.placement.decode_id == "d0"
-    assert (degraded.mode.rule, degraded.mode.reason) == ("fallback", "no_prefill_live")
-    nowhere = c.schedule(msgspec.structs.replace(ask("r1-a4", ["a", "b"]), avoid=["p0", "p1", "d0"]), now=0.2)
-    assert not nowhere.accepted and nowhere.rejection == "unavailable"
-
-
-def test_a_decode_alone_is_placed_and_booked_until_its_attempt_finishes():
-    c = conductor()
-    c.on_heartbeat(hb("d1", "decode"), now=0.0)
-    alone = msgspec.structs.replace(ask("r1-a2", ["a", "b"]), avoid=["d0"], stage="decode")
-    reply = c.schedule(alone, now=0.1)
-    assert reply.accepted
-    assert (reply.placement.prefill_id, reply.placement.decode_id, reply.placement.decode_node) == ("", "d1", "node-0")
-    assert c.counts == {"accepted": 0, "rejected": 0, "wasted_prefill": 0, "replaced_decode": 1}
-    assert not any(load.active_blocks for load in c.state.prefill_loads(["a", "b"], now=0.1))  # no prefill booked
-    [d1] = [x for x in c.state.decode_loads(now=0.1) if x.instance_id == "d1"]
-    assert len(d1.items) == 1 and d1.items[0].start == 0.1  # decoding from now
-    c.on_update(RequestUpdate(request_id="r1-a2", kind="finished"), now=0.5)
-    assert all(not load.items for load in c.state.decode_loads(now=0.5))
-    # No decode instance left for it: a prefill instance decodes it (degraded, not refused).
-    on_prefill = c.schedule(msgspec.structs.replace(alone, request_id="r1-a3", avoid=["d0", "d1"]), now=0.6)
-    assert on_prefill.accepted and on_prefill.placement.decode_id in ("p0", "p1")
-    assert on_prefill.mode.reason == "no_decode_live" and c.modes["local:no_decode_live"] == 1
-    none_left = c.schedule(msgspec.structs.replace(alone, request_id="r1-a4", avoid=["d0", "d1", "p0", "p1"]), now=0.6)
-    assert not none_left.accepted and none_left.rejection == "unavailable"
-
-
-def test_with_no_decode_live_a_prefill_instance_prefills_and_decodes():
-    c = Conductor(config(policy="cache_aware"))
-    for iid in ("p0", "p1"):
-        c.on_heartbeat(hb(iid, "prefill"), now=0.0)
-    first = c.schedule(ask("r1", ["a", "b"]), now=0.0)
-    assert first.accepted and first.placement.local_prefill and first.placement.prefill_id == ""
-    assert (first.mode.mode, first.mode.rule, first.mode.reason) == ("local", "fallback", "no_decode_live")
-    host = first.placement.decode_id
-    assert first.placement.decode_node == "node-0"
-    [load] = [x for x in c.state.decode_loads(now=0.0) if x.instance_id == host]
-    assert len(load.items) == 1  # booked as a decode on that prefill instance
-    second = c.schedule(ask("r2", ["x", "y"]), now=0.0)
-    assert second.placement.decode_id != host  # the other one: the least delay
-    c.on_heartbeat(hb("d0", "decode"), now=0.5)  # a decode instance is back: disaggregated again
-    back = c.schedule(ask("r3", ["c"]), now=0.5)
-    assert not back.placement.local_prefill and back.placement.decode_id == "d0" and back.mode.rule == "disaggregated"
-    assert c.stats(now=0.5).modes == {"local:no_decode_live": 2, "disaggregated:mode": 1}
+def test_adaptive_spills_a_prompt_the_prefill_queue_would_keep_past_its_ttft_onto_the_decode():
+    c = conductor(roster=(("p0", "prefill"), ("d0", "decode")), admission="predictive", slo_ttft_ms=2000.0)
+    queued = [c.schedule(ask(f"q{n}", [f"{n}-{k}" for k in range(14)]), now=0.0) for n in range(20)]
+    spilled = [r for r in queued if r.accepted and r.placement.local_prefill]
+    assert spilled and all(r.placement.decode_id == "d0" and r.mode.reason == "spilled" for r in spilled)
+    assert "TTFT" in spilled[0].mode.detail and queued[0].placement.prefill_id == "p0"  # disaggregated first
+    off = conductor(roster=(("p0", "prefill"), ("d0", "decode")), admission="predictive", slo_ttft_ms=2000.0,
+                    mode="disaggregated")
+    refused = [off.schedule(ask(f"q{n}", [f"{n}-{k}" for k in range(14)]), now=0.0) for n in range(20)]
+    assert sum(not r.accepted for r in refused) >= len(spilled)
 
 
 def test_a_decode_that_reports_running_slow_is_judged_at_its_pace():
-    c = conductor(admission="predictive", slo_tbt_ms=50.0)
+    c = conductor(admission="predictive", slo_tbt_ms=50.0, mode="disaggregated")
     assert c.schedule(ask("r1", ["a"]), now=0.1).accepted
     c.on_update(RequestUpdate(request_id="r1", kind="finished"), now=0.2)
     slow = Heartbeat(instance_id="d0", role="decode", node="node-0", pid=1, seq=2, sent_at=0.0, slowdown=1000.0)
@@ -201,7 +122,7 @@ def test_a_decode_that_reports_running_slow_is_judged_at_its_pace():
     reply = c.schedule(ask("r2", ["a"]), now=0.4)
     assert not reply.accepted and "TBT" in reply.reason
     assert c.stats(now=0.4).slowdown == {"p0": 1.0, "p1": 1.0, "d0": 100.0}  # clamped to what is plausible
-    off = conductor(admission="predictive", slo_tbt_ms=50.0, calibrate_time_model=False)
+    off = conductor(admission="predictive", slo_tbt_ms=50.0, calibrate_time_model=False, mode="disaggregated")
     off.on_heartbeat(slow, now=0.3)
     assert off.schedule(ask("r2", ["a"]), now=0.4).accepted
 

@@ -42,7 +42,11 @@ from yuebing.lab.trace import TRACE_BLOCK_TOKENS, TraceRequest, base_rate, load_
 if TYPE_CHECKING:
     from yuebing.lab.replay import ReplayOptions
 
-MODES = ("colocated", "disaggregated", "conditional")
+# "default": `yuebing up` with no --mode flag, as a new user runs it.
+MODES = ("default", "colocated", "disaggregated", "conditional")
+DEFAULT_MODES = ("colocated", "disaggregated", "conditional")
+CLIENTS = ("yuebing", "aiperf")
+TBT_STATS = ("tail", "mean")
 PLAIN_VLLM = "plain vLLM ×2"  # the baseline's name in the table, the JSON and the plot
 
 
@@ -50,7 +54,15 @@ PLAIN_VLLM = "plain vLLM ×2"  # the baseline's name in the table, the JSON and 
 class GoodputSpec:
     """What `yuebing bench goodput` measures; each field is also its flag (yuebing/flags.py)."""
 
-    modes: Annotated[str, Meta(description="serving modes, comma-separated, in this order")] = ",".join(MODES)
+    modes: Annotated[str, Meta(description="serving modes, comma-separated, in this order (default: no --mode "
+                                           "flag)")] = ",".join(DEFAULT_MODES)
+    trace: Annotated[str, Meta(description="a trace in the Mooncake format (empty: the shipped conversation trace)")] = ""
+    client: Annotated[str, Meta(description="who sends the requests: yuebing (its replay) or aiperf (NVIDIA AIPerf, "
+                                            "`make aiperf`)")] = "yuebing"
+    rates: Annotated[str, Meta(description="request rates to probe, comma-separated, req/s (empty: bisect between "
+                                           "--min-rate and --max-rate)")] = ""
+    tbt_stat: Annotated[str, Meta(description="a request's TBT: tail (mean of its longest 10 %% of gaps) or mean "
+                                              "(of all its gaps, AIPerf's inter-token latency)")] = "tail"
     conditional_rule: Annotated[str, Meta(description="conditional mode's rule (yuebing up --conditional-rule)")] = (
         "mooncake")
     requests: Annotated[int, Meta(description="requests of each probe: the conversation trace's first N")] = 40
@@ -89,10 +101,27 @@ class GoodputSpec:
             raise ValueError("--target must be in (0, 1], the SLOs positive")
         if not 0 < self.max_output < self.max_model_len:
             raise ValueError("--max-output must be positive and below --max-model-len")
+        if self.client not in CLIENTS or self.tbt_stat not in TBT_STATS:
+            raise ValueError(f"--client takes {' or '.join(CLIENTS)}, --tbt-stat {' or '.join(TBT_STATS)}")
+        if any(r <= 0 for r in self.rate_list) or len(set(self.rate_list)) != len(self.rate_list):
+            raise ValueError(f"--rates takes distinct positive rates, comma-separated; got {self.rates!r}")
+        if self.trace and not Path(self.trace).is_file():
+            raise ValueError(f"--trace: no such file: {self.trace}")
 
     @property
     def mode_list(self) -> tuple[str, ...]:
         return tuple(m.strip() for m in self.modes.split(",") if m.strip())
+
+    @property
+    def rate_list(self) -> tuple[float, ...]:
+        try:
+            return tuple(float(r) for r in self.rates.split(",") if r.strip())
+        except ValueError:
+            raise ValueError(f"--rates takes numbers, comma-separated; got {self.rates!r}") from None
+
+    @property
+    def probe_count(self) -> int:
+        return len(self.rate_list) or self.probes
 
 
 @dataclass(frozen=True)
@@ -143,14 +172,15 @@ class ModeResult:
 # --- pure: attainment, the search, the ratios, the table -------------------------
 
 
-def attainment(outcomes: Sequence[Outcome], slo: Slo) -> Attainment:
+def attainment(outcomes: Sequence[Outcome], slo: Slo, tbt_stat: str = "tail") -> Attainment:
     """Who met the TTFT SLO, the TBT SLO, and both, among every request sent. TBT is
-    the mean of a request's longest 10 % of gaps (`Outcome.tbt_tail_s`), as Mooncake
-    measures it and as the simulator judges it (`Outcome.within_slo`): a mean over
-    all gaps would hide a prefill chunk's stall among many short steps."""
+    by default the mean of a request's longest 10 % of gaps (`Outcome.tbt_tail_s`), as
+    Mooncake measures it and as the simulator judges it (`Outcome.within_slo`): a mean
+    over all gaps (`tbt_stat="mean"`, AIPerf's inter-token latency) would hide a
+    prefill chunk's stall among many short steps."""
     n = len(outcomes)
     ttft = [o.completed and o.ttft_s <= slo.ttft_s for o in outcomes]
-    tbt = [o.completed and o.tbt_tail_s <= slo.tbt_s for o in outcomes]
+    tbt = [o.completed and (o.tbt_tail_s if tbt_stat == "tail" else o.tbt_mean_s) <= slo.tbt_s for o in outcomes]
 
     def share(flags: Sequence[bool]) -> float:
         return sum(flags) / n if n else 0.0
@@ -169,6 +199,11 @@ def search(measure: Callable[[float], Attainment], lo: float, hi: float, probes:
         done.append(Probe(rate, measure(rate)))
         lo, hi = (rate, hi) if done[-1].attainment.both >= target else (lo, rate)
     return Search(tuple(done), target)
+
+
+def sweep(measure: Callable[[float], Attainment], rates: Sequence[float], target: float) -> Search:
+    """Probe each rate, in the order given."""
+    return Search(tuple(Probe(rate, measure(rate)) for rate in rates), target)
 
 
 def ratio(capacity: float, colocated: float | None) -> float | None:
@@ -221,6 +256,27 @@ def table(results: Sequence[ModeResult]) -> str:
     lines = ["  ".join(c.ljust(w) if i in (0, len(HEADER) - 1) else c.rjust(w) for i, (c, w) in
                        enumerate(zip(r, widths))).rstrip() for r in rows]
     return "\n".join(lines)
+
+
+def sweep_table(results: Sequence[ModeResult]) -> str:
+    """A row per rate, a column per server: how many requests met both SLOs (and,
+    where plain vLLM was measured, how many times its count)."""
+    plain = next((r for r in results if r.name == PLAIN_VLLM), None)
+    rates = sorted({p.rate_rps for r in results for p in r.search.probes})
+
+    def good(r: ModeResult, rate: float) -> int | None:
+        a = next((p.attainment for p in r.search.probes if p.rate_rps == rate), None)
+        return round(a.both * a.requests) if a else None
+
+    def cell(r: ModeResult, rate: float) -> str:
+        n, base = good(r, rate), good(plain, rate) if plain and r is not plain else None
+        if n is None:
+            return "-"
+        return f"{n} ({n / base:.2f}×)" if base else str(n)
+
+    rows = [["req/s", *(r.name for r in results)]] + [[f"{rate:g}", *(cell(r, rate) for r in results)] for rate in rates]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
 
 
 def to_json(results: Sequence[ModeResult], spec: GoodputSpec, base_rps: float) -> dict:
@@ -278,14 +334,17 @@ def spread(trace: Sequence[TraceRequest]) -> list[TraceRequest]:
 def at_rate(raw: Sequence[TraceRequest], spec: GoodputSpec, rate: float) -> list[TraceRequest]:
     """The raw (unscaled) slice replayed at `rate` requests/s, scaled to the model in
     one `rescale` (a second one would cut the scaled prompts' hash ids)."""
+    from yuebing.bench.aiperf import CHAT_TEMPLATE_TOKENS
+
+    template = CHAT_TEMPLATE_TOKENS if spec.client == "aiperf" else 0  # AIPerf sends chat: the template's tokens too
     return rescale(raw, speed=rate / base_rate(raw), length_factor=spec.length_factor,
-                   max_input=spec.max_model_len - spec.max_output, max_output=spec.max_output)
+                   max_input=spec.max_model_len - spec.max_output - template, max_output=spec.max_output)
 
 
 def load_slice(spec: GoodputSpec) -> list[TraceRequest]:
     from yuebing.lab import data
 
-    raw = load_trace(data.CONVERSATION_TRACE, spec.requests)
+    raw = load_trace(spec.trace or data.CONVERSATION_TRACE, spec.requests)
     return spread(raw) if spec.spread else raw
 
 
@@ -306,8 +365,9 @@ def cluster_flags(spec: GoodputSpec, model: Path, mode: str) -> list[str]:
     """`yuebing up`'s flags for one mode: one prefill + one decode (colocated: as many
     colocated instances), the bench's SLOs, then `up_flags`."""
     rule = ["--conditional-rule", spec.conditional_rule] if mode == "conditional" else []
+    chosen = [] if mode == "default" else ["--mode", mode]
     return ["--model", str(model), "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype,
-            "--prefill", "1", "--decode", "1", "--mode", mode, *rule, "--slo-ttft-ms", f"{spec.slo_ttft_ms:g}",
+            "--prefill", "1", "--decode", "1", *chosen, *rule, "--slo-ttft-ms", f"{spec.slo_ttft_ms:g}",
             "--slo-tbt-ms", f"{spec.slo_tbt_ms:g}", *shlex.split(spec.up_flags)]
 
 
@@ -351,10 +411,12 @@ async def replay_over(urls: Sequence[str], trace: Sequence[TraceRequest],
 
 @dataclass
 class Driver:
-    """Measures servers with the spec's workload: the same slice, prompts and SLOs for each."""
+    """Measures servers with the spec's workload: the same slice, prompts and SLOs for
+    each, sent by the spec's client."""
 
     spec: GoodputSpec
-    model_name: str
+    model: Path
+    work: Path
     say: Callable[[str], None]
     bar: Any  # yuebing.progress: a bar over every probe of the run
     raw: list[TraceRequest] = field(init=False)
@@ -363,27 +425,41 @@ class Driver:
         self.raw = load_slice(self.spec)
 
     def measure(self, name: str, urls: Sequence[str]) -> Search:
-        """Warm the servers up, then search the rate."""
-        options = replay_options(self.spec, self.model_name)
-        scaled = at_rate(self.raw, self.spec, base_rate(self.raw))
+        """Warm the servers up, then probe the rates (or search them)."""
+        options = replay_options(self.spec, self.model.name)
         if self.spec.warmup:
             warm = dataclasses.replace(options, salt=options.salt + 999)  # prompts no probe sends
+            scaled = at_rate(self.raw, self.spec, base_rate(self.raw))
             asyncio.run(replay_over(urls, warmup_trace(scaled, self.spec.warmup), warm))
         numbers = itertools.count()
-        slo = Slo(self.spec.slo_ttft_ms / 1e3, self.spec.slo_tbt_ms / 1e3)
 
         def probe(rate: float) -> Attainment:
             # A new salt per probe: nothing an earlier probe cached helps it; the same
             # numbers in every mode, so each mode's n-th probe sends the same prompts.
-            salted = dataclasses.replace(options, salt=options.salt + next(numbers))
             self.bar.set_description(f"{name} at {rate:.2f} req/s")
-            got = attainment(asyncio.run(replay_over(urls, at_rate(self.raw, self.spec, rate), salted)), slo)
+            got = self.probe(name, urls, rate, next(numbers), options)
             self.bar.update()
             self.say(probe_line(name, rate, got))
             return got
 
         s = self.spec
-        return search(probe, s.min_rate, s.max_rate, s.probes, s.target)
+        return sweep(probe, s.rate_list, s.target) if s.rate_list else search(probe, s.min_rate, s.max_rate,
+                                                                              s.probes, s.target)
+
+    def probe(self, name: str, urls: Sequence[str], rate: float, number: int, options: ReplayOptions) -> Attainment:
+        """The trace at `rate`, sent by the spec's client; its attainment."""
+        from yuebing.bench import aiperf
+
+        s = self.spec
+        trace = at_rate(self.raw, s, rate)
+        if s.client == "aiperf":
+            run = aiperf.Run(tuple(urls), self.model.name, options.block_tokens, self.work / "aiperf",
+                             seed=options.salt + number, api_key=options.api_key)
+            slug = "".join(c if c.isalnum() else "-" for c in name)
+            outcomes = aiperf.replay(run, trace, self.model, f"{slug}-{number}", s.slo_ttft_ms / 1e3, s.slo_tbt_ms / 1e3)
+        else:
+            outcomes = asyncio.run(replay_over(urls, trace, dataclasses.replace(options, salt=options.salt + number)))
+        return attainment(outcomes, Slo(s.slo_ttft_ms / 1e3, s.slo_tbt_ms / 1e3), s.tbt_stat)
 
 
 def probe_line(name: str, rate: float, a: Attainment) -> str:

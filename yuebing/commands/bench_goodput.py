@@ -27,26 +27,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yuebing.bench.goodput import Driver, GoodputSpec, plot, table, to_json
+    from yuebing.bench.goodput import Driver, GoodputSpec, plot, sweep_table, table, to_json
     from yuebing.lab.trace import base_rate
     from yuebing.progress import progress
 
     spec = from_args(GoodputSpec, args)
     model, work = cluster_paths(args, "goodput")
     servers = len(spec.mode_list) + spec.plain_vllm
-    with progress(total=servers * spec.probes, desc="goodput", unit="probe") as bar:
-        driver = Driver(spec, model.name, lambda text: print(text, flush=True), bar)
+    with progress(total=servers * spec.probe_count, desc="goodput", unit="probe") as bar:
+        driver = Driver(spec, model, work, lambda text: print(text, flush=True), bar)
         base = base_rate(driver.raw)
-        print(f"{len(driver.raw)} requests of the conversation trace ({base:.2f} req/s at speed 1), lengths "
-              f"× {spec.length_factor:g}; SLOs: TTFT {spec.slo_ttft_ms:g} ms, TBT {spec.slo_tbt_ms:g} ms (longest 10 % of gaps); "
-              f"target {spec.target:.0%}; rates {spec.min_rate:g}–{spec.max_rate:g} req/s, {spec.probes} probes; "
-              f"logs in {work}", flush=True)
+        print(f"{len(driver.raw)} requests of {spec.trace or 'the conversation trace'} ({base:.2f} req/s at speed 1), "
+              f"sent by {spec.client}, lengths "
+              f"× {spec.length_factor:g}; SLOs: TTFT {spec.slo_ttft_ms:g} ms, TBT {spec.slo_tbt_ms:g} ms "
+              f"({'longest 10 % of gaps' if spec.tbt_stat == 'tail' else 'mean gap'}); target {spec.target:.0%}; "
+              f"{_rates(spec)}; logs in {work}", flush=True)
         results = [_one(driver, work, model, mode) for mode in spec.mode_list]
         if spec.plain_vllm:
             results.append(_one(driver, work, model, None))
     print(f"\ncapacity: the highest rate probed with ≥ {spec.target:.0%} of requests within both SLOs "
           "(attainment columns at that rate)")
     print(table(results))
+    if spec.rate_list:
+        print("\nrequests within both SLOs at each rate (× plain vLLM where it was measured)")
+        print(sweep_table(results))
     for r in results:
         for note in r.notes:
             print(f"{r.name}: {note}")
@@ -67,3 +71,9 @@ def _one(driver, work: Path, model: Path, mode: str | None):
         name = mode_name(mode, driver.spec) if mode else PLAIN_VLLM
         print(f"{name}: {e}", flush=True)
         return ModeResult(name, Search((), driver.spec.target), notes=[f"not measured: {e}"])
+
+
+def _rates(spec) -> str:
+    if spec.rate_list:
+        return f"rates {', '.join(f'{r:g}' for r in spec.rate_list)} req/s"
+    return f"rates {spec.min_rate:g}–{spec.max_rate:g} req/s, {spec.probes} probes"
