@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 MODEL   := models/yuebing-tiny
 
-.PHONY: run test install model clean mooncake compose-up compose-down
+.PHONY: run test install model clean mooncake compose-up compose-down aiperf
 
 run: $(STAMP) $(MODEL)/config.json
 	$(VENV)/bin/yuebing up --model $(MODEL)
@@ -21,6 +21,14 @@ compose-down: $(STAMP)
 	$(VENV)/bin/yuebing compose down
 
 install: $(STAMP)
+
+# NVIDIA AIPerf, the third-party client of `yuebing bench goodput --client aiperf`, in
+# a venv of its own (its web stack is not ours).
+aiperf: .venv-aiperf/bin/aiperf
+
+.venv-aiperf/bin/aiperf:
+	test -x .venv-aiperf/bin/python || python3 -m venv .venv-aiperf
+	.venv-aiperf/bin/python -m pip install aiperf==0.13.0
 
 model: $(MODEL)/config.json
 

@@ -28,7 +28,9 @@ from services.conductor.modes import (
     fallback,
     missing_role,
     place_colocated,
+    sooner,
     spill,
+    spills,
 )
 from services.conductor.planner import Arrival, Planner, PlannerParams
 from services.conductor.policy import (
@@ -235,10 +237,14 @@ class Conductor:
             return self._schedule_fallback(req, ask, view, missing, now)
         out = self.scheduler.schedule(req, view.prefills, view.decodes, now, self.state.decode_time_s)
         log.debug("decision", request_id=req.request_id, request=req, prefills=view.prefills, decodes=view.decodes, out=out)
-        if not isinstance(out, Decision) and self.config.mode == "adaptive":
+        if self.config.mode == "adaptive" and spills(out, req):
             return self._spill(req, ask, view, out, now)
         if not isinstance(out, Decision):
             return self._rejected(req, out, now)
+        return self._schedule_disaggregated(req, ask, view, out, now)
+
+    def _schedule_disaggregated(self, req: Request, ask: ScheduleRequest, view: View, out: Decision,
+                                now: float) -> ScheduleReply:
         choice = DISAGGREGATED
         if self.config.mode == "conditional":
             x = self._local_prefill(req, ask.block_hashes, out.decode_id, out.prefill.ttft_s, view, now)
@@ -288,14 +294,21 @@ class Conductor:
         log.info("degraded", request_id=req.request_id, host=out.instance_id, reason=choice.reason)
         return self._accept_both(req, ask, out, choice, view, now)
 
-    def _spill(self, req: Request, ask: ScheduleRequest, view: View, refused: Rejection, now: float) -> ScheduleReply:
-        """Adaptive mode: before refusing, any instance (a decode's batch, a prefill's
-        own engine) that can prefill and decode the request within its SLOs takes it."""
+    def _spill(self, req: Request, ask: ScheduleRequest, view: View, disaggregated: Decision | Rejection,
+               now: float) -> ScheduleReply:
+        """Adaptive mode: a request disaggregation would refuse, or would keep waiting in
+        a prefill queue, goes to whichever instance (a decode's batch, a prefill's own
+        engine) serves it sooner within its SLOs; it is refused only if none can."""
         out = self._both_phases(req, ask, view, [*view.decodes, *self._hosts("decode", view, now)], now)
+        if isinstance(disaggregated, Decision) and not sooner(out, disaggregated, req):
+            return self._schedule_disaggregated(req, ask, view, disaggregated, now)
         if not isinstance(out, ColocatedChoice):
-            return self._rejected(req, refused, now)
-        choice = spill(out.instance_id, refused.reason, out.tbt_s, out.ttft_s)
-        log.info("spilled", request_id=req.request_id, host=out.instance_id, refused=refused.reason)
+            assert isinstance(disaggregated, Rejection)
+            return self._rejected(req, disaggregated, now)
+        why = (disaggregated.reason if isinstance(disaggregated, Rejection)
+               else f"its prefill queue would take {disaggregated.prefill.ttft_s * 1e3:.0f} ms")
+        choice = spill(out.instance_id, why, out.tbt_s, out.ttft_s)
+        log.info("spilled", request_id=req.request_id, host=out.instance_id, instead_of=why)
         return self._accept_both(req, ask, out, choice, view, now)
 
     def _both_phases(self, req: Request, ask: ScheduleRequest, view: View, hosts: list[DecodeLoad],

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from services.conductor.policy import Rejection, Request, joining_tbt_s, tbt_exceeded
+from services.conductor.policy import Decision, Rejection, Request, joining_tbt_s, tbt_exceeded
 from shared.predictor import Predictor
 
 MODES = ("adaptive", "disaggregated", "colocated", "conditional")
@@ -205,11 +205,34 @@ def fallback(missing: str, host_id: str, tbt_s: float = 0.0, ttft_s: float = 0.0
                       f"no live {missing} instance: {other} instance {host_id} serves it", tbt_s=tbt_s, ttft_s=ttft_s)
 
 
-def spill(host_id: str, refused: str, tbt_s: float = 0.0, ttft_s: float = 0.0) -> ModeChoice:
-    """Adaptive mode: a request that disaggregated serving would refuse runs both
-    phases on `host_id`, an instance that can serve it within its SLOs."""
-    return ModeChoice("local", "adaptive", "spilled", f"disaggregated would refuse it ({refused}); {host_id} "
-                      "prefills and decodes it", tbt_s=tbt_s, ttft_s=ttft_s)
+# Adaptive mode looks beyond the prefill instances once a prompt would wait this
+# share of its TTFT SLO there: well before admission would refuse it, so that the
+# other engines share a prefill-heavy load instead of the queue growing to the SLO.
+SPILL_AT_TTFT_SHARE = 0.5
+
+
+def spills(disaggregated: Decision | Rejection, req: Request) -> bool:
+    """Whether adaptive mode looks for another engine for `req`: disaggregation would
+    refuse it, or keep it in a prefill queue past SPILL_AT_TTFT_SHARE of its TTFT SLO."""
+    if isinstance(disaggregated, Rejection):
+        return True
+    return disaggregated.prefill.ttft_s > SPILL_AT_TTFT_SHARE * req.slo_ttft_s
+
+
+def sooner(both: ColocatedChoice | Rejection, disaggregated: Decision, req: Request) -> bool:
+    """Whether a request disaggregation would serve in time is better off running both
+    phases elsewhere: sooner, and without its prefill chunks pushing the steps of
+    those decoding there past the TBT SLO (they are not refusals to avoid, so they
+    must cost nobody their TBT)."""
+    return (isinstance(both, ColocatedChoice) and both.ttft_s < disaggregated.prefill.ttft_s
+            and both.mixed_tbt_s <= req.slo_tbt_s)
+
+
+def spill(host_id: str, why: str, tbt_s: float = 0.0, ttft_s: float = 0.0) -> ModeChoice:
+    """Adaptive mode: a request disaggregation would refuse or keep waiting (`why`)
+    runs both phases on `host_id`, which serves it sooner within its SLOs."""
+    return ModeChoice("local", "adaptive", "spilled", f"disaggregated: {why}; {host_id} prefills and decodes it "
+                      "sooner", tbt_s=tbt_s, ttft_s=ttft_s)
 
 
 def missing_role(prefills: int, decodes: int) -> str | None:

@@ -106,7 +106,7 @@ def test_adaptive_spills_a_prompt_the_prefill_queue_would_keep_past_its_ttft_ont
     queued = [c.schedule(ask(f"q{n}", [f"{n}-{k}" for k in range(14)]), now=0.0) for n in range(20)]
     spilled = [r for r in queued if r.accepted and r.placement.local_prefill]
     assert spilled and all(r.placement.decode_id == "d0" and r.mode.reason == "spilled" for r in spilled)
-    assert "TTFT" in spilled[0].mode.detail and queued[0].placement.prefill_id == "p0"  # disaggregated first
+    assert "prefill queue" in spilled[0].mode.detail and queued[0].placement.prefill_id == "p0"  # disaggregated first
     off = conductor(roster=(("p0", "prefill"), ("d0", "decode")), admission="predictive", slo_ttft_ms=2000.0,
                     mode="disaggregated")
     refused = [off.schedule(ask(f"q{n}", [f"{n}-{k}" for k in range(14)]), now=0.0) for n in range(20)]

@@ -138,3 +138,18 @@ def test_colocated_placement_skips_full_and_avoided_instances_and_admits_by_slo(
     assert not isinstance(place_colocated(req(slo_ttft_s=1.0), [other], PRED, BS, 512), Rejection)
     slow = place_colocated(req(slo_tbt_s=0.005), [ColocatedLoad("c1", 0, 0, 0, 0)], PRED, BS, 512, admission="predictive")
     assert isinstance(slow, Rejection) and "TBT" in slow.reason and slow.retry_after_s < math.inf
+
+
+# --- adaptive -------------------------------------------------------------------
+def test_adaptive_looks_beyond_the_prefills_once_a_prompt_would_wait_half_its_ttft_slo_or_be_refused():
+    from services.conductor.modes import SPILL_AT_TTFT_SHARE, spills
+    from services.conductor.policy import Decision, PrefillChoice
+
+    req = Request("r", 1000, 7, 16, slo_ttft_s=2.0, slo_tbt_s=0.05)
+
+    def queued(ttft_s: float) -> Decision:
+        return Decision(PrefillChoice("p0", ttft_s, 0), "d0", 0.01)
+
+    assert not spills(queued(0.3), req)  # light load: disaggregated, as ever
+    assert spills(queued(SPILL_AT_TTFT_SHARE * 2.0 + 0.01), req)
+    assert spills(Rejection("overloaded", "predicted TTFT 2100 ms exceeds the SLO", 0.1), req)

@@ -191,6 +191,32 @@ def test_each_modes_cluster_gets_the_mode_the_slos_and_the_same_engines():
     assert goodput.mode_name("conditional", spec) == "conditional/mooncake"
 
 
+def test_the_default_mode_is_a_cluster_with_no_mode_flag():
+    flags = goodput.cluster_flags(GoodputSpec(modes="default"), Path("/m/tiny"), "default")
+    assert "--mode" not in flags and flags[flags.index("--prefill") + 1] == "1"
+
+
+def test_fixed_rates_are_probed_in_order_and_tabled_against_plain_vllm():
+    seen: list[float] = []
+
+    def measure(rate: float) -> Attainment:
+        seen.append(rate)
+        return Attainment(10, 1.0 if rate < 8 else 0.5, 1.0, 1.0)
+
+    found = goodput.sweep(measure, (4.0, 8.0), 0.9)
+    assert seen == [4.0, 8.0] and found.capacity_rps == 4.0
+    plain = ModeResult(PLAIN_VLLM, Search((Probe(4.0, att(1.0)), Probe(8.0, att(0.4))), 0.9))
+    lines = goodput.sweep_table([ModeResult("default", found), plain]).splitlines()
+    assert lines[0].split() == ["req/s", "default", "plain", "vLLM", "×2"]
+    assert lines[2].split() == ["8", "5", "(1.25×)", "4"]
+
+
+def test_the_aiperf_client_leaves_room_for_the_chat_template():
+    raw = [TraceRequest(0.0, 8000, 10, (1,)), TraceRequest(1000.0, 100, 10, (2,))]
+    spec = GoodputSpec(client="aiperf", length_factor=1.0)
+    assert goodput.at_rate(raw, spec, 1.0)[0].input_length == spec.max_model_len - spec.max_output - 64
+
+
 def test_plain_vllm_runs_with_the_cluster_engines_settings():
     argv = goodput.vllm_argv(GoodputSpec(max_model_len=1024), Path("/m/tiny"), 8123)
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
@@ -231,7 +257,8 @@ def goodput_spec(args) -> GoodputSpec:
 
 
 @pytest.mark.parametrize("bad", [{"modes": "colocated,pd"}, {"min_rate": 2.0, "max_rate": 1.0}, {"probes": 0},
-                                 {"max_output": 4096}, {"target": 1.5}])
+                                 {"max_output": 4096}, {"target": 1.5}, {"client": "curl"}, {"tbt_stat": "p99"},
+                                 {"rates": "4,x"}, {"rates": "4,4"}, {"rates": "0"}, {"trace": "/no/such.jsonl"}])
 def test_the_spec_refuses_what_cannot_be_measured(bad):
     with pytest.raises(ValueError):
         GoodputSpec(**bad)
