@@ -124,7 +124,8 @@ class Conductor:
         self.mode_params = mode_params(config)
         self.modes: dict[str, int] = {}  # serving-mode decisions, by ModeChoice.key
         self.routes: dict[str, int] = {}  # CPP group or single instance, by Route.key
-        self.roles = Roles(Planner(predictor, PlannerParams()) if config.planner else None)
+        params = PlannerParams(empty_prefill=config.mode == "adaptive")
+        self.roles = Roles(Planner(predictor, params) if config.planner else None)
 
     def listening(self, now: float) -> None:
         """Heartbeats start arriving now. Until every live instance has sent one (two
@@ -290,8 +291,10 @@ class Conductor:
         out = self._both_phases(req, ask, view, self._hosts(missing, view, now), now)
         if not isinstance(out, ColocatedChoice):
             return self._rejected(req, out, now)
-        choice = fallback(missing, out.instance_id, out.tbt_s, out.ttft_s)
-        log.info("degraded", request_id=req.request_id, host=out.instance_id, reason=choice.reason)
+        planned = self.roles.emptied(missing, self.engines(now))  # type: ignore[arg-type]
+        choice = fallback(missing, out.instance_id, out.tbt_s, out.ttft_s, planned)
+        if not planned:
+            log.info("degraded", request_id=req.request_id, host=out.instance_id, reason=choice.reason)
         return self._accept_both(req, ask, out, choice, view, now)
 
     def _spill(self, req: Request, ask: ScheduleRequest, view: View, disaggregated: Decision | Rejection,
@@ -302,9 +305,11 @@ class Conductor:
         out = self._both_phases(req, ask, view, [*view.decodes, *self._hosts("decode", view, now)], now)
         if isinstance(disaggregated, Decision) and not sooner(out, disaggregated, req):
             return self._schedule_disaggregated(req, ask, view, disaggregated, now)
+        if isinstance(disaggregated, Rejection) and disaggregated.decode:
+            self.roles.refused_for_decode(now)  # spilled or not, decode lacked room: the planner's signal
         if not isinstance(out, ColocatedChoice):
             assert isinstance(disaggregated, Rejection)
-            return self._rejected(req, disaggregated, now)
+            return self._rejected(req, replace(disaggregated, decode=False), now)  # counted once
         why = (disaggregated.reason if isinstance(disaggregated, Rejection)
                else f"its prefill queue would take {disaggregated.prefill.ttft_s * 1e3:.0f} ms")
         choice = spill(out.instance_id, why, out.tbt_s, out.ttft_s)

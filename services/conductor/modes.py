@@ -196,11 +196,15 @@ DISAGGREGATED = ModeChoice("disaggregated", "disaggregated", "mode", "the cluste
 
 
 # --- degraded: one role has no live instance ------------------------------------
-def fallback(missing: str, host_id: str, tbt_s: float = 0.0, ttft_s: float = 0.0) -> ModeChoice:
+def fallback(missing: str, host_id: str, tbt_s: float = 0.0, ttft_s: float = 0.0, planned: bool = False) -> ModeChoice:
     """While no instance of the `missing` role (prefill or decode) is live, an
     instance of the other (`host_id`) prefills and decodes the request on its one
-    engine, as a colocated instance does, rather than the cluster refusing it."""
+    engine, as a colocated instance does, rather than the cluster refusing it.
+    `planned`: none is live in that role because the planner moved them all."""
     other = "decode" if missing == "prefill" else "prefill"
+    if planned:
+        return ModeChoice("local", "planner", f"no_{missing}_role", f"the planner moved every {missing} instance: "
+                          f"{other} instance {host_id} serves it", tbt_s=tbt_s, ttft_s=ttft_s)
     return ModeChoice("local", "fallback", f"no_{missing}_live",
                       f"no live {missing} instance: {other} instance {host_id} serves it", tbt_s=tbt_s, ttft_s=ttft_s)
 

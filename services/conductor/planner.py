@@ -13,7 +13,9 @@ admission uses (shared/predictor.py):
            instance may hold (the largest whose predicted step keeps `tbt_headroom`
            of the TBT SLO), planned `decode_utilization` full.
 
-The fleet is split in proportion to the two (at least one instance of each), decode
+The fleet is split in proportion to the two (at least one instance of each; in
+adaptive mode, where decode instances prefill what no prefill instance takes, the
+prefill role may be emptied when it needs less than half an instance), decode
 never given fewer than it needs (prefill's shortfall is shed by admission before
 any work is done; decode's breaks the TBT of a whole batch); and
 while decode refuses requests for want of room (more than `refusal_share` of the
@@ -60,6 +62,9 @@ class PlannerParams:
     max_batch: int = 128  # requests a decode instance holds at most (vLLM's max_num_seqs)
     refusal_share: float = 0.01  # decode refusals beyond this share of arrivals move an instance to decode
     min_gain: float = 0.05  # a move must raise the share of demand the split can serve by this much
+    # Adaptive mode: decode instances prefill what no prefill instance takes (modes.py),
+    # so the prefill role may be left empty when it needs less than half an instance.
+    empty_prefill: bool = False
 
     def __post_init__(self) -> None:
         if self.window_s <= 0 or self.interval_s <= 0 or self.dwell_s < 0 or self.confirm < 1:
@@ -107,7 +112,10 @@ class Demand:
     forced: bool = False  # decode is refusing: the move is due whatever it gains
 
     def served(self, prefills: int, decodes: int) -> float:
-        """The share of the demand a split can serve, the busier role its bound."""
+        """The share of the demand a split can serve, the busier role its bound; with no
+        prefill instance, the decode instances' time serves both."""
+        if not prefills:
+            return min(1.0, decodes / (self.prefill + self.decode)) if self.prefill + self.decode else 1.0
         return min(1.0, prefills / self.prefill if self.prefill else 1.0, decodes / self.decode if self.decode else 1.0)
 
     def detail(self) -> str:
@@ -149,7 +157,7 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
         # Decode is refusing what prefill computed: a prefill instance more would only
         # waste more. Whatever the time models say, the split moves toward decode.
         target = min(target, sum(1 for r in obs.roles.values() if r == "prefill") - 1)
-    return Demand(prefill, decode, min(n - 1, max(1, target)), forced)
+    return Demand(prefill, decode, min(n - 1, max(0 if params.empty_prefill else 1, target)), forced)
 
 
 def sized_batch(predictor: Predictor, ctx_tokens: float, step_s: float, most: int) -> int:

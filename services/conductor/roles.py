@@ -40,6 +40,11 @@ class Roles:
             return None
         return self.assigned.get(hb.instance_id, hb.role)  # type: ignore[return-value]
 
+    def emptied(self, role: Role, engines: Iterable[Heartbeat]) -> bool:
+        """Whether `role` has no instance because the planner moved its live ones away
+        (not because they died)."""
+        return any(hb.role == role and self.of(hb) != role for hb in engines)
+
     def forget(self, instance_id: str) -> None:
         """It restarted, or left: back to its launch role if it returns."""
         self.assigned.pop(instance_id, None)

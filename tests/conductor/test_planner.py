@@ -87,3 +87,15 @@ def test_an_instance_mid_move_is_not_moved_again():
 def test_bad_parameters_are_refused():
     with pytest.raises(ValueError):
         PlannerParams(decode_utilization=0)
+
+
+def test_in_adaptive_mode_a_prefill_role_that_needs_under_half_an_instance_is_emptied():
+    # Two instances, long outputs of short prompts: prefill needs a sliver of one.
+    adaptive = PlannerParams(window_s=10.0, interval_s=1.0, confirm=1, dwell_s=0.0, empty_prefill=True)
+    d = demand(obs(100.0, 1, 1, prompt=200, output=2000), PREDICTOR, adaptive)
+    assert d.target_prefill == 0 and d.served(0, 2) > d.served(1, 1)
+    assert Planner(PREDICTOR, adaptive).decide(obs(100.0, 1, 1, prompt=200, output=2000))[0].to == "decode"
+    fixed = PlannerParams(window_s=10.0, interval_s=1.0, confirm=1, dwell_s=0.0)  # disaggregated: one of each
+    assert demand(obs(100.0, 1, 1, prompt=200, output=2000), PREDICTOR, fixed).target_prefill == 1
+    back = demand(obs(100.0, 0, 2, prompt=20000, output=40), PREDICTOR, adaptive)  # long prompts: prefill again
+    assert back.target_prefill == 1

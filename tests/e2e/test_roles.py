@@ -32,23 +32,25 @@ def prompt(rnd: random.Random, n: int = 900) -> list[int]:
     return [rnd.randrange(32, 127) for _ in range(n)]
 
 
-def complete(cluster, tokens: list[int], max_tokens: int = 2) -> httpx.Response:
+def complete(cluster, tokens: list[int], max_tokens: int = 2, headers: dict[str, str] | None = None) -> httpx.Response:
     body = {"model": MODEL, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
-    return httpx.post(f"{cluster.api}/completions", json=body, timeout=120)
+    return httpx.post(f"{cluster.api}/completions", json=body, headers=headers, timeout=120)
 
 
-def load_until_moved(cluster) -> None:
-    """Four clients send long prompts back to back until the planner has moved a role."""
+def load_until_moved(cluster, clients: int = 4, prompt_tokens: int = 900, max_tokens: int = 2,
+                     headers: dict[str, str] | None = None) -> None:
+    """Clients send requests back to back (by default long prompts, a token or two
+    out) until the planner has moved a role."""
     deadline = time.monotonic() + LOAD_S
 
     def client(seed: int) -> None:
         rnd = random.Random(seed)
         while time.monotonic() < deadline and not conductor_stats(cluster).role_changes:
-            r = complete(cluster, prompt(rnd))
+            r = complete(cluster, prompt(rnd, prompt_tokens), max_tokens, headers)
             assert r.status_code in (200, 429), r.text  # shed under load, never failed
 
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        list(pool.map(client, range(4)))
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
 
 
 @pytest.mark.destructive

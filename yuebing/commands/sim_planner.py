@@ -26,6 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-tbt", type=float, default=0.1, help="TBT SLO, s")
     p.add_argument("--middle", default="3,0.125", help="the shifting trace's middle third: input,output factors")
     p.add_argument("--outer", default="1,1", help="... and its outer thirds' (1,1: the trace as it is)")
+    p.add_argument("--mode", choices=("disaggregated", "adaptive"), default="disaggregated",
+                   help="serving mode of every run (adaptive: what a split cannot serve in time spills onto decode "
+                        "instances)")
     p.add_argument("--plot-dir", help="write the planner's split over time here (PNG)")
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     predictor = load_predictor(args.profile, None)
     trace = load_trace(data.CONVERSATION_TRACE, args.limit)
     base = SimConfig(speed=args.speed, admission="predictive", slo_ttft_s=args.slo_ttft, slo_tbt_s=args.slo_tbt,
-                     learn_decode_time=True)
+                     learn_decode_time=True, mode=args.mode)
     traces = {"shifting": shifting(trace, _factors(args.middle), _factors(args.outer)), "steady": trace}
     out, plans = {}, {}
     for name, t in traces.items():

@@ -30,8 +30,8 @@ class RolePlan:
     polling: bool = False  # a drain check is scheduled
 
     @classmethod
-    def of(cls, predictor: Predictor, max_batch: int) -> RolePlan:
-        return cls(Roles(Planner(predictor, PlannerParams(max_batch=max_batch))))
+    def of(cls, predictor: Predictor, max_batch: int, empty_prefill: bool = False) -> RolePlan:
+        return cls(Roles(Planner(predictor, PlannerParams(max_batch=max_batch, empty_prefill=empty_prefill))))
 
     @property
     def params(self) -> PlannerParams:

@@ -155,9 +155,10 @@ class Simulation:
         self.requests: list[SimRequest] = []
         self.unsettled = 0  # requests whose outcome is not final yet (arrived or not)
         self.max_model_len = 0
-        if config.planner and config.mode != "disaggregated":
-            raise ValueError("the planner moves instances between prefill and decode: disaggregated mode only")
-        self.plan = RolePlan.of(self.predictor, config.max_batch) if config.planner else None
+        if config.planner and config.mode not in ("disaggregated", "adaptive"):
+            raise ValueError("the planner moves instances between prefill and decode: adaptive or disaggregated mode")
+        self.plan = (RolePlan.of(self.predictor, config.max_batch, empty_prefill=config.mode == "adaptive")
+                     if config.planner else None)
 
     # --- event queue --------------------------------------------------------
     def at(self, t: float, kind: str, obj: object, version: int = 0) -> None:
@@ -215,6 +216,8 @@ class Simulation:
                  and not self._draining(x.instance_id)]
         decode_loads = [x for x in self.state.decode_loads(self.now) if not self._draining(x.instance_id)]
         out = self.scheduler.schedule(r.request, loads, decode_loads, self.now, self.state.decode_time_s)
+        if self.config.mode == "adaptive" and modes.spills(out, r.request) and self._spill(r, out):
+            return
         if not isinstance(out, Decision):
             self._rejected(r, out)
             return
@@ -309,6 +312,25 @@ class Simulation:
         decoding = [*inst.batch, *inst.waiting]
         return modes.ColocatedLoad(inst.iid, sum(self._uncomputed(x) for x in inst.prefill_queue), prefix_blocks,
                                    len(decoding), sum(x.ctx for x in decoding), capacity=self.config.max_batch)
+
+    def _spill(self, r: SimRequest, out: Decision | Rejection) -> bool:
+        """Adaptive mode, as the Conductor's (`modes.spills`, `modes.sooner`): a request
+        disaggregation would refuse, or keep waiting, runs both phases on a decode
+        instance that serves it in time (the simulator's prefill instances do not
+        decode: only the live Conductor also spills onto them)."""
+        prefixes = self.decode_index.prefix_blocks(r.hashes, self.decodes) if self.config.prefix_caching else {}
+        loads = [self._colocated_load(inst, prefixes.get(iid, 0)) for iid, inst in self.decodes.items()
+                 if not self._draining(iid)]
+        both = modes.place_colocated(r.request, loads, self.predictor, self.config.block_tokens,
+                                     self.config.step_tokens, self.config.admission)
+        if not isinstance(both, modes.ColocatedChoice) or (isinstance(out, Decision)
+                                                           and not modes.sooner(both, out, r.request)):
+            return False
+        self.mode_counts["local:spilled"] += 1
+        self._arrived(r)
+        self._prefill_locally(r, both.instance_id, min(both.cached_blocks * self.config.block_tokens,
+                                                       r.trace.input_length - 1))
+        return True
 
     def _prefill_on_decode(self, r: SimRequest, out: Decision, decode_loads: Sequence[DecodeLoad]) -> bool:
         """Conditional disaggregation: the rule (`modes.choose_mode`) judges the chosen
@@ -451,7 +473,7 @@ class Simulation:
         """It waits for the batch's next step (False: a one-token request, done).
         A request prefilled where it decodes skips the double check: the engine that
         prefilled it holds its KV, and waits for room as vLLM does."""
-        if self.config.mode == "conditional":  # the decode's own prefix cache keeps its prompt
+        if self.config.mode in ("conditional", "adaptive"):  # the decode's own prefix cache keeps its prompt
             self.decode_index.insert(inst.iid, r.hashes)
         if r.remaining <= 0:
             self._finish(r)

@@ -130,3 +130,20 @@ def test_without_prefix_caching_a_colocated_instance_recomputes_a_repeated_promp
     trace = [TraceRequest(0.0, 1024, 2, (1, 2)), TraceRequest(5000.0, 1024, 2, (1, 2))]
     cached, plain = (simulate(trace, replace(COLOCATED, prefix_caching=on), FLAT).outcomes[1] for on in (True, False))
     assert cached.ttft_s < 0.5 and plain.ttft_s == pytest.approx(1.024)
+
+
+def test_adaptive_is_disaggregated_at_light_load_and_spills_a_prefill_queue_onto_an_idle_decode():
+    # Four 1,000-token prompts at once on one prefill (1 s each): past the second,
+    # each would wait more than half its 2-s TTFT SLO there (disaggregated refuses
+    # the last two), so the decode, idle when they come, prefills them sooner. A
+    # loose TBT SLO: the spilled prefills' 1-s steps stall what decodes there later.
+    trace = [TraceRequest(0.0, 1000, 3, (k,)) for k in range(4)]
+    config = SimConfig(prefill=1, decode=1, mode="adaptive", kv_bytes_per_token=0, layerwise=False, slo_ttft_s=2.0,
+                       slo_tbt_s=5.0, admission="predictive")
+    run = simulate(trace, config, FLAT)
+    assert run.result["mode_decisions"].get("local:spilled", 0) >= 1
+    assert all(o.completed for o in run.outcomes)
+    fixed = simulate(trace, replace(config, mode="disaggregated"), FLAT)
+    assert sum(o.within_slo for o in run.outcomes) > sum(o.within_slo for o in fixed.outcomes)
+    light = simulate(trace[:1], config, FLAT)
+    assert light.result["mode_decisions"].get("local:spilled", 0) == 0
