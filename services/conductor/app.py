@@ -27,8 +27,8 @@ from services.conductor.modes import (
     choose_mode,
     fallback,
     missing_role,
+    better_both,
     place_colocated,
-    sooner,
     spill,
     spills,
 )
@@ -303,11 +303,12 @@ class Conductor:
         a prefill queue, goes to whichever instance (a decode's batch, a prefill's own
         engine) serves it sooner within its SLOs; it is refused only if none can."""
         out = self._both_phases(req, ask, view, [*view.decodes, *self._hosts("decode", view, now)], now)
-        if isinstance(disaggregated, Decision) and not sooner(out, disaggregated, req):
+        better = better_both(out, disaggregated, req)
+        if isinstance(disaggregated, Decision) and not better:
             return self._schedule_disaggregated(req, ask, view, disaggregated, now)
         if isinstance(disaggregated, Rejection) and disaggregated.decode:
             self.roles.refused_for_decode(now)  # spilled or not, decode lacked room: the planner's signal
-        if not isinstance(out, ColocatedChoice):
+        if not better or not isinstance(out, ColocatedChoice):
             assert isinstance(disaggregated, Rejection)
             return self._rejected(req, replace(disaggregated, decode=False), now)  # counted once
         why = (disaggregated.reason if isinstance(disaggregated, Rejection)

@@ -213,6 +213,10 @@ def fallback(missing: str, host_id: str, tbt_s: float = 0.0, ttft_s: float = 0.0
 # share of its TTFT SLO there: well before admission would refuse it, so that the
 # other engines share a prefill-heavy load instead of the queue growing to the SLO.
 SPILL_AT_TTFT_SHARE = 0.5
+# ... and only where its prefill, with what is queued there, takes at most this many
+# steps carrying chunks, each within the TBT SLO: a decode's TBT is judged on its
+# slowest tenth of gaps, and a long prompt's chunks would fill many steps in a row.
+SPILL_MIXED_STEPS = 2
 
 
 def spills(disaggregated: Decision | Rejection, req: Request) -> bool:
@@ -223,13 +227,17 @@ def spills(disaggregated: Decision | Rejection, req: Request) -> bool:
     return disaggregated.prefill.ttft_s > SPILL_AT_TTFT_SHARE * req.slo_ttft_s
 
 
-def sooner(both: ColocatedChoice | Rejection, disaggregated: Decision, req: Request) -> bool:
-    """Whether a request disaggregation would serve in time is better off running both
-    phases elsewhere: sooner, and without its prefill chunks pushing the steps of
-    those decoding there past the TBT SLO (they are not refusals to avoid, so they
-    must cost nobody their TBT)."""
-    return (isinstance(both, ColocatedChoice) and both.ttft_s < disaggregated.prefill.ttft_s
-            and both.mixed_tbt_s <= req.slo_tbt_s)
+def better_both(both: ColocatedChoice | Rejection, disaggregated: Decision | Rejection, req: Request) -> bool:
+    """Whether a request is better off running both phases where colocated placement
+    put it (`both`) than as disaggregation would serve it: there is such a place, its
+    prefill takes a step or two there, each within the TBT SLO of those decoding
+    there (a spill must cost nobody their TBT), and disaggregation would refuse it or
+    start it later."""
+    if not isinstance(both, ColocatedChoice) or both.mixed_tbt_s > req.slo_tbt_s:
+        return False
+    if both.mixed_steps > SPILL_MIXED_STEPS:
+        return False
+    return isinstance(disaggregated, Rejection) or both.ttft_s < disaggregated.prefill.ttft_s
 
 
 def spill(host_id: str, why: str, tbt_s: float = 0.0, ttft_s: float = 0.0) -> ModeChoice:
@@ -271,6 +279,7 @@ class ColocatedChoice:
     cached_blocks: int
     tbt_s: float  # predicted decode step once it joins (no chunk beside it)
     mixed_tbt_s: float  # ... and a step that carries a full prefill chunk beside it
+    mixed_steps: int = 1  # steps there that carry prefill chunks until its own is done
 
     def choice(self) -> ModeChoice:
         """As a serving-mode decision, for the counters and the response."""
@@ -287,11 +296,18 @@ def colocated_ttft_s(load: ColocatedLoad, req: Request, predictor: Predictor, bl
     which the profile prices alike)."""
     cached = min(load.prefix_blocks * block_size, req.prompt_len - 1)
     new = req.prompt_len - cached
-    budget = max(1, step_budget(predictor, step_tokens, load.batch, load.ctx_tokens, cached, req.slo_tbt_s))
-    steps = math.ceil((load.queued_tokens + new) / budget)
+    steps = colocated_steps(load, req, predictor, block_size, step_tokens)
     fixed = predictor.decode_step_s(load.batch, load.ctx_tokens) if load.batch else predictor.prefill_coef[0] / 1e3
     work = prefill_marginal_s(predictor, [(load.queued_tokens, 0)]) + prefill_marginal_s(predictor, [(new, cached)])
     return load.queue_s + load.slowdown * (steps * fixed + work)
+
+
+def colocated_steps(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int, step_tokens: int) -> int:
+    """Steps that carry prefill chunks there until this request's prefill is done: the
+    queue's uncomputed tokens and its own, a step's budget at a time."""
+    cached = min(load.prefix_blocks * block_size, req.prompt_len - 1)
+    budget = max(1, step_budget(predictor, step_tokens, load.batch, load.ctx_tokens, cached, req.slo_tbt_s))
+    return math.ceil((load.queued_tokens + req.prompt_len - cached) / budget)
 
 
 def colocated_stall_s(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int) -> float:
@@ -326,4 +342,5 @@ def place_colocated(
                          f"{req.slo_ttft_s * 1e3:.0f} ms", retry_after_s=ttft - req.slo_ttft_s)
     if admission != "none" and tbt > req.slo_tbt_s:
         return Rejection("overloaded", tbt_exceeded(tbt, req.slo_tbt_s, best.instance_id), retry_after_s=1.0)
-    return ColocatedChoice(best.instance_id, ttft, best.prefix_blocks, tbt, mixed)
+    return ColocatedChoice(best.instance_id, ttft, best.prefix_blocks, tbt, mixed,
+                           colocated_steps(best, req, predictor, block_size, step_tokens))

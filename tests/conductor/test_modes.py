@@ -153,3 +153,21 @@ def test_adaptive_looks_beyond_the_prefills_once_a_prompt_would_wait_half_its_tt
     assert not spills(queued(0.3), req)  # light load: disaggregated, as ever
     assert spills(queued(SPILL_AT_TTFT_SHARE * 2.0 + 0.01), req)
     assert spills(Rejection("overloaded", "predicted TTFT 2100 ms exceeds the SLO", 0.1), req)
+
+
+def test_a_spill_must_take_a_step_or_two_within_the_tbt_slo_there_and_beat_disaggregation():
+    from services.conductor.modes import SPILL_MIXED_STEPS, better_both
+    from services.conductor.policy import Decision, PrefillChoice
+
+    req = Request("r", 1000, 7, 16, slo_ttft_s=2.0, slo_tbt_s=0.1)
+    queued = Decision(PrefillChoice("p0", 1.5, 0), "d0", 0.01)
+    refused = Rejection("overloaded", "predicted TTFT 2100 ms exceeds the SLO", 0.1)
+
+    def there(ttft_s: float, mixed_s: float = 0.09, steps: int = 1) -> ColocatedChoice:
+        return ColocatedChoice("d0", ttft_s, 0, 0.01, mixed_s, steps)
+
+    assert better_both(there(0.5), queued, req) and better_both(there(3.0), refused, req)
+    assert not better_both(there(1.6), queued, req)  # not sooner
+    assert not better_both(there(0.5, mixed_s=0.11), refused, req)  # its chunks would break the TBT there
+    assert not better_both(there(0.5, steps=SPILL_MIXED_STEPS + 1), refused, req)  # too many steps in a row
+    assert not better_both(refused, refused, req)

@@ -106,4 +106,5 @@ def _table(out: dict, args: argparse.Namespace) -> str:
 def _plot(plans: dict[str, list[tuple[float, int]]], path: Path, n: int) -> str:
     from yuebing.lab.plots import plot_split
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     return plot_split(plans, n, path)

@@ -323,8 +323,7 @@ class Simulation:
                  if not self._draining(iid)]
         both = modes.place_colocated(r.request, loads, self.predictor, self.config.block_tokens,
                                      self.config.step_tokens, self.config.admission)
-        if not isinstance(both, modes.ColocatedChoice) or (isinstance(out, Decision)
-                                                           and not modes.sooner(both, out, r.request)):
+        if not isinstance(both, modes.ColocatedChoice) or not modes.better_both(both, out, r.request):
             return False
         self.mode_counts["local:spilled"] += 1
         self._arrived(r)
