@@ -55,7 +55,7 @@ def test_each_layout_reads_a_valid_config_and_every_service_its_model(overrides)
     assert config.nats_url == "nats://nats:4222" and config.model.startswith("/models/")
     for name in service_commands(model):
         assert any(v["target"] == "/models" for v in model["services"][name]["volumes"]), name
-    expected = {(): "disaggregated", (COLOCATED,): "colocated", (GPU,): "disaggregated"}[overrides]
+    expected = {(): "adaptive", (COLOCATED,): "colocated", (GPU,): "adaptive"}[overrides]
     assert config.mode == expected
 
 

@@ -101,6 +101,10 @@ class GoodputSpec:
             raise ValueError("--target must be in (0, 1], the SLOs positive")
         if not 0 < self.max_output < self.max_model_len:
             raise ValueError("--max-output must be positive and below --max-model-len")
+        self._check_workload()
+
+    def _check_workload(self) -> None:
+        """Who sends what, and at which rates."""
         if self.client not in CLIENTS or self.tbt_stat not in TBT_STATS:
             raise ValueError(f"--client takes {' or '.join(CLIENTS)}, --tbt-stat {' or '.join(TBT_STATS)}")
         if any(r <= 0 for r in self.rate_list) or len(set(self.rate_list)) != len(self.rate_list):

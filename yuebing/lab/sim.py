@@ -216,13 +216,9 @@ class Simulation:
                  and not self._draining(x.instance_id)]
         decode_loads = [x for x in self.state.decode_loads(self.now) if not self._draining(x.instance_id)]
         out = self.scheduler.schedule(r.request, loads, decode_loads, self.now, self.state.decode_time_s)
-        if self.config.mode == "adaptive" and modes.spills(out, r.request) and self._spill(r, out):
+        if self._elsewhere(r, out, decode_loads):
             return
-        if not isinstance(out, Decision):
-            self._rejected(r, out)
-            return
-        if self.config.mode == "conditional" and self._prefill_on_decode(r, out, decode_loads):
-            return
+        assert isinstance(out, Decision)
         prefix = next(x.prefix_blocks for x in loads if x.instance_id == out.prefill.instance_id)
         if out.prefill.pull_from:  # replication: the pulled blocks now live on the chosen instance too
             self.index.insert(out.prefill.instance_id, r.hashes[: out.prefill.cached_blocks])
@@ -240,6 +236,16 @@ class Simulation:
         if not inst.busy:
             self._start_step(inst)
             self._host_changed()  # one more prefill running
+
+    def _elsewhere(self, r: SimRequest, out: Decision | Rejection, decode_loads: Sequence[DecodeLoad]) -> bool:
+        """Whether the request was refused, or placed other than disaggregated by the
+        serving mode (adaptive's spill, conditional's rule): then it is settled here."""
+        if self.config.mode == "adaptive" and modes.spills(out, r.request) and self._spill(r, out):
+            return True
+        if not isinstance(out, Decision):
+            self._rejected(r, out)
+            return True
+        return self.config.mode == "conditional" and self._prefill_on_decode(r, out, decode_loads)
 
     def _rejected(self, r: SimRequest, out: Rejection) -> None:
         r.outcome.rejected = True
