@@ -34,7 +34,10 @@ RESTART_S = 120  # a killed service is back within this (its supervisor's backof
 
 @pytest.fixture(scope="module")
 def one_of_each(launcher, tmp_path_factory):
-    started = launcher(tmp_path_factory.mktemp("degraded"), "--prefill", "1", "--decode", "1")
+    # Disaggregated: each stream's place is then known (adaptive mode may spill one onto
+    # the prefill engine, and the kill below must hit the engine decoding it).
+    started = launcher(tmp_path_factory.mktemp("degraded"), "--prefill", "1", "--decode", "1", "--mode",
+                       "disaggregated")
     yield started.wait()
     started.stop()
 
