@@ -26,8 +26,8 @@ from services.conductor.modes import (
     ModeParams,
     choose_mode,
     fallback,
-    missing_role,
     better_both,
+    missing_role,
     place_colocated,
     spill,
     spills,
@@ -303,14 +303,12 @@ class Conductor:
         a prefill queue, goes to whichever instance (a decode's batch, a prefill's own
         engine) serves it sooner within its SLOs; it is refused only if none can."""
         out = self._both_phases(req, ask, view, [*view.decodes, *self._hosts("decode", view, now)], now)
-        better = better_both(out, disaggregated, req)
-        if isinstance(disaggregated, Decision) and not better:
-            return self._schedule_disaggregated(req, ask, view, disaggregated, now)
+        if not isinstance(out, ColocatedChoice) or not better_both(out, disaggregated, req):
+            if isinstance(disaggregated, Decision):
+                return self._schedule_disaggregated(req, ask, view, disaggregated, now)
+            return self._rejected(req, disaggregated, now)
         if isinstance(disaggregated, Rejection) and disaggregated.decode:
-            self.roles.refused_for_decode(now)  # spilled or not, decode lacked room: the planner's signal
-        if not better or not isinstance(out, ColocatedChoice):
-            assert isinstance(disaggregated, Rejection)
-            return self._rejected(req, replace(disaggregated, decode=False), now)  # counted once
+            self.roles.refused_for_decode(now)  # spilled, yet decode lacked room: the planner's signal
         why = (disaggregated.reason if isinstance(disaggregated, Rejection)
                else f"its prefill queue would take {disaggregated.prefill.ttft_s * 1e3:.0f} ms")
         choice = spill(out.instance_id, why, out.tbt_s, out.ttft_s)

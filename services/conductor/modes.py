@@ -233,9 +233,7 @@ def better_both(both: ColocatedChoice | Rejection, disaggregated: Decision | Rej
     prefill takes a step or two there, each within the TBT SLO of those decoding
     there (a spill must cost nobody their TBT), and disaggregation would refuse it or
     start it later."""
-    if not isinstance(both, ColocatedChoice) or both.mixed_tbt_s > req.slo_tbt_s:
-        return False
-    if both.mixed_steps > SPILL_MIXED_STEPS:
+    if not isinstance(both, ColocatedChoice) or both.mixed_tbt_s > req.slo_tbt_s or both.mixed_steps > SPILL_MIXED_STEPS:
         return False
     return isinstance(disaggregated, Rejection) or both.ttft_s < disaggregated.prefill.ttft_s
 
