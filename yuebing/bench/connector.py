@@ -43,6 +43,8 @@ def resolve(cfg: ConnectorBench) -> tuple[torch.device, ModelShape, str]:
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"--device must be cpu, cuda or auto, got {cfg.device!r}")
+    if cfg.copies not in ("kernels", "blocks"):
+        raise ValueError(f"--copies must be kernels or blocks, got {cfg.copies!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device answers (torch.cuda.is_available() is false)")
     name = cfg.model_shape if cfg.model_shape != "auto" else ("llama3-8b" if device == "cuda" else "tiny")
@@ -105,12 +107,19 @@ class Model:
         cache = self.caches[index].view(2, -1, s.kv_heads, s.head_dim)
         cache[0, :tokens].copy_(k)
         cache[1, :tokens].copy_(v)
-        attn = torch.nn.functional.scaled_dot_product_attention(
-            q.view(tokens, s.heads, s.head_dim).transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-            is_causal=True, enable_gqa=True)
-        x = x + attn.transpose(0, 1).reshape(tokens, -1) @ self.out
+        x = x + _attention(q.view(tokens, s.heads, s.head_dim), k, v).reshape(tokens, -1) @ self.out
         gate, up = (_rms(x) @ self.gate_up).chunk(2, dim=-1)
         return x + (torch.nn.functional.silu(gate) * up) @ self.down
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal GQA attention on (tokens, heads, head size) tensors, as (batch, heads,
+    tokens, head size) with K/V heads repeated: the shape PyTorch's flash kernel takes
+    (in 3-D, or with enable_gqa, it falls back to a quadratic-memory path ~10x slower)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0) for t in (k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v, is_causal=True)
+    return out.squeeze(0).transpose(0, 1)
 
 
 def _rms(x: torch.Tensor) -> torch.Tensor:
@@ -241,9 +250,11 @@ def run(cfg: ConnectorBench, progress: Callable[[str], None] = print) -> dict:
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="yuebing-bench-", dir=shm) as folder:
         pool = pool_for(model.caches, model.blocks, Path(folder))
-        copier = copier_for(device, cfg.checksum_threads)
+        copier = copier_for(device, cfg.checksum_threads, mapped=cfg.copies == "kernels")
         try:
             copier.adopt(pool)
+            copies = "kernels" if cfg.copies == "kernels" and pool.on_device is not None else "blocks"
+            progress(f"copies: {copies}")
             rig = Rig(model, pool, copier, _stream_synced(device))
             rows = []
             for tokens in cfg.tokens:
@@ -253,14 +264,14 @@ def run(cfg: ConnectorBench, progress: Callable[[str], None] = print) -> dict:
             copier.close()
             pool.close()
     return {"benchmark": "connector", "device": device_name(device), "device_type": device.type,
-            "model_shape": shape_name, "dtype": str(dtype).removeprefix("torch."),
+            "model_shape": shape_name, "dtype": str(dtype).removeprefix("torch."), "copies": copies,
             "rows": rows, "bare_gbps": bare_gbps(device)}
 
 
 def table(result: dict) -> str:
     head = (f"{'device':<28} {'tokens':>7} {'prefill ms':>10} {'w/ saves ms':>11} {'ratio':>6} "
             f"{'noted +ms':>9} {'load ms':>8} {'load GB/s':>9} {'load/recompute':>14}")
-    lines = [f"model shape {result['model_shape']} ({result['dtype']})", head]
+    lines = [f"model shape {result['model_shape']} ({result['dtype']}), copies: {result['copies']}", head]
     for r in result["rows"]:
         lines.append(f"{result['device'][:28]:<28} {r['tokens']:>7} {r['prefill_ms']:>10.1f} {r['with_saves_ms']:>11.1f} "
                      f"{r['ratio']:>6.3f} {r['noted_after_end_ms']:>9.2f} {r['load_ms']:>8.1f} "

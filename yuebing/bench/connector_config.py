@@ -27,3 +27,5 @@ class ConnectorBench:
     repeats: Annotated[int, Meta(description="timed runs per case; the median is reported")] = 5
     warmup: Annotated[int, Meta(description="untimed runs first")] = 2
     checksum_threads: Annotated[int, Meta(description="threads checksumming saved layers (0: one per core, up to 8)")] = 0
+    copies: Annotated[str, Meta(description="GPU copies: kernels (two a layer, over the mapped pool) "
+                                "or blocks (one DMA copy per block)")] = "kernels"

@@ -19,8 +19,13 @@ from shared.kv.copier import (
     StreamCopier,
     ThreadCopier,
     blocks_first,
+    blocks_to_rows,
     copier_for,
+    gather,
     geometry_of,
+    layer_rows,
+    rows_to_blocks,
+    to_slots,
 )
 from shared.kv.pool_file import PoolFile, PoolSlots, checksum
 
@@ -131,3 +136,24 @@ def test_large_layers_are_summed_on_the_thread_pool_with_the_same_checksums(tmp_
     monkeypatch.setattr("shared.kv.copier.PARALLEL_SUM_BYTES", 0)
     assert save_all(copier, mapped, layer_caches, block_ids=[0, 1, 2], slots=[0, 1, 2]) == alone
     copier.close()
+
+
+def test_layer_rows_kernels_move_the_same_bytes_as_one_copy_per_block(tmp_path):
+    """The GPU's kernel path (gather/scatter over the mapped pool's rows) checked on
+    the host's bytes: a slot's layer part is the row, K then V, as the DMA path writes it."""
+    layer_caches = caches()
+    (tmp_path / "rows").mkdir()
+    by_block, by_rows = pool(tmp_path, layer_caches), pool(tmp_path / "rows", layer_caches)
+    for layer, cache in enumerate(layer_caches):
+        staged = gather(cache, torch.tensor([2, 0]))
+        to_slots(by_block, staged, layer, [1, 3], non_blocking=False)
+        rows = layer_rows(by_rows.data, by_rows.slots.geometry, layer)
+        assert rows.dtype == torch.int64 and rows.shape[0] == SLOTS
+        blocks_to_rows(staged, rows, torch.tensor([1, 3]))
+    assert torch.equal(by_block.data, by_rows.data)
+    for layer, cache in enumerate(layer_caches):
+        rows_to_blocks(layer_rows(by_rows.data, by_rows.slots.geometry, layer), torch.tensor([3, 1]), cache,
+                       torch.tensor([1, 3]))
+        assert torch.equal(cache[1], cache[0]) and torch.equal(cache[3], cache[2])
+    by_block.close()
+    by_rows.close()
