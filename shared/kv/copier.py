@@ -107,6 +107,16 @@ class MappedPool:
         self.pinned = True
         self.on_device = mapped_on_device(self.data)
 
+    def holds(self, slots: list[int]) -> bool:
+        """Whether every slot is inside the pool: checked before a GPU copy, which would
+        read or write past it unchecked."""
+        count = self.data.numel() // self.slots.geometry.slot_bytes
+        if slots and (min(slots) < 0 or max(slots) >= count):
+            log.error("kv copy refused: slot outside the pool", pool=self.pool_id, slots=count,
+                      lowest=min(slots), highest=max(slots))
+            return False
+        return True
+
     def rows(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s part of every slot, one row per slot, at the device address."""
         assert self.on_device is not None
@@ -151,26 +161,79 @@ class _DeviceArray:
                                          "version": 3, "strides": None}
 
 
-def mapped_on_device(data: torch.Tensor) -> torch.Tensor | None:
-    """Pinned host bytes as a CUDA tensor at their device address (no copy), or None
-    where CUDA's runtime gives none: copies then go one DMA per block."""
-    cudart = _cudart()
-    address = ctypes.c_void_p()
-    if cudart is None or cudart.cudaHostGetDevicePointer(ctypes.byref(address), ctypes.c_void_p(data.data_ptr()), 0):
-        log.warning("node pool not mapped for GPU kernels: one copy per block", runtime_found=cudart is not None)
-        return None
-    return torch.as_tensor(_DeviceArray(address.value or 0, data.numel()), device="cuda")
+class CudaRuntime:
+    """The two CUDA runtime calls torch does not expose, on the runtime library torch loaded."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._copy_rows = lib.cudaMemcpy2DAsync
+        self._copy_rows.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                    ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        self._copy_rows.restype = ctypes.c_int
+        self._device_pointer = lib.cudaHostGetDevicePointer
+        self._device_pointer.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_uint]
+        self._device_pointer.restype = ctypes.c_int
+
+    def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int, stream: int) -> None:
+        """`rows` rows of `width` bytes, each pitch apart, on the copy engine (cudaMemcpyDefault: UVA tells the ends)."""
+        if err := self._copy_rows(dst, dst_pitch, src, src_pitch, width, rows, 4, stream):
+            raise RuntimeError(f"cudaMemcpy2DAsync failed (error {err})")
+
+    def device_pointer(self, host: int) -> int | None:
+        address = ctypes.c_void_p()
+        return None if self._device_pointer(ctypes.byref(address), host, 0) else address.value
 
 
 @functools.cache
-def _cudart() -> ctypes.CDLL | None:
-    """The CUDA runtime this process's torch loaded (torch exposes no cudaHostGetDevicePointer)."""
+def cuda_runtime() -> CudaRuntime | None:
+    """The CUDA runtime this process's torch loaded, or None where it can't be found."""
     try:
         maps = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
         return None
     path = next((line.split()[-1] for line in maps if "/libcudart.so" in line), None)
-    return ctypes.CDLL(path) if path else None
+    try:
+        return CudaRuntime(ctypes.CDLL(path)) if path else None
+    except (OSError, AttributeError) as e:
+        log.warning("CUDA runtime not usable for KV copies", path=path, error=str(e))
+        return None
+
+
+def mapped_on_device(data: torch.Tensor) -> torch.Tensor | None:
+    """Pinned host bytes as a CUDA tensor at their device address (no copy), or None
+    where CUDA's runtime gives none."""
+    runtime = cuda_runtime()
+    address = runtime.device_pointer(data.data_ptr()) if runtime is not None else None
+    if address is None:
+        log.warning("node pool not mapped for GPU kernels", runtime_found=runtime is not None)
+        return None
+    return torch.as_tensor(_DeviceArray(address, data.numel()), device=torch.device("cuda", torch.cuda.current_device()))
+
+
+def runs(slots: list[int]) -> list[tuple[int, int, int]]:
+    """Each run of consecutive slots: (its position in `slots`, its first slot, its length)."""
+    out: list[tuple[int, int, int]] = []
+    for position, slot in enumerate(slots):
+        if out and slot == out[-1][1] + out[-1][2]:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((position, slot, 1))
+    return out
+
+
+def dma_rows(runtime: CudaRuntime, pool: MappedPool, staged: torch.Tensor, layer: int, slots: list[int],
+             stream: torch.cuda.Stream, to_pool: bool) -> None:
+    """Move the slots' parts of `layer` (a slot apart) to or from `staged`'s blocks (side
+    by side): one copy-engine transfer per run of consecutive slots, no GPU cores."""
+    g = pool.slots.geometry
+    part, far0, near0 = g.layer_bytes, pool.data.data_ptr() + g.layer_offset(layer), staged.data_ptr()
+    if not staged.is_contiguous() or staged[0].numel() * staged.element_size() != part:
+        raise ValueError(f"staged blocks are not {part}-byte parts side by side")
+    for position, first, count in runs(slots):
+        far, near = far0 + first * g.slot_bytes, near0 + position * part
+        if to_pool:
+            runtime.copy_rows(far, g.slot_bytes, near, part, part, count, stream.cuda_stream)
+        else:
+            runtime.copy_rows(near, part, far, g.slot_bytes, part, count, stream.cuda_stream)
 
 
 @dataclass(frozen=True)
@@ -377,17 +440,27 @@ def landed(event: object, poll_s: float = 0.0002) -> bool:
     return True
 
 
+COPY_PATHS = ("dma", "kernels", "blocks")
+
+
 class StreamCopier(Copier):
     """GPU engines: copies on their own streams, ordered after the compute stream by
-    events; the forward thread only enqueues them, and the host never waits for bytes."""
+    events; the forward thread only enqueues them, and the host never waits for bytes.
+    `saves` and `loads` name how bytes cross (COPY_PATHS): `dma`, the copy engine, one
+    transfer per run of consecutive slots; `kernels`, a gather or scatter kernel over
+    the pool mapped into the GPU; `blocks`, one torch copy per block (what is left where
+    the CUDA runtime can't be called)."""
 
-    def __init__(self, device: torch.device, checksum_threads: int = 0, mapped: bool = True) -> None:
+    def __init__(self, device: torch.device, checksum_threads: int = 0, saves: str = "dma",
+                 loads: str = "kernels") -> None:
         super().__init__(checksum_threads)
-        self.device = device
-        self.mapped = mapped  # kernels over the mapped pool where it is mapped; else one DMA copy per block
+        if saves not in COPY_PATHS or loads not in COPY_PATHS:
+            raise ValueError(f"copy paths are {', '.join(COPY_PATHS)}; got saves={saves!r}, loads={loads!r}")
+        self.device, self.saves, self.loads = device, saves, loads
+        self.runtime = cuda_runtime()
         self.save_stream = torch.cuda.Stream(device)
         self.load_stream = torch.cuda.Stream(device)
-        self.loads = Lane("yuebing-load")  # issues a step's loads while the forward starts
+        self.load_lane = Lane("yuebing-load")  # issues a step's loads while the forward starts
         self._gathered: torch.cuda.Event | None = None  # the last gather: flush waits for it
         self._ids: dict[str, tuple[tuple[int, ...], torch.Tensor]] = {}  # this step's block and slot ids, on the GPU
 
@@ -398,24 +471,26 @@ class StreamCopier(Copier):
         except RuntimeError as e:  # still correct, but each copy then waits on the host
             log.warning("node pool not pinned: KV copies stall the forward", error=str(e))
 
+    def path(self, wanted: str, pool: MappedPool) -> str:
+        """The copy path this pool allows: kernels need it mapped, DMA pinned and the runtime."""
+        if wanted == "kernels" and pool.on_device is not None:
+            return "kernels"
+        if wanted != "blocks" and pool.pinned and self.runtime is not None:
+            return "dma"
+        return "blocks"
+
     def _on_device(self, ids: list[int], kind: str = "blocks") -> torch.Tensor:
-        """Block (or slot) ids as a GPU tensor, made once per step and copied without a host sync."""
+        """Block (or slot) ids as a GPU tensor, made once per step and copied without a
+        host sync. Called on the forward thread only."""
         key, made = tuple(ids), self._ids.get(kind)
         if made is None or made[0] != key:
             made = (key, torch.tensor(key, dtype=torch.long).pin_memory().to(self.device, non_blocking=True))
             self._ids[kind] = made
         return made[1]
 
-    def _slot_ids(self, pool: MappedPool, slots: list[int], kind: str, stream: torch.cuda.Stream) -> torch.Tensor | None:
-        """The slot ids on the GPU where kernels copy to and from this pool, else None.
-        Called on the forward thread only (saves and loads each keep their own)."""
-        if not self.mapped or pool.on_device is None:
-            return None
-        slot_ids = self._on_device(slots, kind)
-        slot_ids.record_stream(stream)
-        return slot_ids
-
     def save(self, pool: MappedPool, cache: torch.Tensor, job: LayerSave, noted: Noted) -> None:
+        if not pool.holds(job.slots):
+            return  # never noted: the messenger gives the slots up at its deadline
         ids = self._on_device(job.block_ids)
         ids.record_stream(self.save_stream)  # its memory is not reused before the gather has read it
         written = torch.cuda.Event()
@@ -425,10 +500,7 @@ class StreamCopier(Copier):
             staged = gather(cache, ids)
             self._gathered = torch.cuda.Event()
             self._gathered.record(self.save_stream)
-            if (slot_ids := self._slot_ids(pool, job.slots, "save slots", self.save_stream)) is not None:
-                blocks_to_rows(staged, pool.rows(job.layer), slot_ids)
-            else:
-                to_slots(pool, staged, job.layer, job.slots, non_blocking=True)
+            self._write(pool, staged, job)
             copied = torch.cuda.Event()
             copied.record(self.save_stream)
 
@@ -441,6 +513,18 @@ class StreamCopier(Copier):
         staging_alive = [staged]
         self.done.submit(follow_up)
 
+    def _write(self, pool: MappedPool, staged: torch.Tensor, job: LayerSave) -> None:
+        """On the save stream: the gathered blocks into their slots."""
+        path = self.path(self.saves, pool)
+        if path == "kernels":
+            slot_ids = self._on_device(job.slots, "save slots")
+            slot_ids.record_stream(self.save_stream)
+            blocks_to_rows(staged, pool.rows(job.layer), slot_ids)
+        elif path == "dma":
+            dma_rows(self.runtime, pool, staged, job.layer, job.slots, self.save_stream, to_pool=True)
+        else:
+            to_slots(pool, staged, job.layer, job.slots, non_blocking=True)
+
     def flush(self) -> bool:
         if self._gathered is not None:
             torch.cuda.current_stream(self.device).wait_event(self._gathered)
@@ -448,10 +532,16 @@ class StreamCopier(Copier):
 
     def load(self, pool: MappedPool, caches: list[torch.Tensor], layers: list[int], job: LayerLoad,
              released: Callable[[], None]) -> LoadJob:
-        load = LoadJob(len(caches))
+        load, path = LoadJob(len(caches)), self.path(self.loads, pool)
+        if not pool.holds(job.slots):
+            load.give_up()
+            self.done.submit(released)
+            return load
         ids = self._on_device(job.block_ids)
         ids.record_stream(self.load_stream)
-        slot_ids = self._slot_ids(pool, job.slots, "load slots", self.load_stream)
+        slot_ids = self._on_device(job.slots, "load slots") if path == "kernels" else None
+        if slot_ids is not None:
+            slot_ids.record_stream(self.load_stream)
         start = torch.cuda.Event()
         # The blocks to fill are free once the compute stream's earlier work (and the ids' copy) is done.
         start.record(torch.cuda.current_stream(self.device))
@@ -464,12 +554,7 @@ class StreamCopier(Copier):
                 for index, cache in enumerate(caches):
                     # The current device and stream are per thread: this lane's are set here.
                     with torch.cuda.device(self.device), torch.cuda.stream(self.load_stream):
-                        if slot_ids is not None:
-                            rows_to_blocks(pool.rows(layers[index]), slot_ids, cache, ids)
-                        else:
-                            staged = staging(cache, len(job.slots))
-                            from_slots(pool, staged, layers[index], job.slots, non_blocking=True)
-                            cache.index_copy_(0, ids, staged)
+                        self._read(pool, cache, layers[index], job, (path, ids, slot_ids))
                         load.events[index] = torch.cuda.Event()
                         load.events[index].record(self.load_stream)  # type: ignore[attr-defined]
                     load.issued[index].set()
@@ -480,8 +565,22 @@ class StreamCopier(Copier):
                 last = next((e for e in reversed(load.events) if e is not None), None)
                 self.done.submit(lambda: (last is None or landed(last)) and released())
 
-        self.loads.submit(issue_all)
+        self.load_lane.submit(issue_all)
         return load
+
+    def _read(self, pool: MappedPool, cache: torch.Tensor, layer: int, job: LayerLoad,
+              how: tuple[str, torch.Tensor, torch.Tensor | None]) -> None:
+        """On the load stream: one layer's slots into its blocks."""
+        path, ids, slot_ids = how
+        if slot_ids is not None:
+            rows_to_blocks(pool.rows(layer), slot_ids, cache, ids)
+            return
+        staged = staging(cache, len(job.slots))
+        if path == "dma":
+            dma_rows(self.runtime, pool, staged, layer, job.slots, self.load_stream, to_pool=False)
+        else:
+            from_slots(pool, staged, layer, job.slots, non_blocking=True)
+        cache.index_copy_(0, ids, staged)
 
     def wait_layer(self, load: LoadJob, index: int) -> bool:
         if not load.wait(index):
@@ -490,12 +589,12 @@ class StreamCopier(Copier):
         return True
 
     def close(self) -> None:
-        self.loads.close()
+        self.load_lane.close()
         super().close()
 
 
-def copier_for(device: torch.device, checksum_threads: int = 0, mapped: bool = True) -> Copier:
-    """The copier for caches on `device` (`mapped`: a GPU's copies as kernels over the mapped pool)."""
+def copier_for(device: torch.device, checksum_threads: int = 0, saves: str = "dma", loads: str = "kernels") -> Copier:
+    """The copier for caches on `device` (`saves`, `loads`: a GPU's copy paths, COPY_PATHS)."""
     if device.type == "cuda":
-        return StreamCopier(device, checksum_threads, mapped)
+        return StreamCopier(device, checksum_threads, saves, loads)
     return ThreadCopier(checksum_threads)

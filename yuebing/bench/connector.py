@@ -32,7 +32,17 @@ from typing import Any
 
 import torch
 
-from shared.kv.copier import Copier, LayerLoad, LayerSave, MappedPool, blocks_first, copier_for, geometry_of
+from shared.kv.copier import (
+    COPY_PATHS,
+    Copier,
+    LayerLoad,
+    LayerSave,
+    MappedPool,
+    StreamCopier,
+    blocks_first,
+    copier_for,
+    geometry_of,
+)
 from shared.kv.pool_file import PoolFile, PoolSlots, checksum
 from yuebing.bench.connector_config import GPU_BAR, SHAPES, ConnectorBench
 from yuebing.shapes import ModelShape
@@ -43,8 +53,8 @@ def resolve(cfg: ConnectorBench) -> tuple[torch.device, ModelShape, str]:
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"--device must be cpu, cuda or auto, got {cfg.device!r}")
-    if cfg.copies not in ("kernels", "blocks"):
-        raise ValueError(f"--copies must be kernels or blocks, got {cfg.copies!r}")
+    if cfg.saves not in COPY_PATHS or cfg.loads not in COPY_PATHS:
+        raise ValueError(f"--saves and --loads must each be one of {', '.join(COPY_PATHS)}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device answers (torch.cuda.is_available() is false)")
     name = cfg.model_shape if cfg.model_shape != "auto" else ("llama3-8b" if device == "cuda" else "tiny")
@@ -200,6 +210,7 @@ def case(rig: Rig, tokens: int, cfg: ConnectorBench) -> dict:
     blocks = tokens // s.block_size  # full blocks: what prefill saves
     alone = median_s(lambda: timed(lambda: rig.model.forward(x), rig.synced), cfg.repeats, cfg.warmup)
     runs = [saving_run(rig, x, blocks) for _ in range(cfg.warmup + cfg.repeats)][cfg.warmup:]
+    check_landed(rig, blocks)
     saved = [c[:blocks].clone() for c in (rig.caches[0], rig.caches[-1])]
     load = median_s(lambda: load_run(rig, blocks), cfg.repeats, cfg.warmup)
     if not all(torch.equal(a, b[:blocks]) for a, b in zip(saved, (rig.caches[0], rig.caches[-1]))):
@@ -209,6 +220,17 @@ def case(rig: Rig, tokens: int, cfg: ConnectorBench) -> dict:
     return {"tokens": tokens, "blocks": blocks, "prefill_ms": alone * 1e3, "with_saves_ms": with_saves * 1e3,
             "ratio": with_saves / alone, "noted_after_end_ms": statistics.median(r[1] for r in runs) * 1e3,
             "load_ms": load * 1e3, "load_gbps": moved / load / 1e9, "load_over_recompute": load / alone}
+
+
+def check_landed(rig: Rig, blocks: int) -> None:
+    """The saved bytes are in the pool file itself (the host's bytes, not a copy of them):
+    the first and last block of the first and last layer."""
+    caches = rig.caches
+    for layer, block in ((0, 0), (len(caches) - 1, blocks - 1)):
+        cache = caches[layer]
+        part = rig.pool.layer(block, layer, cache.dtype).view(cache[block].shape)
+        if not torch.equal(part, cache[block].cpu()):
+            raise RuntimeError(f"layer {layer}, block {block}: the pool file does not hold what was saved")
 
 
 def bare_gbps(device: torch.device, nbytes: int = 256 << 20, repeats: int = 5) -> dict[str, float]:
@@ -250,10 +272,10 @@ def run(cfg: ConnectorBench, progress: Callable[[str], None] = print) -> dict:
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="yuebing-bench-", dir=shm) as folder:
         pool = pool_for(model.caches, model.blocks, Path(folder))
-        copier = copier_for(device, cfg.checksum_threads, mapped=cfg.copies == "kernels")
+        copier = copier_for(device, cfg.checksum_threads, cfg.saves, cfg.loads)
         try:
             copier.adopt(pool)
-            copies = "kernels" if cfg.copies == "kernels" and pool.on_device is not None else "blocks"
+            copies = paths(copier, pool)
             progress(f"copies: {copies}")
             rig = Rig(model, pool, copier, _stream_synced(device))
             rows = []
@@ -266,6 +288,13 @@ def run(cfg: ConnectorBench, progress: Callable[[str], None] = print) -> dict:
     return {"benchmark": "connector", "device": device_name(device), "device_type": device.type,
             "model_shape": shape_name, "dtype": str(dtype).removeprefix("torch."), "copies": copies,
             "rows": rows, "bare_gbps": bare_gbps(device)}
+
+
+def paths(copier: Copier, pool: MappedPool) -> str:
+    """How the copies cross, as the copier settled it for this pool."""
+    if not isinstance(copier, StreamCopier):
+        return "a copy thread"
+    return f"saves by {copier.path(copier.saves, pool)}, loads by {copier.path(copier.loads, pool)}"
 
 
 def table(result: dict) -> str:

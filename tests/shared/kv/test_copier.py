@@ -50,15 +50,21 @@ def save_all(copier, mapped: MappedPool, layer_caches, block_ids, slots) -> dict
     return noted
 
 
-@pytest.fixture(params=["cpu", "cuda"])
+@pytest.fixture(params=["cpu", "cuda:dma", "cuda:kernels", "cuda:blocks"])
 def device(request) -> str:
-    if request.param == "cuda" and not torch.cuda.is_available():
+    """The device, and on a GPU the copy path, both ways (saves and loads)."""
+    if request.param.startswith("cuda") and not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     return request.param
 
 
+def copier_on(device: str):
+    kind, _, path = device.partition(":")
+    return copier_for(torch.device(kind), saves=path or "dma", loads=path or "dma")
+
+
 def test_saves_land_in_their_slots_with_the_checksums_of_those_bytes(tmp_path, device):
-    layer_caches, copier = caches(device), copier_for(torch.device(device))
+    layer_caches, copier = caches(device.partition(":")[0]), copier_on(device)
     mapped = pool(tmp_path, layer_caches)
     copier.adopt(mapped)  # pins it on a GPU
     noted = save_all(copier, mapped, layer_caches, block_ids=[2, 0], slots=[1, 3])
@@ -73,7 +79,7 @@ def test_saves_land_in_their_slots_with_the_checksums_of_those_bytes(tmp_path, d
 
 
 def test_loads_fill_other_blocks_layer_by_layer_and_release_once(tmp_path, device):
-    layer_caches, copier = caches(device), copier_for(torch.device(device))
+    layer_caches, copier = caches(device.partition(":")[0]), copier_on(device)
     mapped = pool(tmp_path, layer_caches)
     save_all(copier, mapped, layer_caches, block_ids=[1, 2], slots=[0, 2])
     released = threading.Event()
