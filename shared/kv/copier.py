@@ -6,12 +6,13 @@ from a plain torch forward.
 Saves. The forward thread hands a layer over as soon as the model has written it, and
 goes on at once:
 - on a GPU (`StreamCopier`), a copy stream waits for the layer on the GPU (an event,
-  never the host), gathers the step's blocks of that layer in one kernel and writes
-  them into their pool slots with a second one. The pool is registered with CUDA
-  (pinned) and mapped into the GPU's address space, so that kernel writes over PCIe
-  while the next layers compute; two kernels a layer, however many blocks (one DMA
-  copy per block costs the forward thread ~15 µs of Python each). Where CUDA gives no
-  device address for the pool, one DMA copy per block does the same;
+  never the host), gathers the step's blocks of that layer in one kernel and copies
+  them into their pool slots, which are registered with CUDA (pinned), so the copies
+  are DMA that overlaps the next layers' compute. The copy engine takes one 2-D
+  transfer per run of consecutive slots (a slot apart in the pool, side by side on the
+  GPU), called on the CUDA runtime directly: one torch copy per block costs the
+  forward thread ~15 µs of Python each, and a kernel writing over PCIe takes the
+  forward's cores (measured: docs/benchmarks/connector.md);
 - on a CPU (`ThreadCopier`), a copy thread does the same with plain copies.
 A completion thread waits for each layer's copies to land, checksums the slots' bytes
 (on several threads, off the forward path) and only then reports the layer saved: the
@@ -19,8 +20,8 @@ messenger never streams bytes still in flight.
 
 Loads. Each layer's blocks are copied from their pool slots into vLLM's blocks, layer
 after layer, with one event per layer; `wait_layer` makes the compute stream wait on
-that event (GPU: the host never waits for bytes; the blocks come over in one gather
-kernel reading the mapped pool), or the forward thread wait for the copy thread (CPU).
+that event (GPU: the host never waits for bytes), or the forward thread wait for the
+copy thread (CPU).
 
 vLLM's source blocks. A block saved in one step may be freed and handed to another
 request in the next. `flush`, at the end of every step, makes the next step's work
@@ -89,7 +90,6 @@ class MappedPool:
     slots: PoolSlots
     data: torch.Tensor  # the whole file, as bytes
     pinned: bool = False
-    on_device: torch.Tensor | None = None  # the same bytes at their device address: GPU kernels read and write them
 
     @staticmethod
     def of(pool_id: str, slots: PoolSlots) -> MappedPool:
@@ -103,9 +103,10 @@ class MappedPool:
     def pin(self) -> None:
         err = torch.cuda.cudart().cudaHostRegister(self.data.data_ptr(), self.data.numel(), 0)
         if int(err) != 0:
+            if (runtime := cuda_runtime()) is not None:
+                runtime.clear_error()  # else the next kernel launch reports it, and fails
             raise RuntimeError(f"cudaHostRegister of the node pool failed (error {int(err)})")
         self.pinned = True
-        self.on_device = mapped_on_device(self.data)
 
     def holds(self, slots: list[int]) -> bool:
         """Whether every slot is inside the pool: checked before a GPU copy, which would
@@ -117,13 +118,7 @@ class MappedPool:
             return False
         return True
 
-    def rows(self, layer: int) -> torch.Tensor:
-        """Layer `layer`'s part of every slot, one row per slot, at the device address."""
-        assert self.on_device is not None
-        return layer_rows(self.on_device, self.slots.geometry, layer)
-
     def close(self) -> None:
-        self.on_device = None  # before the bytes are unregistered
         if self.pinned:
             torch.cuda.cudart().cudaHostUnregister(self.data.data_ptr())
             self.pinned = False
@@ -131,56 +126,25 @@ class MappedPool:
         self.slots.close()
 
 
-def layer_rows(data: torch.Tensor, g: Geometry, layer: int) -> torch.Tensor:
-    """Layer `layer`'s part of every slot of a pool file's bytes, one row per slot (the
-    file is slot-major, so a strided view), in the widest words the sizes divide: a
-    kernel moving them reads and writes 8 bytes a thread, not one."""
-    slots = data.numel() // g.slot_bytes
-    rows = data.as_strided((slots, g.layer_bytes), (g.slot_bytes, 1), data.storage_offset() + g.layer_offset(layer))
-    word = next(w for w in (8, 4, 2, 1) if g.layer_bytes % w == 0 and g.slot_bytes % w == 0
-                and g.layer_offset(layer) % w == 0 and data.data_ptr() % w == 0)
-    return rows.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[word])
-
-
-def rows_to_blocks(rows: torch.Tensor, slot_ids: torch.Tensor, cache: torch.Tensor, block_ids: torch.Tensor) -> None:
-    """Copy the slots' rows into the cache's blocks: one gather, one scatter."""
-    staged = rows.index_select(0, slot_ids).view(cache.dtype).view(len(slot_ids), *cache.shape[1:])
-    cache.index_copy_(0, block_ids, staged)
-
-
-def blocks_to_rows(staged: torch.Tensor, rows: torch.Tensor, slot_ids: torch.Tensor) -> None:
-    """Write gathered blocks (contiguous, K then V each) into the slots' rows: one scatter."""
-    rows.index_copy_(0, slot_ids, staged.view(len(staged), -1).view(rows.dtype))
-
-
-class _DeviceArray:
-    """Device memory at a raw address, in the shape torch.as_tensor reads (CUDA array interface)."""
-
-    def __init__(self, address: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
-                                         "version": 3, "strides": None}
-
-
 class CudaRuntime:
-    """The two CUDA runtime calls torch does not expose, on the runtime library torch loaded."""
+    """The CUDA runtime calls torch does not expose, on the runtime library torch loaded."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._copy_rows = lib.cudaMemcpy2DAsync
         self._copy_rows.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                                     ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
         self._copy_rows.restype = ctypes.c_int
-        self._device_pointer = lib.cudaHostGetDevicePointer
-        self._device_pointer.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_uint]
-        self._device_pointer.restype = ctypes.c_int
+        self._last_error = lib.cudaGetLastError
+        self._last_error.restype = ctypes.c_int
 
     def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int, stream: int) -> None:
         """`rows` rows of `width` bytes, each pitch apart, on the copy engine (cudaMemcpyDefault: UVA tells the ends)."""
         if err := self._copy_rows(dst, dst_pitch, src, src_pitch, width, rows, 4, stream):
             raise RuntimeError(f"cudaMemcpy2DAsync failed (error {err})")
 
-    def device_pointer(self, host: int) -> int | None:
-        address = ctypes.c_void_p()
-        return None if self._device_pointer(ctypes.byref(address), host, 0) else address.value
+    def clear_error(self) -> None:
+        """Reset the runtime's last error (a failed call leaves it for the next launch to find)."""
+        self._last_error()
 
 
 @functools.cache
@@ -196,17 +160,6 @@ def cuda_runtime() -> CudaRuntime | None:
     except (OSError, AttributeError) as e:
         log.warning("CUDA runtime not usable for KV copies", path=path, error=str(e))
         return None
-
-
-def mapped_on_device(data: torch.Tensor) -> torch.Tensor | None:
-    """Pinned host bytes as a CUDA tensor at their device address (no copy), or None
-    where CUDA's runtime gives none."""
-    runtime = cuda_runtime()
-    address = runtime.device_pointer(data.data_ptr()) if runtime is not None else None
-    if address is None:
-        log.warning("node pool not mapped for GPU kernels", runtime_found=runtime is not None)
-        return None
-    return torch.as_tensor(_DeviceArray(address, data.numel()), device=torch.device("cuda", torch.cuda.current_device()))
 
 
 def runs(slots: list[int]) -> list[tuple[int, int, int]]:
@@ -440,29 +393,22 @@ def landed(event: object, poll_s: float = 0.0002) -> bool:
     return True
 
 
-COPY_PATHS = ("dma", "kernels", "blocks")
-
-
 class StreamCopier(Copier):
     """GPU engines: copies on their own streams, ordered after the compute stream by
     events; the forward thread only enqueues them, and the host never waits for bytes.
-    `saves` and `loads` name how bytes cross (COPY_PATHS): `dma`, the copy engine, one
-    transfer per run of consecutive slots; `kernels`, a gather or scatter kernel over
-    the pool mapped into the GPU; `blocks`, one torch copy per block (what is left where
-    the CUDA runtime can't be called)."""
+    `dma`: the copy engine takes one transfer per run of consecutive slots; else (or
+    where the CUDA runtime can't be called, or the pool isn't pinned) one torch copy
+    per block."""
 
-    def __init__(self, device: torch.device, checksum_threads: int = 0, saves: str = "dma",
-                 loads: str = "kernels") -> None:
+    def __init__(self, device: torch.device, checksum_threads: int = 0, dma: bool = True) -> None:
         super().__init__(checksum_threads)
-        if saves not in COPY_PATHS or loads not in COPY_PATHS:
-            raise ValueError(f"copy paths are {', '.join(COPY_PATHS)}; got saves={saves!r}, loads={loads!r}")
-        self.device, self.saves, self.loads = device, saves, loads
-        self.runtime = cuda_runtime()
+        self.device = device
+        self.runtime = cuda_runtime() if dma else None
         self.save_stream = torch.cuda.Stream(device)
         self.load_stream = torch.cuda.Stream(device)
-        self.load_lane = Lane("yuebing-load")  # issues a step's loads while the forward starts
+        self.loads = Lane("yuebing-load")  # issues a step's loads while the forward starts
         self._gathered: torch.cuda.Event | None = None  # the last gather: flush waits for it
-        self._ids: dict[str, tuple[tuple[int, ...], torch.Tensor]] = {}  # this step's block and slot ids, on the GPU
+        self._ids: tuple[tuple[int, ...], torch.Tensor] | None = None  # this step's block ids, on the GPU
 
     def adopt(self, pool: MappedPool) -> None:
         """Pin the pool, so that copies to and from it are DMA the host never waits for."""
@@ -471,22 +417,17 @@ class StreamCopier(Copier):
         except RuntimeError as e:  # still correct, but each copy then waits on the host
             log.warning("node pool not pinned: KV copies stall the forward", error=str(e))
 
-    def path(self, wanted: str, pool: MappedPool) -> str:
-        """The copy path this pool allows: kernels need it mapped, DMA pinned and the runtime."""
-        if wanted == "kernels" and pool.on_device is not None:
-            return "kernels"
-        if wanted != "blocks" and pool.pinned and self.runtime is not None:
-            return "dma"
-        return "blocks"
+    def path(self, pool: MappedPool) -> str:
+        """How copies to and from this pool cross: "dma" (a transfer per run of slots) or "blocks"."""
+        return "dma" if self.runtime is not None and pool.pinned else "blocks"
 
-    def _on_device(self, ids: list[int], kind: str = "blocks") -> torch.Tensor:
-        """Block (or slot) ids as a GPU tensor, made once per step and copied without a
-        host sync. Called on the forward thread only."""
-        key, made = tuple(ids), self._ids.get(kind)
-        if made is None or made[0] != key:
-            made = (key, torch.tensor(key, dtype=torch.long).pin_memory().to(self.device, non_blocking=True))
-            self._ids[kind] = made
-        return made[1]
+    def _on_device(self, block_ids: list[int]) -> torch.Tensor:
+        """The block ids as a GPU tensor, made once per step and copied without a host sync."""
+        key = tuple(block_ids)
+        if self._ids is None or self._ids[0] != key:
+            ids = torch.tensor(key, dtype=torch.long).pin_memory().to(self.device, non_blocking=True)
+            self._ids = (key, ids)
+        return self._ids[1]
 
     def save(self, pool: MappedPool, cache: torch.Tensor, job: LayerSave, noted: Noted) -> None:
         if not pool.holds(job.slots):
@@ -515,12 +456,7 @@ class StreamCopier(Copier):
 
     def _write(self, pool: MappedPool, staged: torch.Tensor, job: LayerSave) -> None:
         """On the save stream: the gathered blocks into their slots."""
-        path = self.path(self.saves, pool)
-        if path == "kernels":
-            slot_ids = self._on_device(job.slots, "save slots")
-            slot_ids.record_stream(self.save_stream)
-            blocks_to_rows(staged, pool.rows(job.layer), slot_ids)
-        elif path == "dma":
+        if self.path(pool) == "dma":
             dma_rows(self.runtime, pool, staged, job.layer, job.slots, self.save_stream, to_pool=True)
         else:
             to_slots(pool, staged, job.layer, job.slots, non_blocking=True)
@@ -532,16 +468,13 @@ class StreamCopier(Copier):
 
     def load(self, pool: MappedPool, caches: list[torch.Tensor], layers: list[int], job: LayerLoad,
              released: Callable[[], None]) -> LoadJob:
-        load, path = LoadJob(len(caches)), self.path(self.loads, pool)
+        load = LoadJob(len(caches))
         if not pool.holds(job.slots):
             load.give_up()
             self.done.submit(released)
             return load
         ids = self._on_device(job.block_ids)
         ids.record_stream(self.load_stream)
-        slot_ids = self._on_device(job.slots, "load slots") if path == "kernels" else None
-        if slot_ids is not None:
-            slot_ids.record_stream(self.load_stream)
         start = torch.cuda.Event()
         # The blocks to fill are free once the compute stream's earlier work (and the ids' copy) is done.
         start.record(torch.cuda.current_stream(self.device))
@@ -554,7 +487,7 @@ class StreamCopier(Copier):
                 for index, cache in enumerate(caches):
                     # The current device and stream are per thread: this lane's are set here.
                     with torch.cuda.device(self.device), torch.cuda.stream(self.load_stream):
-                        self._read(pool, cache, layers[index], job, (path, ids, slot_ids))
+                        self._read(pool, cache, layers[index], job, ids)
                         load.events[index] = torch.cuda.Event()
                         load.events[index].record(self.load_stream)  # type: ignore[attr-defined]
                     load.issued[index].set()
@@ -565,18 +498,13 @@ class StreamCopier(Copier):
                 last = next((e for e in reversed(load.events) if e is not None), None)
                 self.done.submit(lambda: (last is None or landed(last)) and released())
 
-        self.load_lane.submit(issue_all)
+        self.loads.submit(issue_all)
         return load
 
-    def _read(self, pool: MappedPool, cache: torch.Tensor, layer: int, job: LayerLoad,
-              how: tuple[str, torch.Tensor, torch.Tensor | None]) -> None:
+    def _read(self, pool: MappedPool, cache: torch.Tensor, layer: int, job: LayerLoad, ids: torch.Tensor) -> None:
         """On the load stream: one layer's slots into its blocks."""
-        path, ids, slot_ids = how
-        if slot_ids is not None:
-            rows_to_blocks(pool.rows(layer), slot_ids, cache, ids)
-            return
         staged = staging(cache, len(job.slots))
-        if path == "dma":
+        if self.path(pool) == "dma":
             dma_rows(self.runtime, pool, staged, layer, job.slots, self.load_stream, to_pool=False)
         else:
             from_slots(pool, staged, layer, job.slots, non_blocking=True)
@@ -589,12 +517,12 @@ class StreamCopier(Copier):
         return True
 
     def close(self) -> None:
-        self.load_lane.close()
+        self.loads.close()
         super().close()
 
 
-def copier_for(device: torch.device, checksum_threads: int = 0, saves: str = "dma", loads: str = "kernels") -> Copier:
-    """The copier for caches on `device` (`saves`, `loads`: a GPU's copy paths, COPY_PATHS)."""
+def copier_for(device: torch.device, checksum_threads: int = 0, dma: bool = True) -> Copier:
+    """The copier for caches on `device` (`dma`: a GPU's copies by runs of slots on the copy engine)."""
     if device.type == "cuda":
-        return StreamCopier(device, checksum_threads, saves, loads)
+        return StreamCopier(device, checksum_threads, dma)
     return ThreadCopier(checksum_threads)

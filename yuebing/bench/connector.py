@@ -33,7 +33,6 @@ from typing import Any
 import torch
 
 from shared.kv.copier import (
-    COPY_PATHS,
     Copier,
     LayerLoad,
     LayerSave,
@@ -53,8 +52,8 @@ def resolve(cfg: ConnectorBench) -> tuple[torch.device, ModelShape, str]:
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"--device must be cpu, cuda or auto, got {cfg.device!r}")
-    if cfg.saves not in COPY_PATHS or cfg.loads not in COPY_PATHS:
-        raise ValueError(f"--saves and --loads must each be one of {', '.join(COPY_PATHS)}")
+    if cfg.copies not in ("dma", "blocks"):
+        raise ValueError(f"--copies must be dma or blocks, got {cfg.copies!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device answers (torch.cuda.is_available() is false)")
     name = cfg.model_shape if cfg.model_shape != "auto" else ("llama3-8b" if device == "cuda" else "tiny")
@@ -272,11 +271,10 @@ def run(cfg: ConnectorBench, progress: Callable[[str], None] = print) -> dict:
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="yuebing-bench-", dir=shm) as folder:
         pool = pool_for(model.caches, model.blocks, Path(folder))
-        copier = copier_for(device, cfg.checksum_threads, cfg.saves, cfg.loads)
+        copier = copier_for(device, cfg.checksum_threads, dma=cfg.copies == "dma")
         try:
             copier.adopt(pool)
-            copies = paths(copier, pool)
-            progress(f"copies: {copies}")
+            copies = copier.path(pool) if isinstance(copier, StreamCopier) else "a copy thread"
             rig = Rig(model, pool, copier, _stream_synced(device))
             rows = []
             for tokens in cfg.tokens:
@@ -288,13 +286,6 @@ def run(cfg: ConnectorBench, progress: Callable[[str], None] = print) -> dict:
     return {"benchmark": "connector", "device": device_name(device), "device_type": device.type,
             "model_shape": shape_name, "dtype": str(dtype).removeprefix("torch."), "copies": copies,
             "rows": rows, "bare_gbps": bare_gbps(device)}
-
-
-def paths(copier: Copier, pool: MappedPool) -> str:
-    """How the copies cross, as the copier settled it for this pool."""
-    if not isinstance(copier, StreamCopier):
-        return "a copy thread"
-    return f"saves by {copier.path(copier.saves, pool)}, loads by {copier.path(copier.loads, pool)}"
 
 
 def table(result: dict) -> str:

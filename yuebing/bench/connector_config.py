@@ -27,7 +27,5 @@ class ConnectorBench:
     repeats: Annotated[int, Meta(description="timed runs per case; the median is reported")] = 5
     warmup: Annotated[int, Meta(description="untimed runs first")] = 2
     checksum_threads: Annotated[int, Meta(description="threads checksumming saved layers (0: one per core, up to 8)")] = 0
-    saves: Annotated[str, Meta(description="how a GPU's saves cross: dma (copy engine, one transfer per run of "
-                               "consecutive slots), kernels (over the pool mapped into the GPU) or blocks "
-                               "(one torch copy per block)")] = "dma"
-    loads: Annotated[str, Meta(description="how a GPU's loads cross: dma, kernels or blocks")] = "kernels"
+    copies: Annotated[str, Meta(description="how a GPU's copies cross: dma (the copy engine, one transfer per "
+                                "run of consecutive slots) or blocks (one torch copy per block)")] = "dma"

@@ -5,8 +5,10 @@ copier runs only where CUDA answers."""
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,13 +21,9 @@ from shared.kv.copier import (
     StreamCopier,
     ThreadCopier,
     blocks_first,
-    blocks_to_rows,
     copier_for,
-    gather,
     geometry_of,
-    layer_rows,
-    rows_to_blocks,
-    to_slots,
+    runs,
 )
 from shared.kv.pool_file import PoolFile, PoolSlots, checksum
 
@@ -50,23 +48,34 @@ def save_all(copier, mapped: MappedPool, layer_caches, block_ids, slots) -> dict
     return noted
 
 
-@pytest.fixture(params=["cpu", "cuda:dma", "cuda:kernels", "cuda:blocks"])
+@pytest.fixture(params=["cpu", "cuda:dma", "cuda:blocks"])
 def device(request) -> str:
-    """The device, and on a GPU the copy path, both ways (saves and loads)."""
+    """The device, and on a GPU how copies cross (the copy engine by runs of slots, or a copy per block)."""
     if request.param.startswith("cuda") and not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     return request.param
 
 
+@pytest.fixture
+def pool_dir(tmp_path, device):
+    """Where the pool file lives: shared memory, as the messenger's (CUDA can pin that)."""
+    if not device.startswith("cuda"):
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(prefix="yuebing-test-", dir="/dev/shm") as folder:
+        yield Path(folder)
+
+
 def copier_on(device: str):
     kind, _, path = device.partition(":")
-    return copier_for(torch.device(kind), saves=path or "dma", loads=path or "dma")
+    return copier_for(torch.device(kind), dma=path != "blocks")
 
 
-def test_saves_land_in_their_slots_with_the_checksums_of_those_bytes(tmp_path, device):
+def test_saves_land_in_their_slots_with_the_checksums_of_those_bytes(pool_dir, device):
     layer_caches, copier = caches(device.partition(":")[0]), copier_on(device)
-    mapped = pool(tmp_path, layer_caches)
+    mapped = pool(pool_dir, layer_caches)
     copier.adopt(mapped)  # pins it on a GPU
+    assert not isinstance(copier, StreamCopier) or copier.path(mapped) == device.partition(":")[2]
     noted = save_all(copier, mapped, layer_caches, block_ids=[2, 0], slots=[1, 3])
     assert sorted(noted) == list(range(LAYERS))
     for layer, cache in enumerate(layer_caches):
@@ -78,9 +87,10 @@ def test_saves_land_in_their_slots_with_the_checksums_of_those_bytes(tmp_path, d
     mapped.close()
 
 
-def test_loads_fill_other_blocks_layer_by_layer_and_release_once(tmp_path, device):
+def test_loads_fill_other_blocks_layer_by_layer_and_release_once(pool_dir, device):
     layer_caches, copier = caches(device.partition(":")[0]), copier_on(device)
-    mapped = pool(tmp_path, layer_caches)
+    mapped = pool(pool_dir, layer_caches)
+    copier.adopt(mapped)
     save_all(copier, mapped, layer_caches, block_ids=[1, 2], slots=[0, 2])
     released = threading.Event()
     job = copier.load(mapped, layer_caches, list(range(LAYERS)), LayerLoad([3, 0], [0, 2]), released.set)
@@ -144,22 +154,33 @@ def test_large_layers_are_summed_on_the_thread_pool_with_the_same_checksums(tmp_
     copier.close()
 
 
-def test_layer_rows_kernels_move_the_same_bytes_as_one_copy_per_block(tmp_path):
-    """The GPU's kernel path (gather/scatter over the mapped pool's rows) checked on
-    the host's bytes: a slot's layer part is the row, K then V, as the DMA path writes it."""
-    layer_caches = caches()
-    (tmp_path / "rows").mkdir()
-    by_block, by_rows = pool(tmp_path, layer_caches), pool(tmp_path / "rows", layer_caches)
-    for layer, cache in enumerate(layer_caches):
-        staged = gather(cache, torch.tensor([2, 0]))
-        to_slots(by_block, staged, layer, [1, 3], non_blocking=False)
-        rows = layer_rows(by_rows.data, by_rows.slots.geometry, layer)
-        assert rows.dtype == torch.int64 and rows.shape[0] == SLOTS
-        blocks_to_rows(staged, rows, torch.tensor([1, 3]))
-    assert torch.equal(by_block.data, by_rows.data)
-    for layer, cache in enumerate(layer_caches):
-        rows_to_blocks(layer_rows(by_rows.data, by_rows.slots.geometry, layer), torch.tensor([3, 1]), cache,
-                       torch.tensor([1, 3]))
-        assert torch.equal(cache[1], cache[0]) and torch.equal(cache[3], cache[2])
-    by_block.close()
-    by_rows.close()
+def test_runs_of_consecutive_slots_each_go_as_one_transfer():
+    assert runs([4, 5, 6, 9, 2, 3]) == [(0, 4, 3), (3, 9, 1), (4, 2, 2)]
+    assert runs([7]) == [(0, 7, 1)] and runs([]) == []
+    assert runs([3, 2]) == [(0, 3, 1), (1, 2, 1)]  # only upwards: the staged blocks keep their order
+
+
+def test_gpu_copies_refuse_slots_outside_the_pool(pool_dir, device):
+    if not device.startswith("cuda"):
+        pytest.skip("the copy thread's bounds are torch's own (test above)")
+    layer_caches, copier = caches("cuda"), copier_on(device)
+    mapped = pool(pool_dir, layer_caches)
+    copier.adopt(mapped)
+    copier.save(mapped, layer_caches[0], LayerSave(0, [0], [SLOTS]), lambda sums: pytest.fail("noted"))
+    released = threading.Event()
+    job = copier.load(mapped, layer_caches, list(range(LAYERS)), LayerLoad([0], [-1]), released.set)
+    assert job.failed and released.wait(5) and copier.settle()
+    copier.close()
+    mapped.close()
+
+
+def test_a_pool_cuda_refuses_to_pin_leaves_no_error_behind(pool_dir, device):
+    """A failed cudaHostRegister (here: the same bytes twice) must not fail the next kernel."""
+    if not device.startswith("cuda"):
+        pytest.skip("pinning is CUDA's")
+    mapped = pool(pool_dir, caches("cuda"))
+    mapped.pin()
+    with pytest.raises(RuntimeError, match="cudaHostRegister"):
+        mapped.pin()
+    assert (torch.ones(4, device="cuda") * 2).sum().item() == 8
+    mapped.close()
