@@ -8,11 +8,7 @@ goes on at once:
 - on a GPU (`StreamCopier`), a copy stream waits for the layer on the GPU (an event,
   never the host), gathers the step's blocks of that layer in one kernel and copies
   them into their pool slots, which are registered with CUDA (pinned), so the copies
-  are DMA that overlaps the next layers' compute. The copy engine takes one 2-D
-  transfer per run of consecutive slots (a slot apart in the pool, side by side on the
-  GPU), called on the CUDA runtime directly: one torch copy per block costs the
-  forward thread ~15 µs of Python each, and a kernel writing over PCIe takes the
-  forward's cores (measured: docs/benchmarks/connector.md);
+  are DMA that overlaps the next layers' compute;
 - on a CPU (`ThreadCopier`), a copy thread does the same with plain copies.
 A completion thread waits for each layer's copies to land, checksums the slots' bytes
 (on several threads, off the forward path) and only then reports the layer saved: the
@@ -22,6 +18,12 @@ Loads. Each layer's blocks are copied from their pool slots into vLLM's blocks, 
 after layer, with one event per layer; `wait_layer` makes the compute stream wait on
 that event (GPU: the host never waits for bytes), or the forward thread wait for the
 copy thread (CPU).
+
+How a GPU's bytes cross (COPY_PATHS), measured on an H200 (docs/benchmarks/connector.md):
+loads go by `dma`, one copy-engine transfer per run of consecutive slots, called on the
+CUDA runtime directly (42-49 GB/s; one torch copy per block spends ~15 µs of Python
+each: 15-37 GB/s). Saves go by `blocks`, one torch copy per block: the 2-D transfers
+slowed a 2k-token forward by 14-20 %, the per-block copies by 3 %.
 
 vLLM's source blocks. A block saved in one step may be freed and handed to another
 request in the next. `flush`, at the end of every step, makes the next step's work
@@ -393,17 +395,23 @@ def landed(event: object, poll_s: float = 0.0002) -> bool:
     return True
 
 
+COPY_PATHS = ("dma", "blocks")
+
+
 class StreamCopier(Copier):
     """GPU engines: copies on their own streams, ordered after the compute stream by
     events; the forward thread only enqueues them, and the host never waits for bytes.
-    `dma`: the copy engine takes one transfer per run of consecutive slots; else (or
-    where the CUDA runtime can't be called, or the pool isn't pinned) one torch copy
-    per block."""
+    `saves` and `loads` each cross by `dma` (the copy engine, one transfer per run of
+    consecutive slots) or `blocks` (one torch copy per block, also what `dma` falls
+    back to where the CUDA runtime can't be called or the pool isn't pinned)."""
 
-    def __init__(self, device: torch.device, checksum_threads: int = 0, dma: bool = True) -> None:
+    def __init__(self, device: torch.device, checksum_threads: int = 0, saves: str = "blocks",
+                 loads: str = "dma") -> None:
         super().__init__(checksum_threads)
-        self.device = device
-        self.runtime = cuda_runtime() if dma else None
+        if saves not in COPY_PATHS or loads not in COPY_PATHS:
+            raise ValueError(f"copy paths are {' or '.join(COPY_PATHS)}; got saves={saves!r}, loads={loads!r}")
+        self.device, self.saves_by, self.loads_by = device, saves, loads
+        self.runtime = cuda_runtime() if "dma" in (saves, loads) else None
         self.save_stream = torch.cuda.Stream(device)
         self.load_stream = torch.cuda.Stream(device)
         self.loads = Lane("yuebing-load")  # issues a step's loads while the forward starts
@@ -417,9 +425,9 @@ class StreamCopier(Copier):
         except RuntimeError as e:  # still correct, but each copy then waits on the host
             log.warning("node pool not pinned: KV copies stall the forward", error=str(e))
 
-    def path(self, pool: MappedPool) -> str:
-        """How copies to and from this pool cross: "dma" (a transfer per run of slots) or "blocks"."""
-        return "dma" if self.runtime is not None and pool.pinned else "blocks"
+    def path(self, pool: MappedPool, wanted: str) -> str:
+        """How copies to and from this pool cross: `wanted`, where the pool and runtime allow it."""
+        return "dma" if wanted == "dma" and self.runtime is not None and pool.pinned else "blocks"
 
     def _on_device(self, block_ids: list[int]) -> torch.Tensor:
         """The block ids as a GPU tensor, made once per step and copied without a host sync."""
@@ -456,7 +464,7 @@ class StreamCopier(Copier):
 
     def _write(self, pool: MappedPool, staged: torch.Tensor, job: LayerSave) -> None:
         """On the save stream: the gathered blocks into their slots."""
-        if self.path(pool) == "dma":
+        if self.path(pool, self.saves_by) == "dma":
             dma_rows(self.runtime, pool, staged, job.layer, job.slots, self.save_stream, to_pool=True)
         else:
             to_slots(pool, staged, job.layer, job.slots, non_blocking=True)
@@ -504,7 +512,7 @@ class StreamCopier(Copier):
     def _read(self, pool: MappedPool, cache: torch.Tensor, layer: int, job: LayerLoad, ids: torch.Tensor) -> None:
         """On the load stream: one layer's slots into its blocks."""
         staged = staging(cache, len(job.slots))
-        if self.path(pool) == "dma":
+        if self.path(pool, self.loads_by) == "dma":
             dma_rows(self.runtime, pool, staged, layer, job.slots, self.load_stream, to_pool=False)
         else:
             from_slots(pool, staged, layer, job.slots, non_blocking=True)
@@ -521,8 +529,8 @@ class StreamCopier(Copier):
         super().close()
 
 
-def copier_for(device: torch.device, checksum_threads: int = 0, dma: bool = True) -> Copier:
-    """The copier for caches on `device` (`dma`: a GPU's copies by runs of slots on the copy engine)."""
+def copier_for(device: torch.device, checksum_threads: int = 0, saves: str = "blocks", loads: str = "dma") -> Copier:
+    """The copier for caches on `device` (`saves`, `loads`: how a GPU's bytes cross, COPY_PATHS)."""
     if device.type == "cuda":
-        return StreamCopier(device, checksum_threads, dma)
+        return StreamCopier(device, checksum_threads, saves, loads)
     return ThreadCopier(checksum_threads)

@@ -31,7 +31,8 @@ def test_the_cpu_bench_measures_every_case_and_says_so(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("bad, why", [({"device": "tpu"}, "--device"), ({"model_shape": "llama9"}, "--model-shape"),
-                                      ({"tokens": (8,)}, "at least one block")])
+                                      ({"tokens": (8,)}, "at least one block"),
+                                      ({"save_copies": "kernels"}, "--save-copies")])
 def test_bad_settings_are_refused_with_the_flag_named(bad, why):
     with pytest.raises(ValueError, match=why):
         resolve(ConnectorBench(**{"device": "cpu", "model_shape": "tiny", **bad}))

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from shared.kv.copier import (
+    COPY_PATHS,
     Copier,
     LayerLoad,
     LayerSave,
@@ -52,18 +53,22 @@ def resolve(cfg: ConnectorBench) -> tuple[torch.device, ModelShape, str]:
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"--device must be cpu, cuda or auto, got {cfg.device!r}")
-    if cfg.copies not in ("dma", "blocks"):
-        raise ValueError(f"--copies must be dma or blocks, got {cfg.copies!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device answers (torch.cuda.is_available() is false)")
     name = cfg.model_shape if cfg.model_shape != "auto" else ("llama3-8b" if device == "cuda" else "tiny")
     if name not in SHAPES:
         raise ValueError(f"--model-shape must be one of {', '.join(SHAPES)} or auto, got {cfg.model_shape!r}")
-    if not cfg.tokens or min(cfg.tokens) < SHAPES[name].block_size or cfg.repeats < 1 or cfg.warmup < 0:
-        raise ValueError(f"--tokens must each be at least one block ({SHAPES[name].block_size}), "
-                         "--repeats at least 1, --warmup at least 0")
+    check_flags(cfg, SHAPES[name].block_size)
     index = torch.cuda.current_device() if device == "cuda" else None
     return torch.device(device, index), SHAPES[name], name
+
+
+def check_flags(cfg: ConnectorBench, block_size: int) -> None:
+    if not cfg.tokens or min(cfg.tokens) < block_size or cfg.repeats < 1 or cfg.warmup < 0:
+        raise ValueError(f"--tokens must each be at least one block ({block_size}), "
+                         "--repeats at least 1, --warmup at least 0")
+    if cfg.save_copies not in COPY_PATHS or cfg.load_copies not in COPY_PATHS:
+        raise ValueError(f"--save-copies and --load-copies must each be {' or '.join(COPY_PATHS)}")
 
 
 def device_name(device: torch.device) -> str:
@@ -271,10 +276,11 @@ def run(cfg: ConnectorBench, progress: Callable[[str], None] = print) -> dict:
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="yuebing-bench-", dir=shm) as folder:
         pool = pool_for(model.caches, model.blocks, Path(folder))
-        copier = copier_for(device, cfg.checksum_threads, dma=cfg.copies == "dma")
+        copier = copier_for(device, cfg.checksum_threads, cfg.save_copies, cfg.load_copies)
         try:
             copier.adopt(pool)
-            copies = copier.path(pool) if isinstance(copier, StreamCopier) else "a copy thread"
+            copies = (f"saves by {copier.path(pool, copier.saves_by)}, loads by {copier.path(pool, copier.loads_by)}"
+                      if isinstance(copier, StreamCopier) else "a copy thread")
             rig = Rig(model, pool, copier, _stream_synced(device))
             rows = []
             for tokens in cfg.tokens:

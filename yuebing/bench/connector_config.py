@@ -27,5 +27,6 @@ class ConnectorBench:
     repeats: Annotated[int, Meta(description="timed runs per case; the median is reported")] = 5
     warmup: Annotated[int, Meta(description="untimed runs first")] = 2
     checksum_threads: Annotated[int, Meta(description="threads checksumming saved layers (0: one per core, up to 8)")] = 0
-    copies: Annotated[str, Meta(description="how a GPU's copies cross: dma (the copy engine, one transfer per "
-                                "run of consecutive slots) or blocks (one torch copy per block)")] = "dma"
+    save_copies: Annotated[str, Meta(description="how a GPU's saves cross: blocks (one torch copy per block) or "
+                                    "dma (the copy engine, one transfer per run of consecutive slots)")] = "blocks"
+    load_copies: Annotated[str, Meta(description="how a GPU's loads cross: dma or blocks")] = "dma"

@@ -68,14 +68,14 @@ def pool_dir(tmp_path, device):
 
 def copier_on(device: str):
     kind, _, path = device.partition(":")
-    return copier_for(torch.device(kind), dma=path != "blocks")
+    return copier_for(torch.device(kind), saves=path or "blocks", loads=path or "dma")
 
 
 def test_saves_land_in_their_slots_with_the_checksums_of_those_bytes(pool_dir, device):
     layer_caches, copier = caches(device.partition(":")[0]), copier_on(device)
     mapped = pool(pool_dir, layer_caches)
     copier.adopt(mapped)  # pins it on a GPU
-    assert not isinstance(copier, StreamCopier) or copier.path(mapped) == device.partition(":")[2]
+    assert not isinstance(copier, StreamCopier) or copier.path(mapped, copier.saves_by) == device.partition(":")[2]
     noted = save_all(copier, mapped, layer_caches, block_ids=[2, 0], slots=[1, 3])
     assert sorted(noted) == list(range(LAYERS))
     for layer, cache in enumerate(layer_caches):
@@ -99,6 +99,7 @@ def test_loads_fill_other_blocks_layer_by_layer_and_release_once(pool_dir, devic
     for cache in layer_caches:
         assert torch.equal(cache[3], cache[1]) and torch.equal(cache[0], cache[2])
     copier.close()
+    mapped.close()  # unpins: a pool left pinned and unmapped makes CUDA refuse the next one at that address
 
 
 def test_a_load_from_a_slot_past_the_pool_fails_every_layer_without_a_hang(tmp_path):
