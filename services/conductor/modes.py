@@ -276,7 +276,7 @@ class ColocatedChoice:
     ttft_s: float  # predicted: the chunked prefill of what is queued and of this request
     cached_blocks: int
     tbt_s: float  # predicted decode step once it joins (no chunk beside it)
-    mixed_tbt_s: float  # ... and a step that carries a full prefill chunk beside it
+    mixed_tbt_s: float  # ... and the fullest step its prefill (after what is queued there) puts there
     mixed_steps: int = 1  # steps there that carry prefill chunks until its own is done
 
     def choice(self) -> ModeChoice:
@@ -308,6 +308,18 @@ def colocated_steps(load: ColocatedLoad, req: Request, predictor: Predictor, blo
     return math.ceil((load.queued_tokens + req.prompt_len - cached) / budget)
 
 
+def fullest_step_s(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int, step_tokens: int) -> float:
+    """The longest step this prompt's prefill puts there: the batch with it joined, and
+    a chunk of the queue's and its own uncomputed tokens, a step's budget at the most.
+    A short prompt's one step costs far less than a full chunk's (on the development
+    machine's CPU profile, 256 tokens 22 ms beside a batch of 4, 2,048 tokens 259 ms)."""
+    cached = min(load.prefix_blocks * block_size, req.prompt_len - 1)
+    joined = (load.batch + 1, load.ctx_tokens + req.prompt_len)
+    budget = max(0, step_budget(predictor, step_tokens, *joined, 0, req.slo_tbt_s))
+    chunk = min(budget, load.queued_tokens + req.prompt_len - cached)
+    return load.slowdown * mixed_step_s(predictor, *joined, [(chunk, 0)])
+
+
 def colocated_stall_s(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int) -> float:
     """Decode-seconds this prompt's prefill takes from the decodes running there: each
     of them waits out its chunks' marginal cost."""
@@ -332,9 +344,7 @@ def place_colocated(
     scored = [(colocated_ttft_s(x, req, predictor, block_size, step_tokens), x) for x in loads]
     ttft, best = min(scored, key=lambda t: (t[0] + colocated_stall_s(t[1], req, predictor, block_size), t[1].instance_id))
     tbt = best.slowdown * joining_tbt_s(predictor, best.batch, best.ctx_tokens, req.prompt_len)
-    joined = (best.batch + 1, best.ctx_tokens + req.prompt_len)
-    chunk = [(max(0, step_budget(predictor, step_tokens, *joined, 0, req.slo_tbt_s)), 0)]
-    mixed = best.slowdown * mixed_step_s(predictor, *joined, chunk)
+    mixed = fullest_step_s(best, req, predictor, block_size, step_tokens)
     if admission != "none" and ttft > req.slo_ttft_s:
         return Rejection("overloaded", f"predicted TTFT {ttft * 1e3:.0f} ms exceeds the SLO of "
                          f"{req.slo_ttft_s * 1e3:.0f} ms", retry_after_s=ttft - req.slo_ttft_s)

@@ -115,7 +115,24 @@ def test_colocated_placement_prefers_the_cache_and_spares_running_decodes():
     assert isinstance(choice, ColocatedChoice) and (choice.instance_id, choice.cached_blocks) == ("c3", 1)
     choice = place_colocated(req(), [busy], PRED, BS, 512)
     assert choice.tbt_s == pytest.approx(PRED.decode_step_s(21, 20_000 + 1024))
-    assert choice.mixed_tbt_s > choice.tbt_s  # a step with a full chunk beside it
+    assert choice.mixed_tbt_s > choice.tbt_s  # a step with its prefill's chunk beside it
+
+
+def test_the_fullest_step_a_prefill_puts_on_an_instance_is_its_work_up_to_a_budget():
+    """A spill is judged on the steps it really adds: a short prompt's one small chunk,
+    a long one's (or one behind a queue) full budget."""
+    from services.conductor.modes import fullest_step_s, mixed_step_s
+
+    load = ColocatedLoad("d0", 0, 0, batch=4, ctx_tokens=4_000)
+    joined = (5, 4_000 + 256)
+    assert fullest_step_s(load, req(prompt_len=256), PRED, BS, 2048) == pytest.approx(
+        mixed_step_s(PRED, *joined, [(256, 0)]))
+    long_prompt, behind = req(prompt_len=8_000), ColocatedLoad("d0", 4_000, 0, batch=4, ctx_tokens=4_000)
+    full = mixed_step_s(PRED, 5, 4_000 + 8_000, [(2048 - 5, 0)])
+    assert fullest_step_s(load, long_prompt, PRED, BS, 2048) == pytest.approx(full)
+    assert fullest_step_s(behind, req(prompt_len=256), PRED, BS, 2048) == pytest.approx(
+        mixed_step_s(PRED, *joined, [(2048 - 5, 0)]))
+    assert fullest_step_s(load, req(prompt_len=256), PRED, BS, 2048) < full
 
 
 def test_colocated_placement_queues_a_prompt_behind_another_rather_than_stall_many_decodes():

@@ -172,6 +172,14 @@ def test_the_default_slice_is_the_conversation_traces_first_requests():
     assert len(raw) == 40 and raw[0].timestamp_ms == 0 and base_rate(raw) > 0
 
 
+def test_a_shifting_slice_scales_its_middle_third_only():
+    steady = goodput.load_slice(GoodputSpec(requests=30, spread=False))
+    shifted = goodput.load_slice(GoodputSpec(requests=30, spread=False, shift="3,0.125"))
+    assert [r.timestamp_ms for r in shifted] == [r.timestamp_ms for r in steady]
+    assert shifted[:10] == steady[:10] and shifted[20:] == steady[20:]
+    assert all(s.input_length == round(3 * r.input_length) for s, r in zip(shifted[10:20], steady[10:20]))
+
+
 def test_warmup_requests_come_half_a_second_apart():
     assert [r.timestamp_ms for r in goodput.warmup_trace([req(0)] * 5, 3)] == [0, 500, 1000]
 
@@ -194,6 +202,8 @@ def test_each_modes_cluster_gets_the_mode_the_slos_and_the_same_engines():
 def test_the_default_mode_is_a_cluster_with_no_mode_flag():
     flags = goodput.cluster_flags(GoodputSpec(modes="default"), Path("/m/tiny"), "default")
     assert "--mode" not in flags and flags[flags.index("--prefill") + 1] == "1"
+    planner = goodput.cluster_flags(GoodputSpec(modes="planner"), Path("/m/tiny"), "planner")
+    assert "--mode" not in planner and "--planner" in planner
 
 
 def test_fixed_rates_are_probed_in_order_and_tabled_against_plain_vllm():
@@ -258,7 +268,8 @@ def goodput_spec(args) -> GoodputSpec:
 
 @pytest.mark.parametrize("bad", [{"modes": "colocated,pd"}, {"min_rate": 2.0, "max_rate": 1.0}, {"probes": 0},
                                  {"max_output": 4096}, {"target": 1.5}, {"client": "curl"}, {"tbt_stat": "p99"},
-                                 {"rates": "4,x"}, {"rates": "4,4"}, {"rates": "0"}, {"trace": "/no/such.jsonl"}])
+                                 {"rates": "4,x"}, {"rates": "4,4"}, {"rates": "0"}, {"trace": "/no/such.jsonl"},
+                                 {"shift": "3"}, {"shift": "3,0"}, {"shift": "a,b"}])
 def test_the_spec_refuses_what_cannot_be_measured(bad):
     with pytest.raises(ValueError):
         GoodputSpec(**bad)

@@ -37,13 +37,14 @@ from msgspec import Meta
 
 from yuebing.bench.soak import Slo
 from yuebing.lab.outcome import Outcome
-from yuebing.lab.trace import TRACE_BLOCK_TOKENS, TraceRequest, base_rate, load_trace, rescale
+from yuebing.lab.trace import TRACE_BLOCK_TOKENS, TraceRequest, base_rate, load_trace, rescale, shifting
 
 if TYPE_CHECKING:
     from yuebing.lab.replay import ReplayOptions
 
-# "default": `yuebing up` with no --mode flag, as a new user runs it.
-MODES = ("default", "colocated", "disaggregated", "conditional")
+# "default": `yuebing up` with no --mode flag, as a new user runs it; "planner": the
+# same with --planner (roles that follow the load).
+MODES = ("default", "planner", "colocated", "disaggregated", "conditional")
 DEFAULT_MODES = ("colocated", "disaggregated", "conditional")
 CLIENTS = ("yuebing", "aiperf")
 TBT_STATS = ("tail", "mean")
@@ -85,6 +86,8 @@ class GoodputSpec:
     spread: Annotated[bool, Meta(description="spread each trace timestamp's requests evenly until the next")] = True
     warmup: Annotated[int, Meta(description="requests sent (and not counted) before a server's first probe")] = 4
     prompt_seed: Annotated[int, Meta(description="salt of the prompt tokens (each probe adds its number)")] = 0
+    shift: Annotated[str, Meta(description="a mix that shifts: the middle third's input,output length factors "
+                                           "(e.g. 3,0.125: long prompts, short answers; empty: none)")] = ""
     up_flags: Annotated[str, Meta(description="more `yuebing up` flags for every mode's cluster")] = ""
     plain_vllm: Annotated[bool, Meta(description="also measure 2 plain vLLM servers, round-robin from the client")] = (
         False)
@@ -111,6 +114,15 @@ class GoodputSpec:
             raise ValueError(f"--rates takes distinct positive rates, comma-separated; got {self.rates!r}")
         if self.trace and not Path(self.trace).is_file():
             raise ValueError(f"--trace: no such file: {self.trace}")
+        if self.shift and (len(self.shift_factors) != 2 or min(self.shift_factors) <= 0):
+            raise ValueError(f"--shift takes two positive factors, input,output; got {self.shift!r}")
+
+    @property
+    def shift_factors(self) -> tuple[float, ...]:
+        try:
+            return tuple(float(f) for f in self.shift.split(","))
+        except ValueError:
+            raise ValueError(f"--shift takes two numbers, input,output; got {self.shift!r}") from None
 
     @property
     def mode_list(self) -> tuple[str, ...]:
@@ -349,6 +361,8 @@ def load_slice(spec: GoodputSpec) -> list[TraceRequest]:
     from yuebing.lab import data
 
     raw = load_trace(spec.trace or data.CONVERSATION_TRACE, spec.requests)
+    if spec.shift:
+        raw = shifting(raw, middle=(spec.shift_factors[0], spec.shift_factors[1]))
     return spread(raw) if spec.spread else raw
 
 
@@ -369,7 +383,7 @@ def cluster_flags(spec: GoodputSpec, model: Path, mode: str) -> list[str]:
     """`yuebing up`'s flags for one mode: one prefill + one decode (colocated: as many
     colocated instances), the bench's SLOs, then `up_flags`."""
     rule = ["--conditional-rule", spec.conditional_rule] if mode == "conditional" else []
-    chosen = [] if mode == "default" else ["--mode", mode]
+    chosen = {"default": [], "planner": ["--planner"]}.get(mode, ["--mode", mode])
     return ["--model", str(model), "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype,
             "--prefill", "1", "--decode", "1", *chosen, *rule, "--slo-ttft-ms", f"{spec.slo_ttft_ms:g}",
             "--slo-tbt-ms", f"{spec.slo_tbt_ms:g}", *shlex.split(spec.up_flags)]
