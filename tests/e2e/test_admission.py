@@ -19,8 +19,10 @@ def slo_verdicts(cluster) -> dict[str, float]:
 
 def test_burst_with_tight_slos_gets_429s_and_no_5xx(cluster):
     rng = random.Random(7)
-    # Distinct ~900-token prompts: nothing cached, every prefill is full work.
-    prompts = ["".join(rng.choice("abcdefghij ") for _ in range(880)) for _ in range(12)]
+    # Distinct ~900-token prompts: nothing cached, every prefill is full work. Enough
+    # that both engines together (adaptive mode spills onto the decode instance what
+    # the prefill queue cannot take in time) cannot prefill them all within 300 ms.
+    prompts = ["".join(rng.choice("abcdefghij ") for _ in range(880)) for _ in range(24)]
     headers = {"x-yuebing-slo-ttft-ms": "300", "x-yuebing-slo-tbt-ms": "1000"}
     before = slo_verdicts(cluster)
 
