@@ -269,6 +269,10 @@ class ColocatedLoad:
     slowdown: float = 1.0
     queue_s: float = 0.0  # predicted work ahead besides `queued_tokens` (a prefill instance's own queue)
 
+    def cached_tokens(self, req: Request, block_size: int) -> int:
+        """Prompt tokens of `req` it would not compute (at least one token always is)."""
+        return min(self.prefix_blocks * block_size, req.prompt_len - 1)
+
 
 @dataclass(frozen=True)
 class ColocatedChoice:
@@ -292,7 +296,7 @@ def colocated_ttft_s(load: ColocatedLoad, req: Request, predictor: Predictor, bl
     decode) needs, each costing the decode step, plus the tokens' marginal cost
     (counted as whole prompts: chunking moves attention between the n·p and n² terms,
     which the profile prices alike)."""
-    cached = min(load.prefix_blocks * block_size, req.prompt_len - 1)
+    cached = load.cached_tokens(req, block_size)
     new = req.prompt_len - cached
     steps = colocated_steps(load, req, predictor, block_size, step_tokens)
     fixed = predictor.decode_step_s(load.batch, load.ctx_tokens) if load.batch else predictor.prefill_coef[0] / 1e3
@@ -303,7 +307,7 @@ def colocated_ttft_s(load: ColocatedLoad, req: Request, predictor: Predictor, bl
 def colocated_steps(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int, step_tokens: int) -> int:
     """Steps that carry prefill chunks there until this request's prefill is done: the
     queue's uncomputed tokens and its own, a step's budget at a time."""
-    cached = min(load.prefix_blocks * block_size, req.prompt_len - 1)
+    cached = load.cached_tokens(req, block_size)
     budget = max(1, step_budget(predictor, step_tokens, load.batch, load.ctx_tokens, cached, req.slo_tbt_s))
     return math.ceil((load.queued_tokens + req.prompt_len - cached) / budget)
 
@@ -313,7 +317,7 @@ def fullest_step_s(load: ColocatedLoad, req: Request, predictor: Predictor, bloc
     a chunk of the queue's and its own uncomputed tokens, a step's budget at the most.
     A short prompt's one step costs far less than a full chunk's (on the development
     machine's CPU profile, 256 tokens 22 ms beside a batch of 4, 2,048 tokens 259 ms)."""
-    cached = min(load.prefix_blocks * block_size, req.prompt_len - 1)
+    cached = load.cached_tokens(req, block_size)
     joined = (load.batch + 1, load.ctx_tokens + req.prompt_len)
     budget = max(0, step_budget(predictor, step_tokens, *joined, 0, req.slo_tbt_s))
     chunk = min(budget, load.queued_tokens + req.prompt_len - cached)
@@ -323,7 +327,7 @@ def fullest_step_s(load: ColocatedLoad, req: Request, predictor: Predictor, bloc
 def colocated_stall_s(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int) -> float:
     """Decode-seconds this prompt's prefill takes from the decodes running there: each
     of them waits out its chunks' marginal cost."""
-    cached = min(load.prefix_blocks * block_size, req.prompt_len - 1)
+    cached = load.cached_tokens(req, block_size)
     return load.slowdown * load.batch * prefill_marginal_s(predictor, [(req.prompt_len - cached, cached)])
 
 
