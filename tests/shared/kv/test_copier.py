@@ -150,7 +150,7 @@ def test_large_layers_are_summed_on_the_thread_pool_with_the_same_checksums(tmp_
     layer_caches, copier = caches(), ThreadCopier(checksum_threads=2)
     mapped = pool(tmp_path, layer_caches)
     alone = save_all(copier, mapped, layer_caches, block_ids=[0, 1, 2], slots=[0, 1, 2])
-    monkeypatch.setattr("shared.kv.copier.PARALLEL_SUM_BYTES", 0)
+    monkeypatch.setattr("shared.kv.copier.PARALLEL_SUM_BYTES", 1)  # three slots over two threads
     assert save_all(copier, mapped, layer_caches, block_ids=[0, 1, 2], slots=[0, 1, 2]) == alone
     copier.close()
 
