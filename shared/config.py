@@ -59,6 +59,12 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     step_tokens: Annotated[
         int, Meta(description="tokens one engine step computes at most (max_num_batched_tokens)")
     ] = 2048
+    # Spilled prompts (adaptive and conditional modes) prefill on decode engines beside
+    # their streams: capped chunks keep every such step within the TBT SLO.
+    decode_chunk_tokens: Annotated[
+        int, Meta(description="on decode engines, one prompt's tokens per step at the most while others run "
+                              "(vLLM's long_prefill_token_threshold; 0: sized to the TBT SLO from the profile)")
+    ] = 0
     # vLLM's own default is 1 s; see shared/engine.py limit_idle_spin.
     engine_spin_s: Annotated[
         float, Meta(description="how long vLLM's processes busy-wait for the next message, s")
@@ -229,6 +235,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         self._check_sizes()
+        self._check_engine()
         self._check_times()
         self._check_store()
         self._check_gateway()
@@ -240,14 +247,17 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.step_tokens < self.block_size:
             raise ValueError(f"step_tokens must hold at least one block ({self.block_size}), got {self.step_tokens}")
+        if self.decode_chunk_tokens and not self.block_size <= self.decode_chunk_tokens <= self.step_tokens:
+            raise ValueError(f"decode_chunk_tokens must be 0 (sized to the TBT SLO) or from a block ({self.block_size}) "
+                             f"to step_tokens ({self.step_tokens}), got {self.decode_chunk_tokens}")
         if self.index_capacity_blocks <= 0:
             raise ValueError("index_capacity_blocks must be positive")
         if self.pool_bytes <= 0 or self.ssd_bytes < 0:
             raise ValueError("pool_bytes must be positive, ssd_bytes not negative")
+
+    def _check_engine(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (what vLLM takes), got {self.dtype!r}")
-        if self.eviction not in ("lru", "lfu"):
-            raise ValueError(f"eviction must be lru or lfu, got {self.eviction!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if min(self.prefill_tensor_parallel_size, self.decode_tensor_parallel_size) < 1:
@@ -286,6 +296,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("the gateway's timeouts must be positive")
 
     def _check_store(self) -> None:
+        if self.eviction not in ("lru", "lfu"):
+            raise ValueError(f"eviction must be lru or lfu, got {self.eviction!r}")
         if self.kv_pin_lease_s < 1.0 or self.kv_peer_forget_s <= self.liveness_timeout_s:
             raise ValueError("kv_pin_lease_s must be at least 1 s (engines renew about every second), "
                              "kv_peer_forget_s must exceed liveness_timeout_s")
@@ -295,6 +307,13 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def tensor_parallel_size(self, role: str) -> int:
         """GPUs one engine of `role` ("prefill" or "decode") shards the model over."""
         return self.prefill_tensor_parallel_size if role == "prefill" else self.decode_tensor_parallel_size
+
+    def prompt_chunk_tokens(self, role: str) -> int:
+        """One prompt's tokens per step at the most on an engine of `role` (0: the
+        step's budget). Decode engines cap it, so that a prompt spilled onto one costs
+        its streams no step over the TBT SLO; prefill engines serve their queue whole
+        prompt after whole prompt, and colocated engines chunk as vLLM does by default."""
+        return self.decode_chunk_tokens if role == "decode" and self.mode != "colocated" else 0
 
     @property
     def served_model_name(self) -> str:

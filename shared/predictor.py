@@ -98,6 +98,57 @@ class Predictor:
         return self.decode_step_s(row.batch, row.batch * row.ctx) * 1e3
 
 
+# --- time of a mixed step ------------------------------------------------------
+def prefill_marginal_s(predictor: Predictor, chunks: Sequence[tuple[int, int]]) -> float:
+    """What prefill chunks, (new, cached) tokens each, add to a step that pays its
+    fixed cost anyway."""
+    if not any(n > 0 for n, _ in chunks):
+        return 0.0
+    return max(0.0, predictor.prefill_step_s(chunks) - predictor.prefill_coef[0] / 1e3)
+
+
+def mixed_step_s(predictor: Predictor, batch: int, ctx_tokens: int, chunks: Sequence[tuple[int, int]]) -> float:
+    """One engine step decoding `batch` sequences over `ctx_tokens` tokens and
+    computing prefill `chunks` beside them. Assumption: the decode step plus the
+    chunks' marginal cost (their linear and attention terms), the step's fixed cost
+    once: both phases' fixed cost is mostly reading the weights, which one step does
+    once. Without a batch it is a plain prefill step."""
+    if batch <= 0:
+        return predictor.prefill_step_s(chunks) if any(n > 0 for n, _ in chunks) else 0.0
+    return predictor.decode_step_s(batch, ctx_tokens) + prefill_marginal_s(predictor, chunks)
+
+
+MOST_STEP_TOKENS = 8192  # an SLO-sized step's budget at the most (vLLM's largest default)
+LEAST_STEP_TOKENS = 64  # ... and at the least: prefill must progress even where decode alone breaks the SLO
+
+
+def slo_step_tokens(predictor: Predictor, batch: int, ctx_tokens: int, cached_tokens: int, slo_tbt_s: float) -> int:
+    """A step's prefill budget sized to the TBT SLO (Sarathi-Serve's token budget, per
+    step): the most new tokens (after `cached_tokens`) whose mixed step with this
+    batch keeps `slo_tbt_s`, at least LEAST_STEP_TOKENS. What `step_tokens=0` means."""
+    lo, hi = LEAST_STEP_TOKENS, MOST_STEP_TOKENS
+    if mixed_step_s(predictor, batch, ctx_tokens, [(hi, cached_tokens)]) <= slo_tbt_s:
+        return hi
+    while hi - lo > 1:  # the step grows with its tokens: bisect for the last that fits
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if mixed_step_s(predictor, batch, ctx_tokens, [(mid, cached_tokens)]) <= slo_tbt_s else (lo, mid)
+    return lo
+
+
+# A decode engine's cap on one prompt's chunk (ClusterConfig.decode_chunk_tokens) is
+# sized for this many sequences decoding beside it at half the model's context each;
+# beside a busier batch the Conductor's own check (modes.fullest_step_s) spills nothing there.
+CHUNK_BATCH = 16
+
+
+def default_decode_chunk_tokens(predictor: Predictor, slo_tbt_s: float, max_model_len: int, step_tokens: int,
+                                block_size: int) -> int:
+    """The largest whole-block chunk of one prompt whose step, beside CHUNK_BATCH
+    decodes, keeps the TBT SLO: what a decode engine prefills a spilled prompt by."""
+    tokens = slo_step_tokens(predictor, CHUNK_BATCH, CHUNK_BATCH * max_model_len // 2, 0, slo_tbt_s)
+    return max(block_size, min(step_tokens, tokens) // block_size * block_size)
+
+
 def read_rows(path: str | Path, model: str | None = None) -> list[Row]:
     data = json.loads(Path(path).read_text())
     rows = data["rows"]

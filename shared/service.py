@@ -18,7 +18,7 @@ from shared.config import ClusterConfig, check_id, load_config, profile_path
 from shared.identity import load_credentials
 from shared.log import setup_logging
 from shared.model_identity import fingerprint
-from shared.predictor import default_slos_ms, load_predictor
+from shared.predictor import Predictor, default_decode_chunk_tokens, default_slos_ms, load_predictor
 
 Main = Callable[[ClusterConfig, argparse.Namespace, asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -66,13 +66,20 @@ def resolved(config: ClusterConfig) -> ClusterConfig:
     """The config with what it leaves to be derived filled in: SLOs from the profile,
     and the model's fingerprint where the model folder is here to compute it from
     (the messenger and the Conductor run without it and need none)."""
-    if not config.slo_ttft_ms or not config.slo_tbt_ms:
-        ttft, tbt = default_slos_ms(load_predictor(profile_path(config)), config.max_model_len)
-        config = msgspec.structs.replace(config, slo_ttft_ms=config.slo_ttft_ms or ttft,
-                                         slo_tbt_ms=config.slo_tbt_ms or tbt)
+    if not config.slo_ttft_ms or not config.slo_tbt_ms or not config.decode_chunk_tokens:
+        config = _profiled(config, load_predictor(profile_path(config)))
     if config.model_fingerprint or not (Path(config.model) / "config.json").is_file():
         return config
     return msgspec.structs.replace(config, model_fingerprint=fingerprint(config.model))
+
+
+def _profiled(config: ClusterConfig, predictor: Predictor) -> ClusterConfig:
+    """SLOs and the decode engines' chunk, where the config leaves them to the profile."""
+    ttft, tbt = default_slos_ms(predictor, config.max_model_len)
+    config = msgspec.structs.replace(config, slo_ttft_ms=config.slo_ttft_ms or ttft, slo_tbt_ms=config.slo_tbt_ms or tbt)
+    chunk = config.decode_chunk_tokens or default_decode_chunk_tokens(
+        predictor, config.slo_tbt_ms / 1e3, config.max_model_len, config.step_tokens, config.block_size)
+    return msgspec.structs.replace(config, decode_chunk_tokens=chunk)
 
 
 def _fields(config: ClusterConfig) -> dict[str, Any]:

@@ -340,7 +340,8 @@ class Conductor:
         batch, ctx_tokens = load.at(now)
         return ColocatedLoad(load.instance_id, self.state.local_queued(load.instance_id),
                              self._decode_prefix(hashes, load.instance_id, view), batch, ctx_tokens,
-                             capacity=load.capacity, slowdown=load.slowdown)
+                             capacity=load.capacity, slowdown=load.slowdown,
+                             decode_chunk_tokens=load.decode_chunk_tokens)
 
     def _decode_prefix(self, hashes: list[str], decode_id: str, view: View) -> int:
         """What an instance would not compute: its engine's cache, or its node's pool."""
@@ -441,7 +442,7 @@ class Conductor:
         know what this Conductor sent it), and its steps run at the pace it measures."""
         capacity = min(load.capacity, len(load.items)) if hb.kv_usage >= KV_FULL else load.capacity
         slowdown = plausible_slowdown(hb.slowdown) if self.config.calibrate_time_model else 1.0
-        return replace(load, capacity=capacity, slowdown=slowdown)
+        return replace(load, capacity=capacity, slowdown=slowdown, decode_chunk_tokens=hb.decode_chunk_tokens)
 
     def on_update(self, update: RequestUpdate, now: float) -> None:
         if update.kind == "prefill_done":

@@ -28,46 +28,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from services.conductor.policy import Decision, Rejection, Request, joining_tbt_s, tbt_exceeded
-from shared.predictor import Predictor
+from shared.predictor import (  # noqa: F401 (the time of a mixed step, imported from here too)
+    LEAST_STEP_TOKENS,
+    MOST_STEP_TOKENS,
+    Predictor,
+    mixed_step_s,
+    prefill_marginal_s,
+    slo_step_tokens,
+)
 
 MODES = ("adaptive", "disaggregated", "colocated", "conditional")
-
-
-# --- time of a mixed step -----------------------------------------------------
-def prefill_marginal_s(predictor: Predictor, chunks: Sequence[tuple[int, int]]) -> float:
-    """What prefill chunks, (new, cached) tokens each, add to a step that pays its
-    fixed cost anyway."""
-    if not any(n > 0 for n, _ in chunks):
-        return 0.0
-    return max(0.0, predictor.prefill_step_s(chunks) - predictor.prefill_coef[0] / 1e3)
-
-
-def mixed_step_s(predictor: Predictor, batch: int, ctx_tokens: int, chunks: Sequence[tuple[int, int]]) -> float:
-    """One engine step decoding `batch` sequences over `ctx_tokens` tokens and
-    computing prefill `chunks` beside them. Assumption: the decode step plus the
-    chunks' marginal cost (their linear and attention terms), the step's fixed cost
-    once: both phases' fixed cost is mostly reading the weights, which one step does
-    once. Without a batch it is a plain prefill step."""
-    if batch <= 0:
-        return predictor.prefill_step_s(chunks) if any(n > 0 for n, _ in chunks) else 0.0
-    return predictor.decode_step_s(batch, ctx_tokens) + prefill_marginal_s(predictor, chunks)
-
-
-MOST_STEP_TOKENS = 8192  # an SLO-sized step's budget at the most (vLLM's largest default)
-LEAST_STEP_TOKENS = 64  # ... and at the least: prefill must progress even where decode alone breaks the SLO
-
-
-def slo_step_tokens(predictor: Predictor, batch: int, ctx_tokens: int, cached_tokens: int, slo_tbt_s: float) -> int:
-    """A step's prefill budget sized to the TBT SLO (Sarathi-Serve's token budget, per
-    step): the most new tokens (after `cached_tokens`) whose mixed step with this
-    batch keeps `slo_tbt_s`, at least LEAST_STEP_TOKENS. What `step_tokens=0` means."""
-    lo, hi = LEAST_STEP_TOKENS, MOST_STEP_TOKENS
-    if mixed_step_s(predictor, batch, ctx_tokens, [(hi, cached_tokens)]) <= slo_tbt_s:
-        return hi
-    while hi - lo > 1:  # the step grows with its tokens: bisect for the last that fits
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if mixed_step_s(predictor, batch, ctx_tokens, [(mid, cached_tokens)]) <= slo_tbt_s else (lo, mid)
-    return lo
 
 
 def step_budget(predictor: Predictor, step_tokens: int, batch: int, ctx_tokens: int, cached_tokens: int,
@@ -216,6 +186,8 @@ SPILL_AT_TTFT_SHARE = 0.5
 # ... and only where its prefill, with what is queued there, takes at most this many
 # steps carrying chunks, each within the TBT SLO: a decode's TBT is judged on its
 # slowest tenth of gaps, and a long prompt's chunks would fill many steps in a row.
+# An engine that caps one prompt's chunk (ClusterConfig.decode_chunk_tokens) takes
+# longer ones alone: each of its steps is then sized to the SLO.
 SPILL_MIXED_STEPS = 2
 
 
@@ -230,10 +202,12 @@ def spills(disaggregated: Decision | Rejection, req: Request) -> bool:
 def better_both(both: ColocatedChoice | Rejection, disaggregated: Decision | Rejection, req: Request) -> bool:
     """Whether a request is better off running both phases where colocated placement
     put it (`both`) than as disaggregation would serve it: there is such a place, its
-    prefill takes a step or two there, each within the TBT SLO of those decoding
-    there (a spill must cost nobody their TBT), and disaggregation would refuse it or
-    start it later."""
-    if not isinstance(both, ColocatedChoice) or both.mixed_tbt_s > req.slo_tbt_s or both.mixed_steps > SPILL_MIXED_STEPS:
+    prefill takes a step or two there (any number of capped chunks, where the engine
+    caps them), each within the TBT SLO of those decoding there (a spill must cost
+    nobody their TBT), and disaggregation would refuse it or start it later."""
+    if not isinstance(both, ColocatedChoice) or both.mixed_tbt_s > req.slo_tbt_s:
+        return False
+    if both.mixed_steps > SPILL_MIXED_STEPS and not both.chunked:
         return False
     return isinstance(disaggregated, Rejection) or both.ttft_s < disaggregated.prefill.ttft_s
 
@@ -268,10 +242,18 @@ class ColocatedLoad:
     capacity: int = 1 << 30  # requests its KV cache holds at once
     slowdown: float = 1.0
     queue_s: float = 0.0  # predicted work ahead besides `queued_tokens` (a prefill instance's own queue)
+    decode_chunk_tokens: int = 0  # its engine's cap on one prompt's tokens per step (0: none)
 
     def cached_tokens(self, req: Request, block_size: int) -> int:
         """Prompt tokens of `req` it would not compute (at least one token always is)."""
         return min(self.prefix_blocks * block_size, req.prompt_len - 1)
+
+    @property
+    def chunked(self) -> bool:
+        """A prompt joining here is prefilled alone, in capped chunks beside the batch:
+        each step it adds keeps the cap's SLO however many it takes. (vLLM caps each
+        prompt: beside another prompt's chunks a step could carry two caps' worth.)"""
+        return bool(self.decode_chunk_tokens) and self.batch > 0 and self.queued_tokens == 0
 
 
 @dataclass(frozen=True)
@@ -282,6 +264,7 @@ class ColocatedChoice:
     tbt_s: float  # predicted decode step once it joins (no chunk beside it)
     mixed_tbt_s: float  # ... and the fullest step its prefill (after what is queued there) puts there
     mixed_steps: int = 1  # steps there that carry prefill chunks until its own is done
+    chunked: bool = False  # ... each holding a capped chunk of its prompt alone (ColocatedLoad.chunked)
 
     def choice(self) -> ModeChoice:
         """As a serving-mode decision, for the counters and the response."""
@@ -308,8 +291,14 @@ def colocated_steps(load: ColocatedLoad, req: Request, predictor: Predictor, blo
     """Steps that carry prefill chunks there until this request's prefill is done: the
     queue's uncomputed tokens and its own, a step's budget at a time."""
     cached = load.cached_tokens(req, block_size)
-    budget = max(1, step_budget(predictor, step_tokens, load.batch, load.ctx_tokens, cached, req.slo_tbt_s))
-    return math.ceil((load.queued_tokens + req.prompt_len - cached) / budget)
+    budget = step_budget(predictor, step_tokens, load.batch, load.ctx_tokens, cached, req.slo_tbt_s)
+    return math.ceil((load.queued_tokens + req.prompt_len - cached) / max(1, _capped(load, budget)))
+
+
+def _capped(load: ColocatedLoad, budget: int) -> int:
+    """A step's prefill tokens there: its budget, or the engine's cap on one prompt's
+    chunk where this prompt is the only one prefilling beside a batch."""
+    return min(budget, load.decode_chunk_tokens) if load.chunked else budget
 
 
 def fullest_step_s(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int, step_tokens: int) -> float:
@@ -319,7 +308,7 @@ def fullest_step_s(load: ColocatedLoad, req: Request, predictor: Predictor, bloc
     machine's CPU profile, 256 tokens 22 ms beside a batch of 4, 2,048 tokens 259 ms)."""
     cached = load.cached_tokens(req, block_size)
     joined = (load.batch + 1, load.ctx_tokens + req.prompt_len)
-    budget = max(0, step_budget(predictor, step_tokens, *joined, 0, req.slo_tbt_s))
+    budget = max(0, _capped(load, step_budget(predictor, step_tokens, *joined, 0, req.slo_tbt_s)))
     chunk = min(budget, load.queued_tokens + req.prompt_len - cached)
     return load.slowdown * mixed_step_s(predictor, *joined, [(chunk, 0)])
 
@@ -355,4 +344,4 @@ def place_colocated(
     if admission != "none" and tbt > req.slo_tbt_s:
         return Rejection("overloaded", tbt_exceeded(tbt, req.slo_tbt_s, best.instance_id), retry_after_s=1.0)
     return ColocatedChoice(best.instance_id, ttft, best.prefix_blocks, tbt, mixed,
-                           colocated_steps(best, req, predictor, block_size, step_tokens))
+                           colocated_steps(best, req, predictor, block_size, step_tokens), best.chunked)

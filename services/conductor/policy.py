@@ -70,6 +70,7 @@ class DecodeLoad:
     items: tuple[DecodeItem, ...]  # running now, or joining when their prefill ends
     capacity: int = 1 << 30  # requests its KV cache can hold at once
     slowdown: float = 1.0  # its steps observed over predicted (shared/calibration.py)
+    decode_chunk_tokens: int = 0  # its engine's cap on one prompt's tokens per step (0: none)
 
     def at(self, t: float) -> tuple[int, int]:
         """(batch, context tokens) of what will be decoding at time t."""

@@ -121,6 +121,7 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
         seed=0,
         block_size=config.block_size,
         max_num_batched_tokens=config.step_tokens,
+        long_prefill_token_threshold=config.prompt_chunk_tokens(role),
         pipeline_parallel_size=stages,
         # Pipeline stages and tensor shards are processes; vLLM's CPU platform insists on them anyway.
         distributed_executor_backend="mp" if stages * config.tensor_parallel_size(role) > 1 else None,

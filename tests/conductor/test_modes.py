@@ -188,3 +188,23 @@ def test_a_spill_must_take_a_step_or_two_within_the_tbt_slo_there_and_beat_disag
     assert not better_both(there(0.5, mixed_s=0.11), refused, req)  # its chunks would break the TBT there
     assert not better_both(there(0.5, steps=SPILL_MIXED_STEPS + 1), refused, req)  # too many steps in a row
     assert not better_both(refused, refused, req)
+    capped = ColocatedChoice("d0", 0.5, 0, 0.01, 0.09, SPILL_MIXED_STEPS + 5, chunked=True)
+    assert better_both(capped, refused, req)  # each of its many steps is sized to the SLO
+
+
+def test_an_engine_that_caps_a_prompts_chunk_prefills_a_long_spill_in_slo_sized_steps():
+    from services.conductor.modes import colocated_steps, fullest_step_s, mixed_step_s
+
+    long_prompt = req(prompt_len=4_000, slo_tbt_s=0.05)
+    capped = ColocatedLoad("d0", 0, 0, batch=4, ctx_tokens=4_000, decode_chunk_tokens=500)
+    uncapped = ColocatedLoad("d0", 0, 0, batch=4, ctx_tokens=4_000)
+    assert capped.chunked and not uncapped.chunked
+    assert colocated_steps(capped, long_prompt, PRED, BS, 2048) == 8  # 4,000 tokens, 500 a step
+    assert colocated_steps(uncapped, long_prompt, PRED, BS, 2048) == 2  # 2,044 a step (a token to each decode)
+    assert fullest_step_s(capped, long_prompt, PRED, BS, 2048) == pytest.approx(
+        mixed_step_s(PRED, 5, 4_000 + 4_000, [(500, 0)]))
+    choice = place_colocated(long_prompt, [capped], PRED, BS, 2048)
+    assert isinstance(choice, ColocatedChoice) and choice.chunked and choice.mixed_steps == 8
+    # vLLM caps each prompt: beside another prefilling there, or with nobody decoding, it is not chunked alone.
+    assert not ColocatedLoad("d0", 100, 0, batch=4, ctx_tokens=4_000, decode_chunk_tokens=500).chunked
+    assert not ColocatedLoad("d0", 0, 0, batch=0, ctx_tokens=0, decode_chunk_tokens=500).chunked

@@ -1,3 +1,4 @@
+import msgspec
 import pytest
 
 from shared.config import ClusterConfig, check_id, load_config, save_config
@@ -56,3 +57,18 @@ def test_the_dtypes_allowed_are_vllms_own():
     from shared.config import DTYPES
 
     assert set(DTYPES) == set(typing.get_args(model.ModelDType))
+
+
+def test_decode_engines_cap_a_prompts_chunk_to_the_tbt_slo_unless_told_otherwise():
+    from shared.service import resolved
+
+    config = resolved(ClusterConfig(max_model_len=2048))
+    assert config.block_size <= config.decode_chunk_tokens <= config.step_tokens
+    assert config.decode_chunk_tokens % config.block_size == 0
+    assert config.prompt_chunk_tokens("decode") == config.decode_chunk_tokens
+    assert config.prompt_chunk_tokens("prefill") == 0  # a prefill engine serves whole prompts in turn
+    colocated = msgspec.structs.replace(config, mode="colocated")
+    assert colocated.prompt_chunk_tokens("decode") == 0  # vLLM's own chunking, as plain vLLM
+    assert resolved(ClusterConfig(decode_chunk_tokens=256)).decode_chunk_tokens == 256  # what is set stays
+    with pytest.raises(ValueError, match="decode_chunk_tokens"):
+        ClusterConfig(decode_chunk_tokens=4096, step_tokens=2048)

@@ -45,3 +45,16 @@ def test_default_slos_are_multiples_of_a_lone_full_context_request():
     assert abs(ttft - TTFT_SLO_FACTOR * p.prefill_s(4096) * 1e3) < 0.1
     assert abs(tbt - TBT_SLO_FACTOR * p.decode_step_s(1, 4096) * 1e3) < 0.1
     assert default_slos_ms(p, 1024)[0] < ttft  # a shorter context, a tighter TTFT
+
+
+def test_a_decode_engines_chunk_keeps_the_tbt_slo_beside_a_busy_batch_in_whole_blocks():
+    from shared.config import DEFAULT_PROFILE
+    from shared.predictor import CHUNK_BATCH, default_decode_chunk_tokens, mixed_step_s
+
+    p = load_predictor(DEFAULT_PROFILE)
+    chunk = default_decode_chunk_tokens(p, 0.05, 2048, 2048, 16)
+    assert chunk % 16 == 0 and 16 <= chunk <= 2048
+    assert mixed_step_s(p, CHUNK_BATCH, CHUNK_BATCH * 1024, [(chunk, 0)]) <= 0.05
+    assert mixed_step_s(p, CHUNK_BATCH, CHUNK_BATCH * 1024, [(chunk + 16, 0)]) > 0.05
+    assert default_decode_chunk_tokens(p, 10.0, 2048, 2048, 16) == 2048  # never above the step's budget
+    assert default_decode_chunk_tokens(p, 1e-6, 2048, 2048, 16) >= 16  # a block at the least

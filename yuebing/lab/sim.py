@@ -50,7 +50,7 @@ from services.conductor.index import PrefixIndex
 from services.conductor.planner import Arrival
 from services.conductor.policy import Decision, DecodeLoad, Params, Rejection, Request, Scheduler
 from services.conductor.state import ClusterState
-from shared.predictor import Predictor
+from shared.predictor import MOST_STEP_TOKENS, Predictor, default_decode_chunk_tokens
 from yuebing.lab.outcome import Outcome, segment_stats, summarize
 from yuebing.lab.roles import DRAIN_POLL_S, RolePlan
 from yuebing.lab.sim_config import SimConfig
@@ -155,10 +155,24 @@ class Simulation:
         self.requests: list[SimRequest] = []
         self.unsettled = 0  # requests whose outcome is not final yet (arrived or not)
         self.max_model_len = 0
+        self.decode_chunk_tokens = 0  # decode engines' cap on one prompt's chunk, as ClusterConfig.prompt_chunk_tokens
         if config.planner and config.mode not in ("disaggregated", "adaptive"):
             raise ValueError("the planner moves instances between prefill and decode: adaptive or disaggregated mode")
         self.plan = (RolePlan.of(self.predictor, config.max_batch, empty_prefill=config.mode == "adaptive")
                      if config.planner else None)
+
+    def _decode_chunk_tokens(self) -> int:
+        """As the live cluster sizes it (0 where decode instances prefill nothing, or
+        chunk as vLLM does by default): for a TBT SLO relative to each request, the
+        SLO of a request of half the longest context."""
+        c = self.config
+        if c.mode not in ("adaptive", "conditional"):
+            return 0
+        if c.decode_chunk_tokens:
+            return c.decode_chunk_tokens
+        slo = c.slo_tbt_x * self.predictor.decode_step_s(1, self.max_model_len // 2) if c.slo_tbt_x else c.slo_tbt_s
+        return default_decode_chunk_tokens(self.predictor, slo, self.max_model_len, c.step_tokens or MOST_STEP_TOKENS,
+                                           c.block_tokens)
 
     # --- event queue --------------------------------------------------------
     def at(self, t: float, kind: str, obj: object, version: int = 0) -> None:
@@ -168,6 +182,7 @@ class Simulation:
         requests = self.requests = [self._request(i, r) for i, r in enumerate(trace)]
         # vLLM's max_model_len: the longest request it must serve, here the trace's.
         self.max_model_len = max((r.input_length + r.output_length for r in trace), default=0)
+        self.decode_chunk_tokens = self._decode_chunk_tokens()
         self.unsettled = len(requests)
         for r in requests:
             self.at(r.arrival, "arrive", r)
@@ -317,7 +332,8 @@ class Simulation:
     def _colocated_load(self, inst: DecodeInstance, prefix_blocks: int) -> modes.ColocatedLoad:
         decoding = [*inst.batch, *inst.waiting]
         return modes.ColocatedLoad(inst.iid, sum(self._uncomputed(x) for x in inst.prefill_queue), prefix_blocks,
-                                   len(decoding), sum(x.ctx for x in decoding), capacity=self.config.max_batch)
+                                   len(decoding), sum(x.ctx for x in decoding), capacity=self.config.max_batch,
+                                   decode_chunk_tokens=self.decode_chunk_tokens)
 
     def _spill(self, r: SimRequest, out: Decision | Rejection) -> bool:
         """Adaptive mode, as the Conductor's (`modes.spills`, `modes.sooner`): a request
@@ -519,7 +535,8 @@ class Simulation:
         queue = list(itertools.islice(inst.prefill_queue, max(0, room)))
         if self.config.unchunked:  # vLLM's max_num_batched_tokens: at least the longest request
             return fill_step(queue, self.max_model_len, self._uncomputed, whole=True)
-        return fill_step(queue, self._step_budget(inst), self._uncomputed)
+        others = len(inst.batch) + len(inst.waiting) + len(inst.prefill_queue) > 1  # vLLM caps only then
+        return fill_step(queue, self._step_budget(inst), self._uncomputed, cap=self.decode_chunk_tokens if others else 0)
 
     def _step_budget(self, inst: DecodeInstance) -> int:
         if not inst.prefill_queue:
@@ -638,16 +655,17 @@ class Simulation:
 
 
 def fill_step(queue: Iterable[SimRequest], budget: int, uncomputed: Callable[[SimRequest], int],
-              whole: bool = False) -> list[tuple[SimRequest, int]]:
+              whole: bool = False, cap: int = 0) -> list[tuple[SimRequest, int]]:
     """An engine step's prefill chunks as vLLM schedules them: the queue's requests in
-    order, each as much of its prompt as the budget has left (chunked prefill); or,
-    `whole` (no chunked prefill), whole prompts while they fit, the head's always."""
+    order, each as much of its prompt as the budget (and `cap`, vLLM's
+    long_prefill_token_threshold) has left (chunked prefill); or, `whole` (no chunked
+    prefill), whole prompts while they fit, the head's always."""
     chunks: list[tuple[SimRequest, int]] = []
     for r in queue:
         n = uncomputed(r)
         if budget <= 0 or (whole and chunks and n > budget):
             break
-        chunks.append((r, n if whole else min(budget, n)))
+        chunks.append((r, n if whole else min(budget, n, cap or n)))
         budget -= chunks[-1][1]
     return chunks
 

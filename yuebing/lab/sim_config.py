@@ -88,6 +88,9 @@ class SimConfig:
         description="an engine step's token budget on decode and colocated instances (vLLM's max_num_batched_tokens; "
                     "0: sized each step to the TBT SLO)",
     )] = 2048
+    decode_chunk_tokens: Annotated[int, Meta(
+        description="on decode instances of adaptive and conditional modes, one prompt's tokens per step at the most "
+                    "while others run, as the live cluster's (0: sized to the TBT SLO)")] = 0
     local_prefill_tokens: Annotated[int, Meta(
         description="dynamo and llmd rules' N: a decode instance prefills fewer than N uncached tokens itself "
                     "(dynamo), or at most N (llmd)")] = 1000
@@ -113,6 +116,8 @@ class SimConfig:
             raise ValueError("need at least one prefill and one decode instance")
         if self.speed <= 0 or self.bandwidth_gbps <= 0 or self.pool_blocks <= 0:
             raise ValueError("speed, bandwidth and pool size must be positive")
+        if self.decode_chunk_tokens < 0:
+            raise ValueError("decode_chunk_tokens cannot be negative (0: sized to the TBT SLO)")
         if self.step_tokens < 0:
             raise ValueError("step_tokens cannot be negative (0: sized to the TBT SLO)")
         if self.request_timeout_s < 0:

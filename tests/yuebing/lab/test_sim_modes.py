@@ -147,3 +147,21 @@ def test_adaptive_is_disaggregated_at_light_load_and_spills_a_prefill_queue_onto
     assert sum(o.within_slo for o in run.outcomes) > sum(o.within_slo for o in fixed.outcomes)
     light = simulate(trace[:1], config, FLAT)
     assert light.result["mode_decisions"].get("local:spilled", 0) == 0
+
+
+def test_adaptive_spills_a_long_prompt_onto_a_busy_decode_in_chunks_that_keep_its_streams_tbt():
+    # One stream decoding on d0 (10-ms steps); then four 1,024-token prompts at once on
+    # one prefill (1 s each). The decode engine caps a prompt's chunk at 128 tokens, so
+    # the third prompt, spilled, takes eight 138-ms steps there, each within the 200-ms
+    # TBT SLO; uncapped, a step would carry the whole prompt and nothing spills.
+    stream = TraceRequest(0.0, 16, 400, (100,))
+    trace = [stream, *(TraceRequest(100.0, 1024, 3, (k,)) for k in range(4))]
+    config = SimConfig(prefill=1, decode=1, mode="adaptive", kv_bytes_per_token=0, layerwise=False, slo_ttft_s=2.5,
+                       slo_tbt_s=0.2, admission="predictive", decode_chunk_tokens=128)
+    run = simulate(trace, config, FLAT)
+    assert run.result["mode_decisions"].get("local:spilled", 0) == 1
+    assert run.outcomes[2].ttft_s == pytest.approx(8 * 0.138, abs=0.01)  # from its arrival
+    assert run.outcomes[0].within_slo and run.outcomes[0].tbt_tail_s <= 0.2
+    uncapped = simulate(trace, replace(config, decode_chunk_tokens=2048), FLAT)
+    assert uncapped.result["mode_decisions"].get("local:spilled", 0) == 0
+    assert sum(o.within_slo for o in run.outcomes) == 4 > sum(o.within_slo for o in uncapped.outcomes) == 3
