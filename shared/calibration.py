@@ -9,8 +9,13 @@ instances can serve within the SLOs, and does so exactly when it matters, under
 overload. And under overload admission holds every queue at the edge of its SLO,
 so a prediction right on average still has half the requests admitted at that
 edge miss it. So the Conductor multiplies a prediction by a quantile of the
-observed-over-predicted ratio (`pace(z)`: the mean of its log and z standard
-deviations more), not by its mean (docs/benchmarks/chaos-and-soak.md: the soak at 3x).
+observed-over-predicted ratio (`pace(z)`), not by its mean (docs/benchmarks/chaos-and-soak.md:
+the soak at 3x). The quantile is read off the observations themselves, not off a
+normal fit of their logs: their spread is lopsided (a prefix the books did not
+know was cached makes one prefill far faster than predicted, nothing makes one far
+slower but a fault), and a fitted spread counts those fast ones as risk: it put
+the 95th percentile of a conversation trace's prefills well above where 95 % of them
+ended, refusing prompts that would have been served in time.
 
 Observations are weighted by their predicted seconds: a long prefill says more
 about the pace than a short one, whose time is mostly fixed costs. Plain data
@@ -21,7 +26,7 @@ Conductor its prefills' first tokens, the simulator its own clock.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 HALF_LIFE_S = 10.0  # evidence this old counts half: the pace follows a change of load in seconds
@@ -32,6 +37,13 @@ PRIOR_S = 0.5
 # retry), not a pace: liveness and retries deal with faults, and a few such requests
 # must not shut an instance out for minutes. It counts as ten times off.
 MAX_RATIO = 10.0
+# The log ratios' histogram: bins of 1.8 % of a ratio each, one centred on exactly 1.
+BINS = 257
+_LOG_MAX = math.log(MAX_RATIO)
+_WIDTH = 2 * _LOG_MAX / BINS
+# Weights are kept scaled up by 2 ** (age in half-lives) rather than all decayed at
+# every observation; past this many half-lives they are scaled back (2 ** 1024 overflows).
+_REBASE_HALF_LIVES = 64.0
 
 
 def quantile_z(share: float) -> float:
@@ -39,38 +51,47 @@ def quantile_z(share: float) -> float:
     return NormalDist().inv_cdf(share)
 
 
+def _bin(x: float) -> int:
+    return min(BINS - 1, max(0, int((x + _LOG_MAX) / _WIDTH)))
+
+
+def _centre(index: int) -> float:
+    return -_LOG_MAX + (index + 0.5) * _WIDTH
+
+
 @dataclass
 class Calibration:
     half_life_s: float = HALF_LIFE_S
     prior_s: float = PRIOR_S
-    weight: float = 0.0  # decayed sums over observations of x = log(observed / predicted), weighted by predicted s
-    sum_x: float = 0.0
-    sum_xx: float = 0.0
-    at: float = 0.0  # when the sums were last decayed
+    # Observations of x = log(observed / predicted), weighted by predicted seconds and
+    # by 2 ** ((when - origin) / half_life_s): a histogram whose newer weight counts more.
+    bins: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    origin: float = 0.0
 
     def add(self, observed_s: float, predicted_s: float, now: float) -> None:
         """Work that took `observed_s` and was predicted to take `predicted_s`."""
         if observed_s <= 0 or predicted_s <= 0:
             return
-        self._decay(now)
         x = math.log(min(max(observed_s / predicted_s, 1 / MAX_RATIO), MAX_RATIO))
-        self.weight += predicted_s
-        self.sum_x += predicted_s * x
-        self.sum_xx += predicted_s * x * x
+        self.bins[_bin(x)] += predicted_s * self._scale(now)
 
     def pace(self, now: float, z: float = 0.0) -> float:
-        """Observed over predicted time: its typical value (z = 0), or the one that
-        work exceeds about as often as a normal variable exceeds z."""
-        self._decay(now)
-        total = self.weight + self.prior_s
-        mean = self.sum_x / total
-        variance = self.sum_xx / total - mean * mean
-        return math.exp(mean + z * math.sqrt(max(variance, 0.0)))
+        """Observed over predicted time: its median (z = 0), or the one that work
+        exceeds about as often as a normal variable exceeds z (z = 1.645: 5 %)."""
+        scale = self._scale(now)
+        weights = [w / scale for w in self.bins]
+        weights[_bin(0.0)] += self.prior_s
+        target, total = NormalDist().cdf(z) * sum(weights), 0.0
+        for index, weight in enumerate(weights):
+            total += weight
+            if total >= target and weight > 0:
+                return math.exp(_centre(index))
+        return MAX_RATIO
 
-    def _decay(self, now: float) -> None:
-        if now > self.at:
-            kept = 0.5 ** ((now - self.at) / self.half_life_s)
-            self.weight *= kept
-            self.sum_x *= kept
-            self.sum_xx *= kept
-            self.at = now
+    def _scale(self, now: float) -> float:
+        """What a weight added now is multiplied by (its share decays from here)."""
+        age = (now - self.origin) / self.half_life_s
+        if age > _REBASE_HALF_LIVES:
+            self.bins = [w * 2.0 ** -age for w in self.bins]
+            self.origin, age = now, 0.0
+        return 2.0 ** age
