@@ -247,9 +247,10 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.step_tokens < self.block_size:
             raise ValueError(f"step_tokens must hold at least one block ({self.block_size}), got {self.step_tokens}")
-        if self.decode_chunk_tokens and not self.block_size <= self.decode_chunk_tokens <= self.step_tokens:
+        most = min(self.step_tokens, self.max_model_len)
+        if self.decode_chunk_tokens and not self.block_size <= self.decode_chunk_tokens <= most:
             raise ValueError(f"decode_chunk_tokens must be 0 (sized to the TBT SLO) or from a block ({self.block_size}) "
-                             f"to step_tokens ({self.step_tokens}), got {self.decode_chunk_tokens}")
+                             f"to step_tokens and max_model_len ({most}), got {self.decode_chunk_tokens}")
         if self.index_capacity_blocks <= 0:
             raise ValueError("index_capacity_blocks must be positive")
         if self.pool_bytes <= 0 or self.ssd_bytes < 0:

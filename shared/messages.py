@@ -157,6 +157,8 @@ class ConductorStats(Message):
     decode_time_ms: float = 0.0  # t_d its books use now (learned from completed decodes)
     # Per live instance, what its predicted times are multiplied by now (shared/calibration.py).
     slowdown: dict[str, float] = {}
+    # Requests refused since it started, by cause (ttft_slo, tbt_slo, no_room, no_instance).
+    rejections: dict[str, int] = {}
     # Serving-mode decisions since it started, by "mode:reason" (ModeRecord).
     modes: dict[str, int] = {}
     # With a CPP group live, where each prefill went and why, by "cpp|single:reason" (policy.Route).

@@ -144,9 +144,10 @@ CHUNK_BATCH = 16
 def default_decode_chunk_tokens(predictor: Predictor, slo_tbt_s: float, max_model_len: int, step_tokens: int,
                                 block_size: int) -> int:
     """The largest whole-block chunk of one prompt whose step, beside CHUNK_BATCH
-    decodes, keeps the TBT SLO: what a decode engine prefills a spilled prompt by."""
+    decodes, keeps the TBT SLO: what a decode engine prefills a spilled prompt by
+    (never above the step's budget or the model's context: vLLM refuses that)."""
     tokens = slo_step_tokens(predictor, CHUNK_BATCH, CHUNK_BATCH * max_model_len // 2, 0, slo_tbt_s)
-    return max(block_size, min(step_tokens, tokens) // block_size * block_size)
+    return max(block_size, min(step_tokens, max_model_len, tokens) // block_size * block_size)
 
 
 def read_rows(path: str | Path, model: str | None = None) -> list[Row]:

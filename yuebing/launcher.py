@@ -144,7 +144,7 @@ class Cluster:
     failed: bool = False  # a required child died
     kv_dir: Path | None = None  # pool files and node sockets, removed at stop
     env: dict[str, str] = field(default_factory=dict)
-    metrics: dict[str, str] = field(default_factory=dict)  # messenger → its Prometheus page
+    metrics: dict[str, str] = field(default_factory=dict)  # process → its Prometheus page
     secrets: Secrets | None = None
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     run_lock: int | None = None  # held while this launcher uses its run folder (closed with the process)
@@ -172,7 +172,7 @@ class Cluster:
             ids = ["--instance-id", f"messenger-{n}", "--node", f"node-{n}", "--metrics-port", str(port)]
             kv_key = ["--kv-key-file", str(secrets.kv_key)]
             add(f"messenger-{n}", [*py, "services.messenger", *ids, *kv_key, *faults])
-        add("conductor", [*py, "services.conductor"])
+        add("conductor", [*py, "services.conductor", *self._metrics_port("conductor")])
         # Instances are spread over the nodes: prefills from the first node, decodes from the last.
         # One whose engine died exits (shared/engine/runtime.py) and comes back with a
         # new engine, announcing a new pid the Conductor starts afresh from.
@@ -180,14 +180,22 @@ class Cluster:
         for i in range(prefills):
             node = f"node-{i % o.nodes}"
             stages = ["--stages", str(o.stages(i))] if o.stages(i) > 1 else []
-            add(f"prefill-{i}", [*py, "services.prefill", "--instance-id", f"prefill-{i}", "--node", node, *stages])
+            add(f"prefill-{i}", [*py, "services.prefill", "--instance-id", f"prefill-{i}", "--node", node, *stages,
+                                 *self._metrics_port(f"prefill-{i}")])
         for i in range(decodes):
             node = f"node-{(o.nodes - 1 - i) % o.nodes}"
-            add(f"decode-{i}", [*py, "services.decode", "--instance-id", f"decode-{i}", "--node", node])
+            add(f"decode-{i}", [*py, "services.decode", "--instance-id", f"decode-{i}", "--node", node,
+                                *self._metrics_port(f"decode-{i}")])
         gw = [*py, "services.gateway", "--host", o.host, "--port", str(o.port)]
         if secrets.api_key is not None:
             gw += ["--api-key-file", str(secrets.api_key)]
         add("gateway", gw)
+
+    def _metrics_port(self, name: str) -> list[str]:
+        """A free port for the process's Prometheus page, listed in the ready file."""
+        port = free_port()
+        self.metrics[name] = f"http://127.0.0.1:{port}/metrics"
+        return ["--metrics-port", str(port)]
 
     def start(self) -> float:
         """Start every child and wait until the gateway sees every instance; the seconds it took."""

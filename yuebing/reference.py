@@ -153,11 +153,21 @@ def _type(spec: dict) -> str:
     return " ".join([kind, *filter(None, bounds)])
 
 
-METRICS_INTRO = """Two kinds of process serve Prometheus metrics:
+METRICS_INTRO = """Every process serves Prometheus metrics:
 
 - **the gateway**, at `/metrics` on its API port (behind the API key with
   `--metrics-require-key`): requests, latencies against the SLOs, shedding, retries,
   and its own health under load;
+- **the Conductor**, at `/metrics` on `--metrics-port` (9600 in the compose and
+  Kubernetes layouts; behind a Bearer key with `--metrics-key-file`): how long each
+  decision takes, placements by serving mode, rejections by cause, and its books
+  (each prefill's predicted queue, each decode's batch and predicted step, the
+  calibration factors, the pool index, the roles);
+- **each prefill and decode instance**, at `/metrics` on `--metrics-port` (9601 in
+  the compose and Kubernetes layouts; `--metrics-key-file` as the Conductor's): vLLM's
+  own engine metrics (`vllm:*`, as vLLM's OpenAI server serves them: running and
+  waiting requests, KV-cache usage, prefix-cache hits, preemptions, TTFT, inter-token
+  latency and step histograms), each labelled `instance_id`, and the instance's load;
 - **each messenger**, at `/metrics` on `--metrics-port` (9600 in the compose and
   Kubernetes layouts): its node's pool, transfers between nodes, and the KV plane's
   security.
@@ -166,14 +176,16 @@ Counters are exposed with Prometheus' `_total` suffix, histograms as `_bucket`,
 `_sum` and `_count`. What to watch first: `yuebing_gateway_slo_total` by verdict (the
 share of requests within both SLOs), `yuebing_gateway_shed_total` (429s),
 `yuebing_gateway_retries_total` and `yuebing_gateway_retries_given_up_total` (instances
-failing requests), `yuebing_messenger_checksum_failures_total` and
+failing requests), `yuebing_conductor_rejections_total` by cause (what admission
+refuses for), `yuebing_messenger_checksum_failures_total` and
 `yuebing_messenger_kv_peers_rejected_total` (a damaged or hostile KV plane).
 """
 
 
 def metrics_page() -> str:
     return (f"# Metrics reference\n\n{NOTE}\n{METRICS_INTRO}\n## The gateway\n\n{_gateway_metrics()}\n"
-            f"## Each messenger\n\n{_messenger_metrics()}")
+            f"## The Conductor\n\n{_conductor_metrics()}\n## Each prefill and decode instance\n\n"
+            f"Besides vLLM's `vllm:*` metrics:\n\n{_instance_metrics()}\n## Each messenger\n\n{_messenger_metrics()}")
 
 
 def _metrics_table(rows: list[tuple[str, str, list[str], str]]) -> str:
@@ -195,6 +207,32 @@ def _gateway_metrics() -> str:
     metrics.registry.register(pipeline.modes)
     collectors = list(metrics.registry._collector_to_names)
     return _metrics_table([(c._name, c._type, list(c._labelnames), c._documentation) for c in collectors])
+
+
+def _conductor_metrics() -> str:
+    """What the Conductor's page carries, over a Conductor that has heard one instance of each role."""
+    from services.conductor.app import Conductor
+    from services.conductor.metrics import ConductorMetrics
+    from shared.messages import Heartbeat
+
+    conductor = Conductor(ClusterConfig())
+    for role in ("prefill", "decode"):
+        conductor.on_heartbeat(Heartbeat(instance_id=f"{role}-0", role=role, node="node-0", pid=1, seq=1, sent_at=0.0),
+                               now=0.0)
+    families = ConductorMetrics(conductor, clock=lambda: 0.0).registry.collect()
+    return _metrics_table([(f.name, f.type, list(getattr(f, "_labelnames", ())), f.documentation) for f in families])
+
+
+def _instance_metrics() -> str:
+    """An engine instance's own metrics (vLLM's are its stat logger's, not listed here)."""
+    from prometheus_client import CollectorRegistry
+
+    from shared.engine.metrics import instance_registry
+    from shared.instance import Instance
+
+    instance = Instance("decode", "decode-0", "node-0", ClusterConfig(), nc=None)  # type: ignore[arg-type]
+    families = instance_registry(instance, CollectorRegistry()).collect()
+    return _metrics_table([(f.name, f.type, list(f.samples[0].labels), f.documentation) for f in families])
 
 
 def _messenger_metrics() -> str:

@@ -12,9 +12,11 @@ from typing import Any
 
 import structlog
 from nats.aio.msg import Msg
+from prometheus_client import Histogram
 
 from services.conductor.cpp import PipelineGroup
 from services.conductor.index import PoolIndex, PrefixIndex
+from services.conductor.metrics import ConductorMetrics
 from services.conductor.modes import (
     CONDITIONAL_RULES,
     DISAGGREGATED,
@@ -49,7 +51,7 @@ from services.conductor.policy import (
 )
 from services.conductor.roles import Roles
 from services.conductor.state import ClusterState
-from shared import bus, service
+from shared import bus, metrics_page, service
 from shared.calibration import quantile_z
 from shared.config import ClusterConfig, profile_path
 from shared.liveness import Registry
@@ -120,6 +122,7 @@ class Conductor:
         self.messenger_nodes: dict[str, str] = {}  # messenger instance → its node
         self.deadlines: dict[str, float] = {}
         self.counts = {"accepted": 0, "rejected": 0, "wasted_prefill": 0, "replaced_decode": 0}
+        self.rejections: dict[str, int] = {}  # by Rejection.cause
         self.view_whole_at = float("-inf")  # see listening()
         self.mode_params = mode_params(config)
         self.modes: dict[str, int] = {}  # serving-mode decisions, by ModeChoice.key
@@ -199,6 +202,7 @@ class Conductor:
             pool_blocks=len(self.pools), pool_nodes=sorted(set(self.messenger_nodes.values())),
             decode_time_ms=self.state.decode_time_s * 1e3,
             slowdown=self.slowdowns(now),
+            rejections=dict(self.rejections),
             modes=dict(self.modes),
             routes=dict(self.routes),
             roles=dict(self.roles.assigned),
@@ -206,8 +210,12 @@ class Conductor:
             role_changes=self.roles.changes,
         )
 
+    def view_now(self, now: float) -> View:
+        """The live instances' loads, for no request in particular (stats and /metrics)."""
+        return self._view([], now)
+
     def slowdowns(self, now: float) -> dict[str, float]:
-        view = self._view([], now)
+        view = self.view_now(now)
         return {x.instance_id: round(x.slowdown, 3) for x in (*view.prefills, *view.decodes)}
 
     def schedule(self, ask: ScheduleRequest, now: float) -> ScheduleReply:
@@ -368,6 +376,7 @@ class Conductor:
 
     def _rejected(self, req: Request, out: Rejection, now: float) -> ScheduleReply:
         self.counts["rejected"] += 1
+        self.rejections[out.cause] = self.rejections.get(out.cause, 0) + 1
         if out.decode:
             self.roles.refused_for_decode(now)
         return ScheduleReply(
@@ -478,16 +487,19 @@ def mode_params(config: ClusterConfig) -> ModeParams:
 
 
 def parser() -> argparse.ArgumentParser:
-    return service.parser("conductor", instance=False)
+    p = service.parser("conductor", instance=False)
+    metrics_page.add_arguments(p)
+    return p
 
 
 class Wiring:
     """The Conductor on NATS: each subject's handler calls into `Conductor` with the
     wall clock; the snapshot requests it starts are its tasks, cancelled on close."""
 
-    def __init__(self, conductor: Conductor, nc: Any) -> None:
+    def __init__(self, conductor: Conductor, nc: Any, decision: Histogram | None = None) -> None:
         self.conductor = conductor
         self.nc = nc
+        self.decision = decision  # each decision's time, for /metrics
         self.snapshots: set[asyncio.Task[None]] = set()
         self.planning: asyncio.Task[None] | None = None
 
@@ -545,7 +557,10 @@ class Wiring:
     async def on_schedule(self, ask: ScheduleRequest, msg: Msg) -> None:
         while self.conductor.hearing_instances(time.monotonic()):
             await asyncio.sleep(HEARING_POLL_S)
-        reply = self.conductor.schedule(ask, time.monotonic())
+        start = time.monotonic()
+        reply = self.conductor.schedule(ask, start)
+        if self.decision is not None:
+            self.decision.observe(time.monotonic() - start)
         placement = reply.placement
         log.info(
             "scheduled" if reply.accepted else "rejected",
@@ -566,11 +581,15 @@ class Wiring:
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
     conductor = Conductor(config)
+    metrics = ConductorMetrics(conductor)
+    page = await metrics_page.serve_for(args, metrics.registry, "conductor")
     nc = await bus.connect(config.nats_url, "conductor", args.nats_credentials)
-    wiring = Wiring(conductor, nc)
+    wiring = Wiring(conductor, nc, metrics.decision)
     await wiring.start()
     log.info("conductor ready", policy=config.policy, admission=config.admission, profile=str(profile_path(config)))
     await stop.wait()
     log.info("conductor stopping", **conductor.counts)
     await wiring.close()
     await bus.close(nc)
+    if page is not None:
+        await page.cleanup()

@@ -340,8 +340,9 @@ def place_colocated(
     mixed = fullest_step_s(best, req, predictor, block_size, step_tokens)
     if admission != "none" and ttft > req.slo_ttft_s:
         return Rejection("overloaded", f"predicted TTFT {ttft * 1e3:.0f} ms exceeds the SLO of "
-                         f"{req.slo_ttft_s * 1e3:.0f} ms", retry_after_s=ttft - req.slo_ttft_s)
+                         f"{req.slo_ttft_s * 1e3:.0f} ms", retry_after_s=ttft - req.slo_ttft_s, cause="ttft_slo")
     if admission != "none" and tbt > req.slo_tbt_s:
-        return Rejection("overloaded", tbt_exceeded(tbt, req.slo_tbt_s, best.instance_id), retry_after_s=1.0)
+        return Rejection("overloaded", tbt_exceeded(tbt, req.slo_tbt_s, best.instance_id), retry_after_s=1.0,
+                         cause="tbt_slo")
     return ColocatedChoice(best.instance_id, ttft, best.prefix_blocks, tbt, mixed,
                            colocated_steps(best, req, predictor, block_size, step_tokens), best.chunked)

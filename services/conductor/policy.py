@@ -134,6 +134,9 @@ class Rejection:
     reason: str
     retry_after_s: float
     decode: bool = False  # for want of decode room (its TBT SLO, or a full batch): the planner's signal
+    # What refused it, as /metrics counts it: ttft_slo, tbt_slo, no_room (a full
+    # decode batch) or no_instance (none live or none left to try).
+    cause: Literal["ttft_slo", "tbt_slo", "no_room", "no_instance"] = "no_instance"
 
 
 @dataclass(frozen=True)
@@ -369,7 +372,7 @@ class Scheduler:
                 return Rejection(
                     "overloaded",
                     f"predicted TTFT {choice.ttft_s * 1e3:.0f} ms exceeds the SLO of {req.slo_ttft_s * 1e3:.0f} ms",
-                    retry_after_s=choice.ttft_s - req.slo_ttft_s,
+                    retry_after_s=choice.ttft_s - req.slo_ttft_s, cause="ttft_slo",
                 )
             when = prefill_end if self.admission == "predictive" else now
             judged = tbt if self.admission == "predictive" else tbt_at(decode, now, req, self.ctx)
@@ -380,7 +383,7 @@ class Scheduler:
                     if judged < math.inf
                     else f"decode instance {decode.instance_id} has no room for it",
                     retry_after_s=self._decode_drain_s(decode, when, now),
-                    decode=True,
+                    decode=True, cause="tbt_slo" if judged < math.inf else "no_room",
                 )
         return Decision(choice, decode.instance_id, tbt, route)
 
@@ -402,7 +405,8 @@ class Scheduler:
             return Rejection("unavailable", "no other live decode instance", retry_after_s=1.0)
         decode, tbt = choose_decode(req, decodes, now, self.ctx)
         if tbt == math.inf:
-            return Rejection("overloaded", f"decode instance {decode.instance_id} has no room for it", retry_after_s=1.0)
+            return Rejection("overloaded", f"decode instance {decode.instance_id} has no room for it",
+                             retry_after_s=1.0, cause="no_room")
         return DecodeDecision(decode.instance_id, tbt)
 
     def _decode_drain_s(self, load: DecodeLoad, t: float, now: float) -> float:

@@ -3,12 +3,14 @@ import argparse
 
 from services.decode.handler import Decoder
 from services.prefill.handler import Prefiller
-from shared import service
+from shared import metrics_page, service
 from shared.engine.runtime import serving
 
 
 def parser() -> argparse.ArgumentParser:
-    return service.parser("decode", instance=True)
+    p = service.parser("decode", instance=True)
+    metrics_page.add_arguments(p)
+    return p
 
 
 if __name__ == "__main__":

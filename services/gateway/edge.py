@@ -6,7 +6,6 @@ as OpenAI-style JSON like every other error."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
 from typing import Any
 
@@ -16,6 +15,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from services.gateway.errors import ApiError, invalid
+from shared.metrics_page import bearer_matches
 from shared.private_file import read_private
 
 log = structlog.get_logger(__name__)
@@ -47,11 +47,7 @@ def load_api_key(path: str | None) -> str | None:
     return key or None
 
 
-def key_matches(request: web.Request, key: str) -> bool:
-    # A header's bytes as they came (aiohttp keeps undecodable ones as surrogates):
-    # encoding with surrogateescape never fails, so odd bytes are a 401, never a 500.
-    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(given, f"Bearer {key}".encode())
+key_matches = bearer_matches  # the one check, shared with every service's /metrics
 
 
 def unauthorized() -> ApiError:

@@ -3,7 +3,7 @@ import argparse
 
 from services.decode.handler import Decoder
 from services.prefill.handler import Prefiller
-from shared import service
+from shared import metrics_page, service
 from shared.engine.runtime import serving
 
 
@@ -18,6 +18,7 @@ def parser() -> argparse.ArgumentParser:
     p = service.parser("prefill", instance=True)
     p.add_argument("--stages", type=stage_count, default=1,
                    help="pipeline stages of this instance's engine: above 1, a CPP prefill group")
+    metrics_page.add_arguments(p)
     return p
 
 

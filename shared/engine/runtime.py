@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 import structlog
 from nats.aio.msg import Msg
 
-from shared import bus
+from shared import bus, metrics_page
 from shared.config import ClusterConfig
+from shared.engine.metrics import instance_registry
 from shared.instance import Instance
 from shared.messages import Role
 from shared.service import Main
@@ -73,11 +74,14 @@ async def serve(handlers: Sequence[type[Handler]], config: ClusterConfig, args: 
     for handler in handlers:
         await bus.subscribe(nc, handler.subject(instance_id), handler.REQUEST, handler(instance, engine).on_request)
     await instance.start()
+    page = await metrics_page.serve_for(args, instance_registry(instance), role)
     log.info(f"{role} ready", model=config.model, node=node, serves=[h.ROLE for h in handlers])
     died = await engine_died_before(stop, engine, config.heartbeat_interval_s)
     log.info(f"{role} stopping", in_flight=len(instance.requests), engine_died=died)
     await instance.close()
     await bus.close(nc)
+    if page is not None:
+        await page.cleanup()
     engine.shutdown()
     if died:
         raise SystemExit(ENGINE_DEAD_EXIT)

@@ -72,3 +72,7 @@ def test_decode_engines_cap_a_prompts_chunk_to_the_tbt_slo_unless_told_otherwise
     assert resolved(ClusterConfig(decode_chunk_tokens=256)).decode_chunk_tokens == 256  # what is set stays
     with pytest.raises(ValueError, match="decode_chunk_tokens"):
         ClusterConfig(decode_chunk_tokens=4096, step_tokens=2048)
+    with pytest.raises(ValueError, match="decode_chunk_tokens"):
+        ClusterConfig(decode_chunk_tokens=2048, max_model_len=1024)  # vLLM refuses a chunk past the context
+    loose = resolved(ClusterConfig(max_model_len=1024, slo_tbt_ms=1000.0))  # any chunk keeps a loose SLO
+    assert loose.decode_chunk_tokens == 1024

@@ -57,4 +57,5 @@ def test_a_decode_engines_chunk_keeps_the_tbt_slo_beside_a_busy_batch_in_whole_b
     assert mixed_step_s(p, CHUNK_BATCH, CHUNK_BATCH * 1024, [(chunk, 0)]) <= 0.05
     assert mixed_step_s(p, CHUNK_BATCH, CHUNK_BATCH * 1024, [(chunk + 16, 0)]) > 0.05
     assert default_decode_chunk_tokens(p, 10.0, 2048, 2048, 16) == 2048  # never above the step's budget
+    assert default_decode_chunk_tokens(p, 10.0, 1024, 2048, 16) == 1024  # ... nor the model's context
     assert default_decode_chunk_tokens(p, 1e-6, 2048, 2048, 16) >= 16  # a block at the least

@@ -1,0 +1,114 @@
+"""The Conductor's Prometheus page: its decisions (how long each took, placements by
+serving mode and reason, rejections by cause), and its books as they stand at scrape
+time (each prefill instance's predicted queue, each decode instance's batch and
+predicted step against the TBT SLO, the calibration factors, the pool index, the
+roles). Read from the Conductor between its handlers: nothing is kept twice."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from shared.metrics_page import FAST_BUCKETS
+
+if TYPE_CHECKING:  # the Conductor's module wires this one in
+    from services.conductor.app import Conductor
+
+
+class ConductorMetrics:
+    """The registry /metrics renders: the decision histogram the handler observes,
+    and a collector over the Conductor's own counters and books."""
+
+    def __init__(self, conductor: Conductor, clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = CollectorRegistry()
+        self.decision = Histogram("yuebing_conductor_decision_seconds", "Time to decide one schedule request",
+                                  buckets=FAST_BUCKETS, registry=self.registry)
+        self.registry.register(BooksCollector(conductor, clock))
+
+
+class BooksCollector:
+    def __init__(self, conductor: Conductor, clock: Callable[[], float]) -> None:
+        self.conductor = conductor
+        self.clock = clock  # the Conductor's own: its books are kept on time.monotonic
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock()
+        yield from self._decisions()
+        yield from self._books(now)
+        yield from self._roles(now)
+
+    def _decisions(self) -> Iterator[Metric]:
+        c = self.conductor
+        requests = CounterMetricFamily("yuebing_conductor_requests", "Schedule requests answered, by outcome",
+                                       labels=["outcome"])
+        for outcome in ("accepted", "rejected", "replaced_decode"):
+            requests.add_metric([outcome], c.counts[outcome])
+        yield requests
+        yield _counter("yuebing_conductor_rejections", "Requests refused, by cause (ttft_slo, tbt_slo, no_room, "
+                       "no_instance)", "cause", c.rejections)
+        modes = CounterMetricFamily("yuebing_conductor_placements", "Accepted requests by serving mode and reason",
+                                    labels=["mode", "reason"])
+        for key, n in sorted(c.modes.items()):
+            modes.add_metric(key.split(":", 1), n)
+        yield modes
+        yield _counter("yuebing_conductor_prefill_routes", "Prefills by CPP route and reason", "route", c.routes)
+        wasted = CounterMetricFamily("yuebing_conductor_wasted_prefills", "Prefills whose decode refused them")
+        wasted.add_metric([], c.counts["wasted_prefill"])
+        yield wasted
+
+    def _books(self, now: float) -> Iterator[Metric]:
+        c = self.conductor
+        view = c.view_now(now)
+        queue = GaugeMetricFamily("yuebing_conductor_prefill_queue_seconds",
+                                  "Predicted work ahead on each prefill instance, calibrated", labels=["instance"])
+        step = GaugeMetricFamily("yuebing_conductor_decode_step_seconds",
+                                 "Predicted decode step of each decode instance's batch now, calibrated",
+                                 labels=["instance"])
+        batch = GaugeMetricFamily("yuebing_conductor_decode_batch", "Requests each decode instance decodes now",
+                                  labels=["instance"])
+        pace = GaugeMetricFamily("yuebing_conductor_slowdown",
+                                 "Each instance's predicted times are multiplied by this (observed over predicted)",
+                                 labels=["instance"])
+        for x in view.prefills:
+            queue.add_metric([x.instance_id], x.slowdown * x.queue_s)
+            pace.add_metric([x.instance_id], x.slowdown)
+        for x in view.decodes:
+            n, ctx = x.at(now)
+            batch.add_metric([x.instance_id], n)
+            step.add_metric([x.instance_id], x.slowdown * c.state.predictor.decode_step_s(n, ctx))
+            pace.add_metric([x.instance_id], x.slowdown)
+        yield from (queue, step, batch, pace)
+        yield _gauge("yuebing_conductor_slo_tbt_seconds", "The cluster's default TBT SLO", c.config.slo_tbt_ms / 1e3)
+        yield _gauge("yuebing_conductor_decode_time_seconds", "How long a request is taken to decode (t_d, learned)",
+                     c.state.decode_time_s)
+        yield _gauge("yuebing_conductor_pool_index_blocks", "Distinct blocks in the cluster-wide pool index",
+                     len(c.pools))
+
+    def _roles(self, now: float) -> Iterator[Metric]:
+        c = self.conductor
+        live = GaugeMetricFamily("yuebing_conductor_instances", "Live engine instances by the role they serve now",
+                                 labels=["role"])
+        engines = c.engines(now)
+        for role in ("prefill", "decode"):
+            live.add_metric([role], sum(1 for hb in engines if c.roles.of(hb) == role))
+        yield live
+        changes = CounterMetricFamily("yuebing_conductor_role_changes", "Role changes the planner started")
+        changes.add_metric([], c.roles.changes)
+        yield changes
+
+
+def _counter(name: str, doc: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, n in sorted(counts.items()):
+        family.add_metric([key], n)
+    return family
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc)
+    family.add_metric([], value)
+    return family

@@ -1,0 +1,42 @@
+"""Every process's Prometheus page on a live cluster: the launcher lists each in its
+ready file, and a scrape after a request reads data from it."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample on the page, by name and labels."""
+    text = httpx.get(url, timeout=5).text
+    return {f"{s.name}{sorted(s.labels.items())}": s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_conductors_page_counts_the_decisions_it_made_and_reads_its_books(client, cluster):
+    assert {"gateway", "conductor", "messenger-0"} <= set(cluster.metrics)
+    before = scrape(cluster.metrics["conductor"]).get("yuebing_conductor_decision_seconds_count[]", 0.0)
+    client.chat.completions.create(model="yuebing-tiny", messages=[{"role": "user", "content": "Hello there"}],
+                                   temperature=0, max_tokens=4)
+    after = scrape(cluster.metrics["conductor"])
+    assert after["yuebing_conductor_decision_seconds_count[]"] >= before + 1
+    assert after["yuebing_conductor_requests_total[('outcome', 'accepted')]"] >= 1
+    assert after["yuebing_conductor_instances[('role', 'prefill')]"] >= 1
+    assert after["yuebing_conductor_instances[('role', 'decode')]"] >= 1
+    assert any(name.startswith("yuebing_conductor_slowdown[") for name in after)
+
+
+def test_each_engine_instance_serves_vllms_metrics_under_its_id_and_its_own_load(client, cluster):
+    client.chat.completions.create(model="yuebing-tiny", messages=[{"role": "user", "content": "Hello again"}],
+                                   temperature=0, max_tokens=4)
+    engines = [name for name in cluster.metrics if name.startswith(("prefill-", "decode-"))]
+    assert any(n.startswith("prefill-") for n in engines) and any(n.startswith("decode-") for n in engines)
+    for name in engines:
+        page = scrape(cluster.metrics[name])
+        vllm = [key for key in page if key.startswith("vllm:")]
+        assert vllm and all(f"('instance_id', '{name}')" in key for key in vllm), name
+        assert any(key.startswith("yuebing_instance_served_total") for key in page), name
+    served = sum(v for name in engines for key, v in scrape(cluster.metrics[name]).items()
+                 if key.startswith("yuebing_instance_served_total"))
+    assert served >= 1
