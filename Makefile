@@ -4,12 +4,12 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 MODEL   := models/yuebing-tiny
 
-.PHONY: run test install model clean mooncake compose-up compose-down aiperf
+.PHONY: run test install model clean mooncake compose-up compose-down aiperf prometheus
 
 run: $(STAMP) $(MODEL)/config.json
 	$(VENV)/bin/yuebing up --model $(MODEL)
 
-test: $(STAMP) $(MODEL)/config.json
+test: $(STAMP) $(MODEL)/config.json prometheus
 	$(PY) -m pytest -ra; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # The cluster as containers (compose/docker-compose.yml): installs and starts Docker where
@@ -52,6 +52,16 @@ mooncake:
 	-if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! ldconfig -p | grep -q 'libibverbs\.so\.1'; then \
 	  apt-get install -y -q libibverbs1 >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libibverbs1 >/dev/null 2>&1; } \
 	  || echo "libibverbs1 not installed: --kv-transport mooncake unavailable"; fi
+
+# Debian's Prometheus, for the test that scrapes a live cluster with the shipped alert
+# rules and dashboard queries (compose/observability/): installed here only as root
+# with apt-get, never failing; without it that test skips saying why.
+prometheus:
+	-if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v prometheus >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	       --no-install-recommends prometheus >/dev/null 2>&1; } \
+	  || echo "prometheus not installed: the observability test skips"; fi
 
 $(MODEL)/config.json: | $(STAMP)
 	$(VENV)/bin/yuebing model init --out $(MODEL) --if-missing

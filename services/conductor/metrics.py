@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from services.conductor.policy import CAUSES
 from shared.metrics_page import FAST_BUCKETS
 
 if TYPE_CHECKING:  # the Conductor's module wires this one in
@@ -49,7 +50,7 @@ class BooksCollector:
             requests.add_metric([outcome], c.counts[outcome])
         yield requests
         yield _counter("yuebing_conductor_rejections", "Requests refused, by cause (ttft_slo, tbt_slo, no_room, "
-                       "no_instance)", "cause", c.rejections)
+                       "no_instance)", "cause", {cause: c.rejections.get(cause, 0) for cause in CAUSES})
         modes = CounterMetricFamily("yuebing_conductor_placements", "Accepted requests by serving mode and reason",
                                     labels=["mode", "reason"])
         for key, n in sorted(c.modes.items()):

@@ -20,7 +20,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, get_args
 
 from services.conductor.cpp import PipelineGroup, pipeline_prefill_s
 from shared.predictor import Predictor
@@ -128,6 +128,10 @@ class DecodeDecision:
     tbt_s: float
 
 
+Cause = Literal["ttft_slo", "tbt_slo", "no_room", "no_instance"]
+CAUSES: tuple[str, ...] = get_args(Cause)
+
+
 @dataclass(frozen=True)
 class Rejection:
     kind: Literal["overloaded", "unavailable"]
@@ -136,7 +140,7 @@ class Rejection:
     decode: bool = False  # for want of decode room (its TBT SLO, or a full batch): the planner's signal
     # What refused it, as /metrics counts it: ttft_slo, tbt_slo, no_room (a full
     # decode batch) or no_instance (none live or none left to try).
-    cause: Literal["ttft_slo", "tbt_slo", "no_room", "no_instance"] = "no_instance"
+    cause: Cause = "no_instance"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+SLO_VERDICTS = ("met", "missed_ttft", "missed_tbt")
+SHED_REASONS = ("queue_full", "queue_timeout")  # services/gateway/limits.py
 
 
 class GatewayMetrics:
@@ -26,6 +28,12 @@ class GatewayMetrics:
         self.slo = Counter("yuebing_gateway_slo", "Completed requests by SLO verdict", ["verdict"], registry=r)
         self.e2e = Histogram("yuebing_gateway_e2e_seconds", "Request latency", buckets=LATENCY_BUCKETS, registry=r)
         self._faults(r)
+        # Every label value known up front, at zero: a rate over a counter that has
+        # never been counted is no data, and a dashboard or alert reads nothing.
+        for verdict in SLO_VERDICTS:
+            self.slo.labels(verdict)
+        for reason in SHED_REASONS:
+            self.shed.labels(reason)
 
     def _faults(self, r: CollectorRegistry) -> None:
         """Overload and fault counters (issue 16)."""
