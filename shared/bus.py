@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from shared import tracing
 from shared.identity import NatsCredentials, inbox_prefix
 from shared.messages import M, Message, MessageError, decode, encode
 
@@ -198,7 +199,8 @@ async def subscribe(
             log.warning("dropped malformed message", subject=msg.subject, error=str(e))
             return
         try:
-            await handler(message, msg)
+            with tracing.continued(msg.headers):  # a traced request's context, for the handler's spans
+                await handler(message, msg)
         except Exception:
             log.exception("handler failed", subject=msg.subject)
 
@@ -210,11 +212,12 @@ class NoResponders(TimeoutError):
 
 
 async def request(nc: Client | Link, subject: str, message: Message, reply: type[M], timeout: float) -> M:
-    """Request/reply with a schema-checked answer. Raises TimeoutError or MessageError."""
+    """Request/reply with a schema-checked answer, the current trace's context in its
+    headers (shared/tracing.py). Raises TimeoutError or MessageError."""
     if timeout <= 0:
         raise TimeoutError(f"no time left to ask {subject}")
     try:
-        msg = await nc.request(subject, encode(message), timeout=timeout)
+        msg = await nc.request(subject, encode(message), timeout=timeout, headers=tracing.headers())
     except nats.errors.NoRespondersError as e:
         raise NoResponders(f"nobody serves {subject}") from e
     except nats.errors.TimeoutError as e:
@@ -223,6 +226,7 @@ async def request(nc: Client | Link, subject: str, message: Message, reply: type
 
 
 async def publish(nc: Client | Link, subject: str, message: Message) -> None:
+    # No trace context: publishes are updates, heartbeats and tokens, not work of their own.
     await nc.publish(subject, encode(message))
 
 

@@ -231,6 +231,11 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                               "empty: requests with tool_choice other than none are refused)")
     ] = ""
     # --- end of the gateway block ---
+    # Off by default: a collector must be named, and spans cost a little on every request.
+    otlp_endpoint: Annotated[
+        str, Meta(description="OTLP/HTTP collector every process sends its traces to, e.g. http://127.0.0.1:4318 "
+                              "(empty: tracing off)")
+    ] = ""
     log_level: Annotated[str, Meta(description="log level of every service")] = "info"
 
     def __post_init__(self) -> None:
@@ -285,6 +290,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("max_attempts must be at least 1 and prefill_timeout_s positive")
 
     def _check_gateway(self) -> None:
+        if self.otlp_endpoint and not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/\-]*)?",
+                                                   self.otlp_endpoint):
+            raise ValueError(f"otlp_endpoint must be an http(s) URL, e.g. http://127.0.0.1:4318, got {self.otlp_endpoint!r}")
         if not re.fullmatch(r"[a-z0-9_]{0,64}", self.tool_call_parser):
             raise ValueError(f"tool_call_parser must be a vLLM tool parser's name, got {self.tool_call_parser!r}")
         counts = (self.gateway_max_running, self.gateway_max_connections, self.gateway_max_body_bytes)

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import uvloop
 
+from shared import tracing
 from shared.config import ClusterConfig, check_id, load_config, profile_path
 from shared.identity import load_credentials
 from shared.log import setup_logging
@@ -59,7 +60,7 @@ def run(service: str, main: Main, args: argparse.Namespace) -> None:
     except ValueError as e:
         raise SystemExit(f"{service}: {e}") from e
     setup_logging(service, instance_id, config.log_level)
-    uvloop.run(_main(main, config, args))
+    uvloop.run(_main(service, main, config, args))
 
 
 def resolved(config: ClusterConfig) -> ClusterConfig:
@@ -86,9 +87,14 @@ def _fields(config: ClusterConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in config.__struct_fields__}
 
 
-async def _main(main: Main, config: ClusterConfig, args: argparse.Namespace) -> None:
+async def _main(service: str, main: Main, config: ClusterConfig, args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await main(config, args, stop)
+    provider = tracing.setup(service, config.otlp_endpoint)
+    try:
+        await main(config, args, stop)
+    finally:
+        if provider is not None:
+            provider.shutdown()  # sends what is still queued

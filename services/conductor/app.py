@@ -51,7 +51,7 @@ from services.conductor.policy import (
 )
 from services.conductor.roles import Roles
 from services.conductor.state import ClusterState
-from shared import bus, metrics_page, service
+from shared import bus, metrics_page, service, tracing
 from shared.calibration import quantile_z
 from shared.config import ClusterConfig, profile_path
 from shared.liveness import Registry
@@ -486,6 +486,16 @@ def mode_params(config: ClusterConfig) -> ModeParams:
     return ModeParams(config.conditional_rule, config.step_tokens, config.local_prefill_tokens)
 
 
+def decision_attributes(reply: ScheduleReply) -> dict[str, str | bool]:
+    """The decision as its span records it: where, in which mode and why, or why not."""
+    if not reply.accepted or reply.placement is None:
+        return {"yuebing.accepted": False, "yuebing.reason": reply.reason}
+    p = reply.placement
+    mode = f"{reply.mode.mode}:{reply.mode.reason}" if reply.mode else ""
+    return {"yuebing.accepted": True, "yuebing.prefill": p.prefill_id, "yuebing.decode": p.decode_id,
+            "yuebing.mode": mode, "yuebing.reason": reply.mode.detail if reply.mode else ""}
+
+
 def parser() -> argparse.ArgumentParser:
     p = service.parser("conductor", instance=False)
     metrics_page.add_arguments(p)
@@ -558,7 +568,9 @@ class Wiring:
         while self.conductor.hearing_instances(time.monotonic()):
             await asyncio.sleep(HEARING_POLL_S)
         start = time.monotonic()
-        reply = self.conductor.schedule(ask, start)
+        with tracing.span("conductor.decide", ask.request_id, prompt_tokens=ask.prompt_len) as span:
+            reply = self.conductor.schedule(ask, start)
+            span.set_attributes(decision_attributes(reply))
         if self.decision is not None:
             self.decision.observe(time.monotonic() - start)
         placement = reply.placement

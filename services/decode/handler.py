@@ -15,7 +15,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from services.conductor.policy import decode_context, joining_tbt_s, tbt_exceeded
-from shared import bus
+from shared import bus, tracing
 from shared.config import profile_path
 from shared.engine.llm import generate
 from shared.engine.runtime import Handler
@@ -94,7 +94,9 @@ class Decoder(Handler):
         self.context[req.request_id] = context
         self.context_tokens += context
         try:
-            await self._generate(req)
+            with tracing.span("decode", req.request_id, instance=self.instance.instance_id,
+                              kv_blocks=req.kv_blocks):
+                await self._generate(req)
         finally:
             del self.context[req.request_id]
             self.context_tokens -= context

@@ -38,7 +38,7 @@ from services.gateway.pipeline import Pipeline, Rejected, Report, Slo, UpstreamE
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
 from services.gateway.text import LENGTH_SLACK, TextStream, Tokenizer
 from services.gateway.tool_parser import ToolParsing, ToolUse, template_tools
-from shared import bus, service
+from shared import bus, service, tracing
 from shared.config import ClusterConfig
 from shared.liveness import Registry
 from shared.messages import HEARTBEAT, Heartbeat, Sampling, TokenChunk
@@ -205,9 +205,11 @@ class Gateway:
             label = client_request_id(request)
             structlog.contextvars.bind_contextvars(client_request_id=label)
             slo = slo_from_headers(request, self.config, self.metrics.slo_clamped.inc)
-            async with self.admission.slot():
-                prepared = await self._prepare(request_id, label, kind, raw, slo)
-                return await self._respond(request, prepared)
+            with tracing.span("gateway.request", request_id, endpoint=kind):
+                async with self.admission.slot():
+                    with tracing.span("gateway.parse", request_id):
+                        prepared = await self._prepare(request_id, label, kind, raw, slo)
+                    return await self._respond(request, prepared)
         except Shed as e:
             status = "429"
             self.metrics.shed.labels(e.reason).inc()

@@ -35,7 +35,7 @@ from services.gateway.retry import (
     continuation,
     with_decode,
 )
-from shared import bus
+from shared import bus, tracing
 from shared.block_hash import hex_hashes
 from shared.config import ClusterConfig
 from shared.liveness import Registry
@@ -161,7 +161,8 @@ class Pipeline:
         again (within max_attempts and the deadline) when an instance fails it."""
         report = report if report is not None else Report()
         # The one place the prompt is hashed: the Conductor and prefill take these.
-        hashes = hex_hashes(prompt, self.config.block_size, self.config.model_salt)
+        with tracing.span("gateway.hash", request_id, prompt_tokens=len(prompt)):
+            hashes = hex_hashes(prompt, self.config.block_size, self.config.model_salt)
         job = Job(request_id, prompt, hashes, sampling, deadline, slo)
         tries = Tries(request_id, self.config.max_attempts, self.retries)
         whole = True  # no continuation: the last attempt decoded the whole output
@@ -361,7 +362,8 @@ class Pipeline:
             stage="full" if order is None else "decode",
         )
         try:
-            reply = await self._ask_conductor(ask, min(self.config.schedule_timeout_s, bus.remaining(job.deadline)))
+            with tracing.span("gateway.schedule", attempt_id, stage=ask.stage):
+                reply = await self._ask_conductor(ask, min(self.config.schedule_timeout_s, bus.remaining(job.deadline)))
         except (TimeoutError, MessageError) as e:
             raise UpstreamError(503, f"conductor unavailable: {e}") from e
         if not reply.accepted or reply.placement is None:
@@ -400,9 +402,10 @@ class Pipeline:
             deadline=job.deadline,
             placement=placement,
         )
-        asked = bus.request(self.nc, prefill_subject(placement.prefill_id), ask, PrefillResult,
-                            timeout=self._prefill_timeout(attempt, job.deadline))
-        result = await self._watch(placement.prefill_id, asked, job.deadline)
+        with tracing.span("gateway.prefill", attempt.id, instance=placement.prefill_id):
+            asked = bus.request(self.nc, prefill_subject(placement.prefill_id), ask, PrefillResult,
+                                timeout=self._prefill_timeout(attempt, job.deadline))
+            result = await self._watch(placement.prefill_id, asked, job.deadline)
         if result.invalid:
             raise InvalidRequest(result.error)
         if not result.ok:
@@ -430,7 +433,8 @@ class Pipeline:
         )
         timeout = min(self.config.schedule_timeout_s * 2, bus.remaining(job.deadline))
         try:
-            accept = await bus.request(self.nc, decode_subject(decode_id), ask, DecodeAccept, timeout)
+            with tracing.span("gateway.decode_start", attempt.id, instance=decode_id):
+                accept = await bus.request(self.nc, decode_subject(decode_id), ask, DecodeAccept, timeout)
             if accept.overloaded:
                 raise DecodeRefused(f"decode instance {decode_id}: {accept.error}")
             if not accept.ok:

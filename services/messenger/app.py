@@ -30,7 +30,7 @@ from services.messenger.node_pool import PoolOptions
 from services.messenger.pool import EVICTION_POLICIES
 from services.messenger.tcp_transport import TcpTransport
 from services.messenger.transport import KV_SECURITY, Transport, ZmqTransport
-from shared import bus, service
+from shared import bus, service, tracing
 from shared.config import ClusterConfig
 from shared.instance import Instance
 from shared.kv.keys import KEY_FILE_ENV, ClusterKeys, load_keys
@@ -264,8 +264,11 @@ class MessengerService:
             reply: Message = self.messenger.snapshot()
         elif cmd.op == "send":
             owner = f"send-{next(self._sends)}"
-            await self._read_from_ssd(owner, hashes[cmd.skip:])
-            reply = MessengerAck(ok=True, blocks=self.messenger.send_to(cmd.node, hashes, cmd.skip, owner))
+            # Within the trace of the prefill that asked for it (its context came in the headers).
+            with tracing.span("messenger.send", owner, node=self.messenger.node.name, to_node=cmd.node,
+                              blocks=len(hashes) - cmd.skip):
+                await self._read_from_ssd(owner, hashes[cmd.skip:])
+                reply = MessengerAck(ok=True, blocks=self.messenger.send_to(cmd.node, hashes, cmd.skip, owner))
         elif cmd.op == "fault":
             faults = messenger_faults_subject(self.messenger.node.name)
             reply = MessengerAck(ok=False, error=f"fault commands go to {faults}")

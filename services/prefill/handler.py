@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 from nats.aio.msg import Msg
 
-from shared import bus
+from shared import bus, tracing
 from shared.engine.llm import generate
 from shared.engine.runtime import Handler
 from shared.messages import (
@@ -54,7 +54,9 @@ class Prefiller(Handler):
         log.info("prefill start", prompt_len=len(req.prompt_token_ids), decode=req.placement.decode_id)
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
-                result = await self._first_token(req)
+                with tracing.span("prefill", req.request_id, instance=self.instance.instance_id,
+                                  prompt_tokens=len(req.prompt_token_ids)):
+                    result = await self._first_token(req)
         except TimeoutError:
             result = PrefillResult(request_id=req.request_id, ok=False, error="deadline exceeded in prefill")
         except asyncio.CancelledError:

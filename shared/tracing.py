@@ -1,0 +1,68 @@
+"""One OpenTelemetry trace per request across the five services. Each process exports
+its spans over OTLP/HTTP when the cluster names a collector (`otlp_endpoint`); the
+trace's context crosses NATS in each message's headers (W3C `traceparent`), so the
+Conductor's decision, prefill, the messengers' pulls and decode are children of the
+gateway's span for the request.
+
+With no endpoint nothing is set up: OpenTelemetry's API then hands out non-recording
+spans, and no header is added to any message (tracing off costs nothing measurable)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context, propagate, trace
+
+TRACER = "yuebing"
+
+
+def setup(service: str, endpoint: str) -> Any:
+    """Export this process's spans to `endpoint` (an OTLP/HTTP collector's base URL);
+    the provider, to shut down (flushing what is queued) on exit, or None."""
+    if not endpoint:
+        return None
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": f"yuebing-{service}"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces",
+                                                                    timeout=5)))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer(TRACER)
+
+
+def headers() -> dict[str, str] | None:
+    """The current trace context as message headers (None outside a recording span)."""
+    if not trace.get_current_span().is_recording():
+        return None
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier or None
+
+
+@contextmanager
+def continued(carrier: Mapping[str, str] | None) -> Iterator[None]:
+    """Run the block in the trace context a message's headers carry (none: as it is)."""
+    if not carrier or "traceparent" not in carrier:
+        yield
+        return
+    token = context.attach(propagate.extract(dict(carrier)))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+@contextmanager
+def span(name: str, request_id: str, **attributes: Any) -> Iterator[trace.Span]:
+    """A span of this request's trace, with its id (and `attributes`) on it."""
+    with tracer().start_as_current_span(name, attributes={"yuebing.request_id": request_id, **attributes}) as s:
+        yield s
