@@ -77,16 +77,25 @@ class Calibration:
 
     def pace(self, now: float, z: float = 0.0) -> float:
         """Observed over predicted time: its median (z = 0), or the one that work
-        exceeds about as often as a normal variable exceeds z (z = 1.645: 5 %)."""
+        exceeds about as often as a normal variable exceeds z (z = 1.645: 5 %). The
+        observations' quantile, its log shrunk toward 1 by the prior's weight: with
+        little evidence the pace stays near 1, whichever side the evidence is on."""
         scale = self._scale(now)
         weights = [w / scale for w in self.bins]
-        weights[_bin(0.0)] += self.prior_s
-        target, total = NormalDist().cdf(z) * sum(weights), 0.0
+        evidence = sum(weights)
+        if evidence <= 0:
+            return 1.0
+        x = self._quantile(weights, NormalDist().cdf(z) * evidence)
+        return math.exp(x * evidence / (evidence + self.prior_s))
+
+    @staticmethod
+    def _quantile(weights: list[float], target: float) -> float:
+        total = 0.0
         for index, weight in enumerate(weights):
             total += weight
             if total >= target and weight > 0:
-                return math.exp(_centre(index))
-        return MAX_RATIO
+                return _centre(index)
+        return _LOG_MAX
 
     def _scale(self, now: float) -> float:
         """What a weight added now is multiplied by (its share decays from here)."""

@@ -41,7 +41,10 @@ def test_long_work_weighs_more_than_short():
 def test_a_few_observations_do_not_outweigh_the_prior():
     c = Calibration(prior_s=0.5)
     c.add(1.0, 0.01, now=0.0)  # one request 100 times slower than predicted
-    assert c.pace(now=0.0) < 1.2
+    assert 1.0 < c.pace(now=0.0) < 1.2
+    faster = Calibration(prior_s=0.5)
+    faster.add(0.05, 0.1, now=0.0)  # ... or twice as fast: it moves the pace, a little, either way
+    assert 0.7 < faster.pace(now=0.0, z=quantile_z(0.95)) < 1.0
 
 
 def test_old_evidence_fades_back_to_one_and_new_evidence_takes_over():
@@ -78,11 +81,11 @@ def test_work_far_faster_than_predicted_does_not_raise_the_upper_quantile():
     for i in range(500):
         c.add(0.01 if i % 5 == 0 else 0.1, 0.1, now=0.0)
     assert c.pace(now=0.0, z=quantile_z(0.95)) == pytest.approx(1.0, rel=0.02)
-    assert c.pace(now=0.0, z=quantile_z(0.1)) == pytest.approx(0.1, rel=0.02)
+    assert c.pace(now=0.0, z=quantile_z(0.1)) == pytest.approx(0.1, rel=0.05)
 
 
 def test_weights_stay_finite_over_many_half_lives():
-    c = Calibration(half_life_s=10.0)
+    c = Calibration(half_life_s=10.0, prior_s=0.01)
     for t in range(5000):  # 500 half-lives
         c.add(0.2, 0.1, now=float(t))
     assert c.pace(now=5000.0) == pytest.approx(2.0, rel=0.02)
