@@ -5,75 +5,24 @@ parented inside it and in time order."""
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from yuebing.process import free_port
+from yuebing.lab.otlp import Receiver, Span, receiving
 
 DEADLINE_S = 30.0  # each process's exporter sends every 5 s
 
 
-@dataclass(frozen=True)
-class Span:
-    service: str
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str
-    start_ns: int
-    end_ns: int
-    attributes: dict
-
-
-class Receiver(ThreadingHTTPServer):
-    """An OTLP/HTTP collector that keeps every span it is sent."""
-
-    def __init__(self, port: int) -> None:
-        self.spans: list[Span] = []
-        self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", port), _Handler)
-
-    def add(self, body: bytes) -> None:
-        request = ExportTraceServiceRequest.FromString(body)
-        for rs in request.resource_spans:
-            service = next(a.value.string_value for a in rs.resource.attributes if a.key == "service.name")
-            for scope in rs.scope_spans:
-                with self.lock:
-                    self.spans += [Span(service, s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
-                                        s.start_time_unix_nano, s.end_time_unix_nano,
-                                        {a.key: a.value.string_value or a.value.int_value or a.value.bool_value
-                                         for a in s.attributes}) for s in scope.spans]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.server.add(body)  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def traced(launcher, tmp_path_factory):
-    receiver = Receiver(free_port())
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    launch = launcher(tmp_path_factory.mktemp("traced"), "--nodes", "2",
-                      "--otlp-endpoint", f"http://127.0.0.1:{receiver.server_address[1]}")
-    try:
-        yield launch.wait(), receiver
-    finally:
-        launch.stop()
-        receiver.shutdown()
+    with receiving() as receiver:
+        launch = launcher(tmp_path_factory.mktemp("traced"), "--nodes", "2", "--otlp-endpoint", receiver.endpoint)
+        try:
+            yield launch.wait(), receiver
+        finally:
+            launch.stop()
 
 
 def trace_of(receiver: Receiver, request_id: str) -> list[Span]:
@@ -81,10 +30,9 @@ def trace_of(receiver: Receiver, request_id: str) -> list[Span]:
     service's are in."""
     deadline, spans = time.monotonic() + DEADLINE_S, []
     while time.monotonic() < deadline:
-        with receiver.lock:
-            roots = [s for s in receiver.spans if s.name == "gateway.request"
-                     and s.attributes.get("yuebing.request_id") == request_id]
-            spans = [s for s in receiver.spans if roots and s.trace_id == roots[0].trace_id]
+        every = receiver.snapshot()
+        roots = [s for s in every if s.name == "gateway.request" and s.attributes.get("yuebing.request_id") == request_id]
+        spans = [s for s in every if roots and s.trace_id == roots[0].trace_id]
         if {"yuebing-gateway", "yuebing-conductor", "yuebing-prefill", "yuebing-decode"} <= {s.service for s in spans}:
             return spans
         time.sleep(0.5)

@@ -204,6 +204,9 @@ def test_the_default_mode_is_a_cluster_with_no_mode_flag():
     assert "--mode" not in flags and flags[flags.index("--prefill") + 1] == "1"
     planner = goodput.cluster_flags(GoodputSpec(modes="planner"), Path("/m/tiny"), "planner")
     assert "--mode" not in planner and "--planner" in planner
+    traced = goodput.cluster_flags(GoodputSpec(modes="traced"), Path("/m/tiny"), "traced", "http://127.0.0.1:4318")
+    assert "--mode" not in traced and traced[traced.index("--otlp-endpoint") + 1] == "http://127.0.0.1:4318"
+    assert "--otlp-endpoint" not in flags  # only the traced setup sends spans anywhere
 
 
 def test_fixed_rates_are_probed_in_order_and_tabled_against_plain_vllm():

@@ -43,8 +43,9 @@ if TYPE_CHECKING:
     from yuebing.lab.replay import ReplayOptions
 
 # "default": `yuebing up` with no --mode flag, as a new user runs it; "planner": the
-# same with --planner (roles that follow the load).
-MODES = ("default", "planner", "colocated", "disaggregated", "conditional")
+# same with --planner (roles that follow the load); "traced": the same with every
+# process sending its spans to a receiver the bench runs (what tracing costs).
+MODES = ("default", "planner", "traced", "colocated", "disaggregated", "conditional")
 DEFAULT_MODES = ("colocated", "disaggregated", "conditional")
 CLIENTS = ("yuebing", "aiperf")
 TBT_STATS = ("tail", "mean")
@@ -379,11 +380,12 @@ def mode_name(mode: str, spec: GoodputSpec) -> str:
     return f"{mode}/{spec.conditional_rule}" if mode == "conditional" else mode
 
 
-def cluster_flags(spec: GoodputSpec, model: Path, mode: str) -> list[str]:
+def cluster_flags(spec: GoodputSpec, model: Path, mode: str, otlp_endpoint: str = "") -> list[str]:
     """`yuebing up`'s flags for one mode: one prefill + one decode (colocated: as many
     colocated instances), the bench's SLOs, then `up_flags`."""
     rule = ["--conditional-rule", spec.conditional_rule] if mode == "conditional" else []
-    chosen = {"default": [], "planner": ["--planner"]}.get(mode, ["--mode", mode])
+    chosen = {"default": [], "planner": ["--planner"], "traced": ["--otlp-endpoint", otlp_endpoint]}.get(
+        mode, ["--mode", mode])
     return ["--model", str(model), "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype,
             "--prefill", "1", "--decode", "1", *chosen, *rule, "--slo-ttft-ms", f"{spec.slo_ttft_ms:g}",
             "--slo-tbt-ms", f"{spec.slo_tbt_ms:g}", *shlex.split(spec.up_flags)]
@@ -490,12 +492,19 @@ def run_mode(driver: Driver, work: Path, model: Path, mode: str) -> ModeResult:
     from yuebing.bench.soak import deaths
     from yuebing.launcher import up_launcher
 
+    from yuebing.lab.otlp import receiving
+
     name = mode_name(mode, driver.spec)
-    driver.say(f"{name}: yuebing up {' '.join(cluster_flags(driver.spec, model, mode))}")
-    with up_launcher(work, mode, *cluster_flags(driver.spec, model, mode)) as (url, _launcher):
-        found = driver.measure(name, [url])
+    with receiving(keep=False) as spans:  # listens in every mode; only "traced" sends to it
+        flags = cluster_flags(driver.spec, model, mode, spans.endpoint)
+        driver.say(f"{name}: yuebing up {' '.join(flags)}")
+        with up_launcher(work, mode, *flags) as (url, _launcher):
+            found = driver.measure(name, [url])
     died = deaths(work / f"{mode}.log")
-    return ModeResult(name, found, died, [f"{died} processes died (see {work / mode}.log)"] if died else [])
+    notes = [f"{died} processes died (see {work / mode}.log)"] if died else []
+    if mode == "traced":
+        notes.append(f"{spans.count} spans received")
+    return ModeResult(name, found, died, notes)
 
 
 @contextmanager
