@@ -236,6 +236,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         str, Meta(description="OTLP/HTTP collector every process sends its traces to, e.g. http://127.0.0.1:4318 "
                               "(empty: tracing off)")
     ] = ""
+    otlp_sample: Annotated[
+        float, Meta(description="share of requests traced, decided at the gateway (with otlp_endpoint)")
+    ] = 1.0
     log_level: Annotated[str, Meta(description="log level of every service")] = "info"
 
     def __post_init__(self) -> None:
@@ -293,6 +296,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.otlp_endpoint and not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/\-]*)?",
                                                    self.otlp_endpoint):
             raise ValueError(f"otlp_endpoint must be an http(s) URL, e.g. http://127.0.0.1:4318, got {self.otlp_endpoint!r}")
+        if not 0 <= self.otlp_sample <= 1:
+            raise ValueError(f"otlp_sample must be a share from 0 to 1, got {self.otlp_sample}")
         if not re.fullmatch(r"[a-z0-9_]{0,64}", self.tool_call_parser):
             raise ValueError(f"tool_call_parser must be a vLLM tool parser's name, got {self.tool_call_parser!r}")
         counts = (self.gateway_max_running, self.gateway_max_connections, self.gateway_max_body_bytes)

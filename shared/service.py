@@ -92,7 +92,7 @@ async def _main(service: str, main: Main, config: ClusterConfig, args: argparse.
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    provider = tracing.setup(service, config.otlp_endpoint)
+    provider = tracing.setup(service, config.otlp_endpoint, config.otlp_sample)
     try:
         await main(config, args, stop)
     finally:

@@ -18,17 +18,21 @@ from opentelemetry import context, propagate, trace
 TRACER = "yuebing"
 
 
-def setup(service: str, endpoint: str) -> Any:
-    """Export this process's spans to `endpoint` (an OTLP/HTTP collector's base URL);
-    the provider, to shut down (flushing what is queued) on exit, or None."""
+def setup(service: str, endpoint: str, sample: float = 1.0) -> Any:
+    """Export this process's spans to `endpoint` (an OTLP/HTTP collector's base URL),
+    tracing a `sample` share of requests (decided where a trace starts, at the
+    gateway, and followed by every process after it); the provider, to shut down
+    (flushing what is queued) on exit, or None."""
     if not endpoint:
         return None
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    provider = TracerProvider(resource=Resource.create({"service.name": f"yuebing-{service}"}))
+    provider = TracerProvider(resource=Resource.create({"service.name": f"yuebing-{service}"}),
+                              sampler=ParentBased(TraceIdRatioBased(sample)))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces",
                                                                     timeout=5)))
     trace.set_tracer_provider(provider)
@@ -40,8 +44,9 @@ def tracer() -> trace.Tracer:
 
 
 def headers() -> dict[str, str] | None:
-    """The current trace context as message headers (None outside a recording span)."""
-    if not trace.get_current_span().is_recording():
+    """The current trace context as message headers: a sampled-out one too, so that
+    the processes after it leave the request out as well (None outside any trace)."""
+    if not trace.get_current_span().get_span_context().is_valid:
         return None
     carrier: dict[str, str] = {}
     propagate.inject(carrier)

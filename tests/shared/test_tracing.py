@@ -29,8 +29,23 @@ def test_a_spans_context_crosses_in_the_headers_and_parents_what_the_handler_doe
     assert not trace.get_current_span().get_span_context().is_valid  # detached again
 
 
+def test_a_request_sampled_out_where_it_starts_is_left_out_by_every_process_after_it():
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+    gateway = TracerProvider(sampler=ParentBased(ALWAYS_OFF)).get_tracer("gateway")
+    conductor = TracerProvider().get_tracer("conductor")  # would record a root of its own
+    with gateway.start_as_current_span("gateway.request") as root:
+        assert not root.is_recording()
+        carrier = tracing.headers()  # the decision travels: the sampled bit clear
+    assert carrier and int(carrier["traceparent"].rsplit("-", 1)[1], 16) & 1 == 0
+    with tracing.continued(carrier), conductor.start_as_current_span("conductor.decide") as child:
+        assert not child.is_recording()
+
+
 def test_the_collector_must_be_an_http_url():
     assert ClusterConfig(otlp_endpoint="http://127.0.0.1:4318").otlp_endpoint
     for bad in ("127.0.0.1:4318", "http://x/ y", "file:///etc/passwd"):
         with pytest.raises(ValueError, match="otlp_endpoint"):
             ClusterConfig(otlp_endpoint=bad)
+    with pytest.raises(ValueError, match="otlp_sample"):
+        ClusterConfig(otlp_sample=1.5)
