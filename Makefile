@@ -58,9 +58,9 @@ mooncake:
 # with apt-get, never failing; without it that test skips saying why.
 prometheus:
 	-if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v prometheus >/dev/null; then \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
-	  || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-	       --no-install-recommends prometheus >/dev/null 2>&1; } \
+	  DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
+	  || { timeout 300 apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install \
+	       -y -q --no-install-recommends prometheus >/dev/null 2>&1; } \
 	  || echo "prometheus not installed: the observability test skips"; fi
 
 $(MODEL)/config.json: | $(STAMP)
