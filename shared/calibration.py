@@ -80,12 +80,11 @@ class Calibration:
         exceeds about as often as a normal variable exceeds z (z = 1.645: 5 %). The
         observations' quantile, its log shrunk toward 1 by the prior's weight: with
         little evidence the pace stays near 1, whichever side the evidence is on."""
-        scale = self._scale(now)
-        weights = [w / scale for w in self.bins]
-        evidence = sum(weights)
-        if evidence <= 0:
+        total = sum(self.bins)  # scaled as the bins are: a quantile needs no unscaling
+        if total <= 0:
             return 1.0
-        x = self._quantile(weights, NormalDist().cdf(z) * evidence)
+        x = self._quantile(self.bins, NormalDist().cdf(z) * total)
+        evidence = total / self._scale(now)
         return math.exp(x * evidence / (evidence + self.prior_s))
 
     @staticmethod

@@ -103,7 +103,6 @@ class Instance:
             endpoint=self.endpoint,
             slowdown=self.slowdown(),
             stages=self.stages,
-            decode_chunk_tokens=self.config.prompt_chunk_tokens(self.role),
         )
 
     def slowdown(self) -> float:

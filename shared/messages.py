@@ -75,9 +75,6 @@ class Heartbeat(Message):
     slowdown: float = 1.0
     # Prefill: the pipeline stages of its engine; above 1 it is a CPP group (services/conductor/cpp.py).
     stages: int = 1
-    # Its engine's cap on one prompt's tokens per step while others run (0: none):
-    # what a prompt spilled onto it is prefilled by (ClusterConfig.prompt_chunk_tokens).
-    decode_chunk_tokens: int = 0
 
 
 # --- scheduling ---------------------------------------------------------------

@@ -6,33 +6,21 @@ Bearer key when one is given (the gateway's API key)."""
 from __future__ import annotations
 
 import argparse
-import hmac
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from shared.bearer import UNAUTHORIZED, bearer_matches
 from shared.private_file import read_private
 
 # A histogram of times that mostly stay under a millisecond (a scheduling decision).
 FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 
 
-def bearer_matches(request: web.Request, key: str) -> bool:
-    """The request's Authorization header is `Bearer <key>` (compared in constant time).
-    A header's bytes as they came (aiohttp keeps undecodable ones as surrogates):
-    encoding with surrogateescape never fails, so odd bytes are a 401, never a 500."""
-    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(given, f"Bearer {key}".encode())
-
-
-UNAUTHORIZED = (b'{"error": {"message": "invalid or missing API key", "type": "authentication_error", '
-                b'"param": null, "code": "invalid_api_key"}}')
-
-
 def page(registry: CollectorRegistry, key: str | None = None) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         if key and not bearer_matches(request, key):
-            return web.Response(status=401, body=UNAUTHORIZED, content_type="application/json")
+            return web.json_response({"error": {**UNAUTHORIZED, "param": None}}, status=401)
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()

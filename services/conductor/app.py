@@ -121,8 +121,8 @@ class Conductor:
         self.pools = PoolIndex(config.pool_index_node_blocks)
         self.messenger_nodes: dict[str, str] = {}  # messenger instance → its node
         self.deadlines: dict[str, float] = {}
-        self.counts = {"accepted": 0, "rejected": 0, "wasted_prefill": 0, "replaced_decode": 0}
-        self.rejections: dict[str, int] = {}  # by Rejection.cause
+        self.counts = {"accepted": 0, "wasted_prefill": 0, "replaced_decode": 0}
+        self.rejections: dict[str, int] = {}  # by Rejection.cause: all refused, counted once
         self.view_whole_at = float("-inf")  # see listening()
         self.mode_params = mode_params(config)
         self.modes: dict[str, int] = {}  # serving-mode decisions, by ModeChoice.key
@@ -198,7 +198,7 @@ class Conductor:
 
     def stats(self, now: float) -> ConductorStats:
         return ConductorStats(
-            accepted=self.counts["accepted"], rejected=self.counts["rejected"], wasted_prefill=self.counts["wasted_prefill"],
+            accepted=self.counts["accepted"], rejected=self.rejected, wasted_prefill=self.counts["wasted_prefill"],
             pool_blocks=len(self.pools), pool_nodes=sorted(set(self.messenger_nodes.values())),
             decode_time_ms=self.state.decode_time_s * 1e3,
             slowdown=self.slowdowns(now),
@@ -209,6 +209,10 @@ class Conductor:
             draining=dict(self.roles.draining),
             role_changes=self.roles.changes,
         )
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.rejections.values())
 
     def view_now(self, now: float) -> View:
         """The live instances' loads, for no request in particular (stats and /metrics)."""
@@ -375,7 +379,6 @@ class Conductor:
                              mode=ModeRecord(**choice.record()))
 
     def _rejected(self, req: Request, out: Rejection, now: float) -> ScheduleReply:
-        self.counts["rejected"] += 1
         self.rejections[out.cause] = self.rejections.get(out.cause, 0) + 1
         if out.decode:
             self.roles.refused_for_decode(now)
@@ -451,7 +454,9 @@ class Conductor:
         know what this Conductor sent it), and its steps run at the pace it measures."""
         capacity = min(load.capacity, len(load.items)) if hb.kv_usage >= KV_FULL else load.capacity
         slowdown = plausible_slowdown(hb.slowdown) if self.config.calibrate_time_model else 1.0
-        return replace(load, capacity=capacity, slowdown=slowdown, decode_chunk_tokens=hb.decode_chunk_tokens)
+        # Its engine's cap on a prompt's chunk was set at launch, by the role it launched in.
+        chunk = self.config.prompt_chunk_tokens(hb.role)
+        return replace(load, capacity=capacity, slowdown=slowdown, decode_chunk_tokens=chunk)
 
     def on_update(self, update: RequestUpdate, now: float) -> None:
         if update.kind == "prefill_done":
@@ -600,7 +605,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     await wiring.start()
     log.info("conductor ready", policy=config.policy, admission=config.admission, profile=str(profile_path(config)))
     await stop.wait()
-    log.info("conductor stopping", **conductor.counts)
+    log.info("conductor stopping", rejected=conductor.rejected, **conductor.counts)
     await wiring.close()
     await bus.close(nc)
     if page is not None:

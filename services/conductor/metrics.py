@@ -46,8 +46,9 @@ class BooksCollector:
         c = self.conductor
         requests = CounterMetricFamily("yuebing_conductor_requests", "Schedule requests answered, by outcome",
                                        labels=["outcome"])
-        for outcome in ("accepted", "rejected", "replaced_decode"):
-            requests.add_metric([outcome], c.counts[outcome])
+        for outcome, n in (("accepted", c.counts["accepted"]), ("rejected", c.rejected),
+                           ("replaced_decode", c.counts["replaced_decode"])):
+            requests.add_metric([outcome], n)
         yield requests
         yield _counter("yuebing_conductor_rejections", "Requests refused, by cause (ttft_slo, tbt_slo, no_room, "
                        "no_instance)", "cause", {cause: c.rejections.get(cause, 0) for cause in CAUSES})

@@ -15,7 +15,7 @@ rule and reason out, no I/O (the simulator and the live Conductor call the same 
     dynamo    fewer than N uncached tokens (Dynamo's disaggregated router)
     llmd      at most N uncached tokens on the chosen decode (llm-d's P/D threshold)
 
-A mixed step's time (an assumption, documented where it is made: `mixed_step_s`):
+A mixed step's time (an assumption, documented where it is made: shared/predictor.py `mixed_step_s`):
 its decode step plus its prefill chunks' marginal cost, the step's fixed cost (the
 weights read once) paid once, the decode step's.
 """
@@ -28,14 +28,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from services.conductor.policy import Decision, Rejection, Request, joining_tbt_s, tbt_exceeded
-from shared.predictor import (  # noqa: F401 (the time of a mixed step, imported from here too)
-    LEAST_STEP_TOKENS,
-    MOST_STEP_TOKENS,
-    Predictor,
-    mixed_step_s,
-    prefill_marginal_s,
-    slo_step_tokens,
-)
+from shared.predictor import Predictor, mixed_step_s, prefill_marginal_s, slo_step_tokens
 
 MODES = ("adaptive", "disaggregated", "colocated", "conditional")
 

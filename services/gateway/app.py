@@ -39,6 +39,7 @@ from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, 
 from services.gateway.text import LENGTH_SLACK, TextStream, Tokenizer
 from services.gateway.tool_parser import ToolParsing, ToolUse, template_tools
 from shared import bus, service, tracing
+from shared.bearer import bearer_matches
 from shared.config import ClusterConfig
 from shared.liveness import Registry
 from shared.messages import HEARTBEAT, Heartbeat, Sampling, TokenChunk
@@ -126,7 +127,7 @@ class Gateway:
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         guarded = request.path.startswith("/v1/") or request.path in TOKENIZER_PATHS or (
             self.metrics_require_key and request.path == "/metrics")
-        if self.api_key and guarded and not edge.key_matches(request, self.api_key):
+        if self.api_key and guarded and not bearer_matches(request, self.api_key):
             raise edge.unauthorized()
         return await handler(request)
 

@@ -15,7 +15,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from services.gateway.errors import ApiError, invalid
-from shared.metrics_page import bearer_matches
+from shared.bearer import UNAUTHORIZED
 from shared.private_file import read_private
 
 log = structlog.get_logger(__name__)
@@ -47,11 +47,8 @@ def load_api_key(path: str | None) -> str | None:
     return key or None
 
 
-key_matches = bearer_matches  # the one check, shared with every service's /metrics
-
-
 def unauthorized() -> ApiError:
-    return ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
+    return ApiError(401, **UNAUTHORIZED)
 
 
 class JsonErrorHandler(RequestHandler):

@@ -209,3 +209,11 @@ def test_without_a_cpp_group_no_route_is_recorded():
     c = conductor()
     reply = c.schedule(ask("r1", [f"l{i}" for i in range(24)]), now=0.0)
     assert reply.accepted and reply.route == "" and c.stats(now=0.0).routes == {}
+
+
+def test_a_decode_engines_chunk_cap_is_read_from_the_role_it_launched_in():
+    c = conductor((("p0", "prefill"), ("d0", "decode")), decode_chunk_tokens=256)
+    view = c.view_now(0.1)
+    assert [x.decode_chunk_tokens for x in view.decodes] == [256]
+    colocated = conductor((("d0", "decode"),), mode="colocated", decode_chunk_tokens=256)
+    assert [x.decode_chunk_tokens for x in colocated.view_now(0.1).decodes] == [0]  # vLLM's own chunking

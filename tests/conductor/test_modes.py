@@ -1,4 +1,4 @@
-"""Serving modes (services/conductor/modes.py): a mixed step's time, the conditional
+"""Serving modes (services/conductor/modes.py): the step budget, the conditional
 rules' defining behaviour, and placement across colocated instances."""
 
 import math
@@ -13,13 +13,11 @@ from services.conductor.modes import (
     choose_mode,
     colocated_stall_s,
     colocated_ttft_s,
-    mixed_step_s,
     place_colocated,
-    slo_step_tokens,
     step_budget,
 )
 from services.conductor.policy import Rejection, Request
-from shared.predictor import Predictor
+from shared.predictor import Predictor, mixed_step_s, slo_step_tokens
 
 # prefill: 5 ms a step + 1 ms a token; decode: 10 ms a step + 1 ms a sequence
 PRED = Predictor(prefill_coef=(5.0, 1.0, 0.0, 0.0), decode_coef=(10.0, 1.0, 0.0))
@@ -28,15 +26,6 @@ BS = 512
 
 def local(uncached: int, batch: int = 2, slo_tbt_s: float = 0.1) -> LocalPrefill:
     return LocalPrefill("d0", uncached, 0, batch, 1000 * batch, slo_tbt_s)
-
-
-def test_a_mixed_step_is_the_decode_step_plus_the_chunks_marginal_cost():
-    # The step's fixed cost once (the decode's 10 ms), not the prefill's 5 ms again.
-    assert mixed_step_s(PRED, 2, 2000, [(100, 0), (50, 512)]) == pytest.approx(0.012 + 0.150)
-    assert mixed_step_s(PRED, 2, 2000, []) == pytest.approx(PRED.decode_step_s(2, 2000))
-    # Without a batch it is a plain prefill step; with neither, nothing.
-    assert mixed_step_s(PRED, 0, 0, [(100, 0)]) == pytest.approx(PRED.prefill_step_s([(100, 0)]))
-    assert mixed_step_s(PRED, 0, 0, []) == 0.0
 
 
 def test_a_step_budget_is_vllms_less_the_decodes_or_sized_to_the_tbt_slo():
@@ -121,7 +110,7 @@ def test_colocated_placement_prefers_the_cache_and_spares_running_decodes():
 def test_the_fullest_step_a_prefill_puts_on_an_instance_is_its_work_up_to_a_budget():
     """A spill is judged on the steps it really adds: a short prompt's one small chunk,
     a long one's (or one behind a queue) full budget."""
-    from services.conductor.modes import fullest_step_s, mixed_step_s
+    from services.conductor.modes import fullest_step_s
 
     load = ColocatedLoad("d0", 0, 0, batch=4, ctx_tokens=4_000)
     joined = (5, 4_000 + 256)
@@ -193,7 +182,7 @@ def test_a_spill_must_take_a_step_or_two_within_the_tbt_slo_there_and_beat_disag
 
 
 def test_an_engine_that_caps_a_prompts_chunk_prefills_a_long_spill_in_slo_sized_steps():
-    from services.conductor.modes import colocated_steps, fullest_step_s, mixed_step_s
+    from services.conductor.modes import colocated_steps, fullest_step_s
 
     long_prompt = req(prompt_len=4_000, slo_tbt_s=0.05)
     capped = ColocatedLoad("d0", 0, 0, batch=4, ctx_tokens=4_000, decode_chunk_tokens=500)

@@ -59,3 +59,18 @@ def test_a_decode_engines_chunk_keeps_the_tbt_slo_beside_a_busy_batch_in_whole_b
     assert default_decode_chunk_tokens(p, 10.0, 2048, 2048, 16) == 2048  # never above the step's budget
     assert default_decode_chunk_tokens(p, 10.0, 1024, 2048, 16) == 1024  # ... nor the model's context
     assert default_decode_chunk_tokens(p, 1e-6, 2048, 2048, 16) >= 16  # a block at the least
+
+
+# prefill: 5 ms a step + 1 ms a token; decode: 10 ms a step + 1 ms a sequence
+STEPS = Predictor(prefill_coef=(5.0, 1.0, 0.0, 0.0), decode_coef=(10.0, 1.0, 0.0))
+
+
+def test_a_mixed_step_is_the_decode_step_plus_the_chunks_marginal_cost():
+    from shared.predictor import mixed_step_s
+
+    # The step's fixed cost once (the decode's 10 ms), not the prefill's 5 ms again.
+    assert mixed_step_s(STEPS, 2, 2000, [(100, 0), (50, 512)]) == pytest.approx(0.012 + 0.150)
+    assert mixed_step_s(STEPS, 2, 2000, []) == pytest.approx(STEPS.decode_step_s(2, 2000))
+    # Without a batch it is a plain prefill step; with neither, nothing.
+    assert mixed_step_s(STEPS, 0, 0, [(100, 0)]) == pytest.approx(STEPS.prefill_step_s([(100, 0)]))
+    assert mixed_step_s(STEPS, 0, 0, []) == 0.0

@@ -28,7 +28,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -490,19 +490,18 @@ def probe_line(name: str, rate: float, a: Attainment) -> str:
 def run_mode(driver: Driver, work: Path, model: Path, mode: str) -> ModeResult:
     """One mode's cluster up, its search, the cluster stopped (SIGINT, as Ctrl-C)."""
     from yuebing.bench.soak import deaths
+    from yuebing.lab.otlp import receiving
     from yuebing.launcher import up_launcher
 
-    from yuebing.lab.otlp import receiving
-
     name = mode_name(mode, driver.spec)
-    with receiving(keep=False) as spans:  # listens in every mode; only "traced" sends to it
-        flags = cluster_flags(driver.spec, model, mode, spans.endpoint)
+    with receiving(keep=False) if mode == "traced" else nullcontext() as spans:
+        flags = cluster_flags(driver.spec, model, mode, spans.endpoint if spans else "")
         driver.say(f"{name}: yuebing up {' '.join(flags)}")
         with up_launcher(work, mode, *flags) as (url, _launcher):
             found = driver.measure(name, [url])
     died = deaths(work / f"{mode}.log")
     notes = [f"{died} processes died (see {work / mode}.log)"] if died else []
-    if mode == "traced":
+    if spans is not None:
         notes.append(f"{spans.count} spans received")
     return ModeResult(name, found, died, notes)
 

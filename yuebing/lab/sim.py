@@ -16,7 +16,7 @@ of k steps is one event. That is what lets 23k requests replay in seconds.
 
 Serving modes (`SimConfig.mode`, services/conductor/modes.py): a decode instance
 also runs prefills itself, chunked into its steps as vLLM's chunked prefill does
-(each step's time `modes.mixed_step_s`): every request on a colocated instance
+(each step's time `mixed_step_s`, shared/predictor.py): every request on a colocated instance
 (placed by `modes.place_colocated`), and under conditional disaggregation those the
 rule keeps on their decode (`modes.choose_mode`, after the Scheduler's decision).
 
@@ -50,7 +50,7 @@ from services.conductor.index import PrefixIndex
 from services.conductor.planner import Arrival
 from services.conductor.policy import Decision, DecodeLoad, Params, Rejection, Request, Scheduler
 from services.conductor.state import ClusterState
-from shared.predictor import MOST_STEP_TOKENS, Predictor, default_decode_chunk_tokens
+from shared.predictor import MOST_STEP_TOKENS, Predictor, default_decode_chunk_tokens, mixed_step_s
 from yuebing.lab.outcome import Outcome, segment_stats, summarize
 from yuebing.lab.roles import DRAIN_POLL_S, RolePlan
 from yuebing.lab.sim_config import SimConfig
@@ -546,11 +546,11 @@ class Simulation:
                                  head.cached_tokens + head.prefilled, head.request.slo_tbt_s)
 
     def _start_mixed_step(self, inst: DecodeInstance) -> None:
-        """One step: prefill chunks beside the batch, its time `modes.mixed_step_s`
+        """One step: prefill chunks beside the batch, its time `mixed_step_s`
         (the shared-host figures are the disaggregated CPU cluster's, not applied)."""
         chunks = [(n, r.cached_tokens + r.prefilled) for r, n in inst.step]
         tokens = sum(r.ctx for r in inst.batch)
-        inst.step_s = modes.mixed_step_s(self.predictor, len(inst.batch), tokens, chunks) + inst.join_s
+        inst.step_s = mixed_step_s(self.predictor, len(inst.batch), tokens, chunks) + inst.join_s
         inst.join_s = 0.0
         inst.seg_start, inst.seg_steps = self.now, 1
         inst.version += 1

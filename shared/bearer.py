@@ -1,0 +1,19 @@
+"""The Bearer key every HTTP page of the cluster may require (the gateway's API, each
+service's /metrics): one check, and one refusal, OpenAI's error shape."""
+
+from __future__ import annotations
+
+import hmac
+
+from aiohttp import web
+
+# The refusal's fields, as OpenAI's API answers a bad key.
+UNAUTHORIZED = {"message": "invalid or missing API key", "type": "authentication_error", "code": "invalid_api_key"}
+
+
+def bearer_matches(request: web.Request, key: str) -> bool:
+    """The request's Authorization header is `Bearer <key>` (compared in constant time).
+    A header's bytes as they came (aiohttp keeps undecodable ones as surrogates):
+    encoding with surrogateescape never fails, so odd bytes are a 401, never a 500."""
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(given, f"Bearer {key}".encode())
