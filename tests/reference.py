@@ -32,5 +32,7 @@ class Reference:
         return [list(o.outputs[0].token_ids) for o in outs]
 
     def close(self) -> None:
-        if hasattr(self.llm.llm_engine, "engine_core"):
+        """Stop its engine (once: a second call does nothing)."""
+        if self.llm is not None and hasattr(self.llm.llm_engine, "engine_core"):
             self.llm.llm_engine.engine_core.shutdown()
+        self.llm = None

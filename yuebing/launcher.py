@@ -38,8 +38,15 @@ from shared.config import ClusterConfig, save_config
 from shared.engine.llm import engine_environment
 from shared.private_file import read_private, write_private
 from shared.service import resolved
-from yuebing import gpus, process
-from yuebing.preflight import memory_total, refuse_oversized_memory, refuse_taken_ports, refuse_unloadable_transport
+from yuebing import gpus, kv_folders, process
+from yuebing.preflight import (
+    memory_available,
+    memory_total,
+    memory_warning,
+    refuse_oversized_memory,
+    refuse_taken_ports,
+    refuse_unloadable_transport,
+)
 from yuebing.process import free_port
 from yuebing.restarts import RestartPolicy
 from yuebing.secrets import Layout, Listen, Secrets, generate
@@ -148,6 +155,7 @@ class Cluster:
     secrets: Secrets | None = None
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     run_lock: int | None = None  # held while this launcher uses its run folder (closed with the process)
+    kv_lock: int | None = None  # held while this launcher uses its KV folder (yuebing/kv_folders.py)
 
     @property
     def url(self) -> str:
@@ -203,13 +211,15 @@ class Cluster:
         refuse_unloadable_transport(o.config)
         refuse_taken_ports(o.port, o.host, o.nats_port)
         devices = gpus.assign(o.gpu_needs(), gpus.usable(o.gpus, gpus.listed_gpus()))
+        sizes = (sum(o.instances), o.config.kv_cache_gib, o.nodes, o.config.pool_bytes)
         if not devices:  # CPU engines: their KV caches come out of this machine's memory
-            refuse_oversized_memory(sum(o.instances), o.config.kv_cache_gib, o.nodes, o.config.pool_bytes,
-                                    memory_total())
+            refuse_oversized_memory(*sizes, memory_total())
         started = time.monotonic()
         run_dir = o.run_dir or Path(tempfile.mkdtemp(prefix="yuebing-"))
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_lock = lock_run_dir(run_dir)
+        if not devices and (warning := memory_warning(*sizes, memory_available())):
+            say(f"warning: {warning}")  # after every refusal: a mistake is still one line
         nats_port = o.nats_port or free_port()
         self.secrets = make_secrets(run_dir / "secrets", o, nats_port)
         config = self.config(run_dir, self.secrets.nats_url)
@@ -244,11 +254,19 @@ class Cluster:
         config = self.options.config
         # Each cluster gets its own pool files and node sockets, so two clusters on one
         # machine (tests do this) never share a node.
-        shm = Path("/dev/shm")
-        kv_dir = config.kv_dir or tempfile.mkdtemp(prefix="yuebing-kv-", dir=shm if shm.is_dir() else run_dir)
+        kv_dir = config.kv_dir or str(self.make_kv_dir(run_dir))
         self.kv_dir = Path(kv_dir)
         # Derived once here (the model's fingerprint, the SLOs), so every service agrees.
         return resolved(msgspec.structs.replace(config, nats_url=nats_url, kv_dir=kv_dir))
+
+    def make_kv_dir(self, run_dir: Path) -> Path:
+        """This run's KV folder, once the folders of launchers that died are gone."""
+        shm = Path("/dev/shm")
+        parent = shm if shm.is_dir() else run_dir
+        for folder in kv_folders.sweep(parent):
+            say(f"removed {folder}: its launcher is gone")
+        folder, self.kv_lock = kv_folders.make(parent)
+        return folder
 
     def ready_state(self, config: ClusterConfig, run_dir: Path, elapsed: float) -> dict:
         """What the ready file says (tests/e2e and the live benchmarks read it)."""
@@ -345,9 +363,10 @@ class Cluster:
         self._stop([c for c in self.children if c.name == "nats"], grace_s)
         if self.kv_dir is not None and not self.options.config.kv_dir:
             shutil.rmtree(self.kv_dir, ignore_errors=True)
-        if self.run_lock is not None:  # the run folder is free for the next launcher
-            os.close(self.run_lock)
-            self.run_lock = None
+        for lock in (self.kv_lock, self.run_lock):  # the folders are free for the next launcher
+            if lock is not None:
+                os.close(lock)
+        self.kv_lock = self.run_lock = None
 
     def _stop(self, children: list[Child], grace_s: float) -> None:
         started = {c.process: c for c in children if c.process is not None}

