@@ -44,6 +44,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from shared.kv.meta import YuebingMeta
 from shared.kv.options import Options
 from shared.kv.scheduler import ConnectorScheduler
+from shared.kv.stats import KVPromMetrics, KVStats
 from shared.kv.worker import ConnectorWorker
 
 if TYPE_CHECKING:
@@ -147,6 +148,21 @@ class YuebingConnector(KVConnectorBase_V1):
     def get_block_ids_with_load_errors(self) -> set[int]:
         assert self.worker is not None
         return self.worker.take_load_errors()
+
+    # --- counts, for the instance's /metrics page (shared/kv/stats.py) ---------------
+    def get_kv_connector_stats(self) -> KVStats | None:
+        half = self.scheduler or self.worker
+        assert half is not None
+        return half.counts.take()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVStats:
+        return KVStats(data=data or {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> KVPromMetrics:
+        return KVPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         for half in (self.scheduler, self.worker):

@@ -38,6 +38,7 @@ from shared.kv.plan import (
     take_reserved,
     track,
 )
+from shared.kv.stats import Counts
 from shared.kv.wire import Bye, Control, Pin, Release, Renew, Reserve
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class ConnectorScheduler:
         self.engine = uuid.uuid4().hex[:12]  # names this engine's pins to the messenger
         self.renew_s = RENEW_S  # shortened to a quarter of the messenger's lease if that is shorter
         self.renewed_at = float("-inf")
+        self.counts = Counts()  # what this half saw, until the connector gives it to vLLM
 
     def on_new_request(self, request: Request) -> None:
         t = track(request.kv_transfer_params, list(request.prompt_token_ids or []), self.opts.block_size,
@@ -94,6 +96,8 @@ class ConnectorScheduler:
         if load is not None:
             self.next_meta.loads.append(load)
         self.next_meta.failed.extend(failed)
+        if failed:
+            self.counts.failed("gone_before_pinned", len(failed))
         t.load_failed = bool(failed)
         self._log_claim(request.request_id, t, m, loaded=n - len(failed), failed=len(failed))
 

@@ -20,6 +20,8 @@ new pool maps its (new) file here.
 
 from __future__ import annotations
 
+import time
+
 import structlog
 import torch
 
@@ -38,6 +40,7 @@ from shared.kv.meta import YuebingMeta
 from shared.kv.options import Options
 from shared.kv.plan import Load, Save
 from shared.kv.pool_file import Geometry, PoolSlots
+from shared.kv.stats import Counts
 from shared.kv.wire import Hello, Release, Written
 
 log = structlog.get_logger(__name__)
@@ -74,7 +77,11 @@ class ConnectorWorker:
         self.pool: MappedPool | None = None  # None: no messenger answered; everything is computed
         self.gone_pool_id = ""  # a pool a step named that is not this node's any more
         self.load_errors: set[int] = set()
-        self._loading: tuple[LoadJob, list[int]] | None = None  # this step's loads, and their blocks
+        self._loading: tuple[LoadJob, list[int], int] | None = None  # this step's loads: their blocks, bytes
+        self._load_wait_s = 0.0  # this step's forward waiting on its loads
+        self._saved_this_step = False
+        self.counts = Counts()  # what this worker did, until the connector gives it to vLLM
+        self.counts_blocks = True  # one worker of a sharded engine counts blocks (all count bytes)
         self._step_saves: tuple[list[Save], list[int], list[int], list[bytes]] | None = None
         self.watch: HelloWatch | None = None
 
@@ -83,6 +90,7 @@ class ConnectorWorker:
             self.layers[name] = index
             self.layer_ids.append(model_layer(name, index, self.model_layers) * self.shards + self.shard)
             self.caches.append(blocks_first(cache, self.num_blocks))
+        self.counts_blocks = 0 in self.layer_ids  # the worker holding the model's first layer (rank 0)
         self.copier = copier_for(self.caches[0].device, self.opts.checksum_threads)
         self._map_pool()
         self.watch = HelloWatch(self.opts.kv_dir, self.opts.node, self._hello)
@@ -148,10 +156,11 @@ class ConnectorWorker:
         pool = self._pool_ready(meta.pool_id)
         if pool is None or self.copier is None:
             self.load_errors.update(block_ids)
+            self._failed("pool_unavailable", block_ids)
             return
         job = LayerLoad(block_ids, [s for load in meta.loads for s in load.slots])
         started = self.copier.load(pool, self.caches, self.layer_ids, job, lambda: self._release(meta.loads))
-        self._loading = (started, block_ids)
+        self._loading = (started, block_ids, len(block_ids) * len(self.caches) * pool.slots.geometry.layer_bytes)
 
     def _release(self, loads: list[Load]) -> None:
         for load in loads:
@@ -159,7 +168,9 @@ class ConnectorWorker:
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._loading is not None and self.copier is not None:
+            started = time.perf_counter()
             self.copier.wait_layer(self._loading[0], self.layers[layer_name])
+            self._load_wait_s += time.perf_counter() - started
 
     def save_kv_layer(self, meta: YuebingMeta, layer_name: str) -> None:
         if not meta.saves or self.copier is None:
@@ -170,6 +181,10 @@ class ConnectorWorker:
         index = self.layers[layer_name]
         layer = self.layer_ids[index]
         block_ids, slots, hashes = self._saves_of(meta.saves)
+        self.counts.add("saved_bytes", len(slots) * pool.slots.geometry.layer_bytes)
+        if layer == 0 and self.counts_blocks:
+            self.counts.add("saved_blocks", len(slots))
+        self._saved_this_step = True
 
         def noted(checksums: list[int]) -> None:
             # The messenger streams this layer on at once (layer-wise transfer).
@@ -187,14 +202,31 @@ class ConnectorWorker:
 
     def wait_for_save(self) -> None:
         """The step's end: its saves have read their blocks, its loads are in (or reported)."""
+        started = time.perf_counter()
         if self.copier is not None and not self.copier.flush():
             log.error("kv saves still reading vLLM's blocks at the step's end", node=self.opts.node)
+        if self._saved_this_step:
+            self.counts.timed("save_flush_s", time.perf_counter() - started)
+            self._saved_this_step = False
         if self._loading is not None:
-            job, block_ids = self._loading
+            self._finish_loads(*self._loading)
             self._loading = None
-            if not all(job.wait(i) for i in range(job.layers)):
-                log.error("kv load failed: vLLM computes its blocks", node=self.opts.node, blocks=len(block_ids))
-                self.load_errors.update(block_ids)
+
+    def _finish_loads(self, job: LoadJob, block_ids: list[int], nbytes: int) -> None:
+        self.counts.timed("load_wait_s", self._load_wait_s)
+        self._load_wait_s = 0.0
+        if all(job.wait(i) for i in range(job.layers)):
+            self.counts.add("loaded_bytes", nbytes)
+            if self.counts_blocks:
+                self.counts.add("loaded_blocks", len(block_ids))
+            return
+        log.error("kv load failed: vLLM computes its blocks", node=self.opts.node, blocks=len(block_ids))
+        self.load_errors.update(block_ids)
+        self._failed("copy_failed", block_ids)
+
+    def _failed(self, cause: str, block_ids: list[int]) -> None:
+        if self.counts_blocks:
+            self.counts.failed(cause, len(block_ids))
 
     def take_load_errors(self) -> set[int]:
         errors, self.load_errors = self.load_errors, set()

@@ -65,6 +65,13 @@ def test_a_saved_block_loads_back_into_another_vllm_block(tmp_path):
         assert torch.equal(cache[:, 3], cache[:, 1])
     assert messenger.notes[-1] == Release(owner="r")  # the load's pins go
     assert w.take_load_errors() == set()
+    counted = w.counts.take()
+    layer_bytes = w.pool.slots.geometry.layer_bytes
+    assert counted is not None and {k: counted.data[k] for k in ("saved_blocks", "saved_bytes", "loaded_blocks",
+                                                                 "loaded_bytes")} == {
+        "saved_blocks": 1, "saved_bytes": 3 * layer_bytes, "loaded_blocks": 1, "loaded_bytes": 3 * layer_bytes}
+    assert len(counted.data["load_wait_s"]) == 1 and len(counted.data["save_flush_s"]) == 1  # one step each
+    assert w.counts.take() is None  # given once
 
 
 def test_claimed_blocks_that_were_never_pinned_are_reported_failed(tmp_path):
@@ -88,6 +95,8 @@ def test_a_restarted_messenger_is_mapped_again_and_a_gone_pool_asked_about_once(
     w.start_load_kv(stale)
     assert messenger.hellos == 3  # once, not once per layer
     assert len(messenger.notes) == notes and w.take_load_errors() == {3}
+    counted = w.counts.take()
+    assert counted is not None and counted.data["failed"]["pool_unavailable"] == 1
 
 
 @pytest.mark.parametrize("shape", [(BLOCKS, 2, 4, 8), (2, BLOCKS, 4, 8), (BLOCKS * 2, 4, 8)])
