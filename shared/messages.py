@@ -366,6 +366,8 @@ class MessengerStats(Message):
     evictions: int = 0
     spills: int = 0
     ssd_dropped: int = 0
+    peer_layers_out: dict[str, int] = {}  # by the node sent to
+    peer_bytes_out: dict[str, int] = {}
 
 
 # --- codec --------------------------------------------------------------------

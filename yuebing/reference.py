@@ -232,15 +232,33 @@ def _instance_metrics() -> str:
 
     instance = Instance("decode", "decode-0", "node-0", ClusterConfig(), nc=None)  # type: ignore[arg-type]
     families = instance_registry(instance, CollectorRegistry()).collect()
-    return _metrics_table([(f.name, f.type, list(f.samples[0].labels), f.documentation) for f in families])
+    rows = [(f.name, f.type, list(f.samples[0].labels), f.documentation) for f in families]
+    return _metrics_table(rows + _connector_metrics())
+
+
+def _connector_metrics() -> list[tuple[str, str, list[str], str]]:
+    """The KV connector's families, which vLLM's stat logger registers with its own labels."""
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from shared.engine.metrics import INSTANCE_LABEL
+    from shared.kv.stats import KVPromMetrics
+
+    registry = CollectorRegistry()
+    kinds = {kind: (lambda kind=kind, **kw: kind(registry=registry, **kw)) for kind in (Counter, Gauge, Histogram)}
+    KVPromMetrics(SimpleNamespace(kv_transfer_config=None), kinds, ["model_name", "engine"], {0: ["m", "0"]})
+    return [(c._name, c._type, [*c._labelnames, INSTANCE_LABEL], c._documentation)
+            for c in registry._collector_to_names]
 
 
 def _messenger_metrics() -> str:
-    """What a messenger's page carries: its own collector, over a messenger's zero state."""
+    """What a messenger's page carries: its own collector, over a messenger's zero state (one peer met)."""
     from services.messenger.metrics import StatsCollector
     from services.messenger.node import SecurityStats, Upkeep
     from shared.messages import MessengerStats
 
-    collector = StatsCollector(lambda: MessengerStats(node="node-0"),
+    zero = MessengerStats(node="node-0", peer_layers_out={"node-1": 0}, peer_bytes_out={"node-1": 0})
+    collector = StatsCollector(lambda: zero,
                                lambda: SecurityStats("node-0", True, 0, 0, 0, False), Upkeep)
     return _metrics_table([(f.name, f.type, list(f.samples[0].labels), f.documentation) for f in collector.collect()])

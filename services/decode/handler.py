@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from nats.aio.msg import Msg
 from services.conductor.policy import decode_context, joining_tbt_s, tbt_exceeded
 from shared import bus, tracing
 from shared.config import profile_path
-from shared.engine.llm import generate
+from shared.engine.llm import Step, generate
 from shared.engine.runtime import Handler
 from shared.instance import Instance
 from shared.messages import NO_TOKEN, DecodeAccept, DecodeRequest, TokenChunk, decode_subject, encode
@@ -123,18 +124,11 @@ class Decoder(Handler):
             async with asyncio.timeout(bus.remaining(req.deadline)):
                 steps = generate(self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - done, kv,
                                  done, req.sampling.n, prompt_logprobs=req.first_token_id == NO_TOKEN)
+                first = await self._first_step(req, steps)
+                if first is not None:
+                    seq = await self._send(req, first, seq, pace)
                 async for step in steps:
-                    loaded = step.num_cached_tokens if seq == 0 else 0
-                    if seq == 0:
-                        log.info("decode kv", loaded_tokens=loaded, computed_prompt_tokens=len(req.prompt_token_ids) - loaded)
-                    if step.index == 0:  # the outputs step together: one paces the request
-                        pace.step(len(step.token_ids), self.predicted_step_s(), first=not pace.last, now=time.monotonic())
-                    chunk = TokenChunk(request_id=req.request_id, seq=seq, token_ids=step.token_ids,
-                                       finish_reason=step.finish_reason, kv_loaded_tokens=loaded,
-                                       logprobs=step.logprobs or [], index=step.index,
-                                       prompt_logprobs=step.prompt_logprobs or [])
-                    await bus.publish(self.instance.nc, req.stream_subject, chunk)
-                    seq += 1
+                    seq = await self._send(req, step, seq, pace)
         except asyncio.CancelledError:
             log.info("decode cancelled", tokens_sent=seq)
             raise
@@ -146,3 +140,24 @@ class Decoder(Handler):
             return
         self.instance.load.calibration.add(pace.observed_s, pace.predicted_s, time.monotonic())
         log.info("decode done", chunks=seq)
+
+    async def _first_step(self, req: DecodeRequest, steps: AsyncIterator[Step]) -> Step | None:
+        """The first step: the wait for the prompt's KV (its load, and the computing
+        of what did not arrive) is all in it, so it has a span of its own."""
+        with tracing.span("decode.kv_wait", req.request_id, kv_blocks=req.kv_blocks) as span:
+            first = await anext(steps, None)
+            if first is not None:
+                span.set_attribute("yuebing.loaded_tokens", first.num_cached_tokens)
+                log.info("decode kv", loaded_tokens=first.num_cached_tokens,
+                         computed_prompt_tokens=len(req.prompt_token_ids) - first.num_cached_tokens)
+            return first
+
+    async def _send(self, req: DecodeRequest, step: Step, seq: int, pace: Pace) -> int:
+        """One step's tokens onto the request's stream; the next chunk's number."""
+        if step.index == 0:  # the outputs step together: one paces the request
+            pace.step(len(step.token_ids), self.predicted_step_s(), first=not pace.last, now=time.monotonic())
+        chunk = TokenChunk(request_id=req.request_id, seq=seq, token_ids=step.token_ids,
+                           finish_reason=step.finish_reason, kv_loaded_tokens=step.num_cached_tokens if seq == 0 else 0,
+                           logprobs=step.logprobs or [], index=step.index, prompt_logprobs=step.prompt_logprobs or [])
+        await bus.publish(self.instance.nc, req.stream_subject, chunk)
+        return seq + 1

@@ -114,6 +114,8 @@ class Messenger:
             peers=sorted(node.peers),
             corrupt_pending=node.faults.corrupt_next,
             no_room_pending=node.faults.no_room_next,
+            peer_layers_out=dict(node.counters.peer_layers_out),  # copies: the page reads them on another thread
+            peer_bytes_out=dict(node.counters.peer_bytes_out),
             **self.pool.gauges(),
         )
 

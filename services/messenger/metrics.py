@@ -26,6 +26,10 @@ COUNTERS = {
     "ssd_dropped": "SSD files dropped as damaged",
     "misses": "Pins that found no block (DRAM or SSD)",
 }
+PEER_COUNTERS = {
+    "peer_layers_out": "Block layers queued for each peer messenger (dropped ones included: sends_dropped)",
+    "peer_bytes_out": "Payload bytes queued for each peer messenger",
+}
 GAUGES = {
     "pool_slots": "DRAM pool slots",
     "ready": "Blocks ready in DRAM",
@@ -97,6 +101,11 @@ class StatsCollector:
         for name, doc in GAUGES.items():
             family = GaugeMetricFamily(f"yuebing_messenger_{name}", doc, labels=["node"])
             family.add_metric([s.node], getattr(s, name))
+            yield family
+        for name, doc in PEER_COUNTERS.items():
+            family = CounterMetricFamily(f"yuebing_messenger_{name}", doc, labels=["node", "peer"])
+            for peer, value in sorted(getattr(s, name).items()):
+                family.add_metric([s.node, peer], value)
             yield family
 
 

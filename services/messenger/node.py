@@ -86,6 +86,8 @@ class Node:
             return False
         log.info("peer messenger", node=node, endpoint=endpoint, was=old)
         self.peers[node] = endpoint
+        for by_peer in (self.counters.peer_layers_out, self.counters.peer_bytes_out):
+            by_peer.setdefault(node, 0)  # its series on the page from the start, at 0
         if old is not None:
             self._close(old)
         self.transport.connect(endpoint)
@@ -122,8 +124,11 @@ class Node:
             damaged[len(damaged) // 2] ^= 0xFF
             payload = bytes(damaged)
         if self.transport.send(endpoint, header, payload):
-            self.counters.layers_out += 1
-            self.counters.bytes_out += len(payload)
+            c = self.counters
+            c.layers_out += 1
+            c.bytes_out += len(payload)
+            c.peer_layers_out[dest] = c.peer_layers_out.get(dest, 0) + 1
+            c.peer_bytes_out[dest] = c.peer_bytes_out.get(dest, 0) + len(payload)
         else:
             self.counters.sends_dropped += 1
 

@@ -126,6 +126,6 @@ class KVPromMetrics(KVConnectorPromMetrics):
 def forget_earlier_families() -> None:
     """A second engine in one process (tests build several) registers the families
     again: the first engine's go, as vLLM's own do (unregister_vllm_metrics)."""
-    for collector in list(REGISTRY._collector_to_names):  # noqa: SLF001 - prometheus_client has no public way
+    for collector in list(REGISTRY._collector_to_names):  # prometheus_client has no public way to list them
         if getattr(collector, "_name", "").startswith(PREFIX):
             REGISTRY.unregister(collector)

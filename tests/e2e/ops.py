@@ -4,6 +4,7 @@ would: logged in as the cluster's admin identity."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -131,3 +132,16 @@ def eventually(probe: Callable[[], T], accept: Callable[[T], bool], what: str, t
         assert time.monotonic() < deadline, f"{what} within {timeout_s} s; last seen: {seen}"
         time.sleep(0.1)
     return seen
+
+
+def log_events(cluster, name: str, event: str) -> list[dict]:
+    """The records of `event` in process `name`'s JSON log, in order."""
+    found = []
+    for line in cluster.log(name).splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == event:
+            found.append(record)
+    return found

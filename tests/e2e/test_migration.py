@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from shared.messages import HEARTBEAT, Heartbeat, decode
-from tests.e2e.ops import admin, eventually
+from tests.e2e.ops import admin, eventually, log_events
 
 pytestmark = pytest.mark.e2e
 
@@ -82,18 +82,6 @@ def sse(lines) -> object:
         if line == "data: [DONE]":
             return
         yield json.loads(line[len("data: "):])
-
-
-def log_events(cluster, name: str, event: str) -> list[dict]:
-    events = []
-    for line in cluster.log(name).splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("event") == event:
-            events.append(record)
-    return events
 
 
 def greedy_to_the_end(reference, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:

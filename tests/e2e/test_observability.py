@@ -96,4 +96,4 @@ def test_prometheus_scrapes_every_process_and_every_dashboard_and_rule_query_has
     for name in sorted(rule_metrics()):
         eventually(base, f'count({{__name__="{name}"}})', bool)
     rules = httpx.get(f"{base}/api/v1/rules", timeout=5).json()["data"]["groups"][0]["rules"]
-    assert len(rules) == 6 and all(r["health"] == "ok" for r in rules), rules
+    assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules

@@ -1,15 +1,20 @@
 """One OpenTelemetry trace per request: a cluster with `--otlp-endpoint` sends its
 spans to an OTLP/HTTP receiver this test runs, and one disaggregated request yields
 one trace with spans from the gateway, the Conductor, prefill and decode, each
-parented inside it and in time order."""
+parented inside it and in time order. A request whose decode instance dies mid-stream
+stays one trace: its continuation on the other decode instance is in it."""
 
 from __future__ import annotations
 
+import os
+import random
+import signal
 import time
 
 import httpx
 import pytest
 
+from tests.e2e.ops import eventually, log_events
 from yuebing.lab.otlp import Receiver, Span, receiving
 
 DEADLINE_S = 30.0  # each process's exporter sends every 5 s
@@ -18,22 +23,27 @@ DEADLINE_S = 30.0  # each process's exporter sends every 5 s
 @pytest.fixture(scope="module")
 def traced(launcher, tmp_path_factory):
     with receiving() as receiver:
-        launch = launcher(tmp_path_factory.mktemp("traced"), "--nodes", "2", "--otlp-endpoint", receiver.endpoint)
+        launch = launcher(tmp_path_factory.mktemp("traced"), "--nodes", "2", "--decode", "2",
+                          "--otlp-endpoint", receiver.endpoint)
         try:
             yield launch.wait(), receiver
         finally:
             launch.stop()
 
 
-def trace_of(receiver: Receiver, request_id: str) -> list[Span]:
+def trace_of(receiver: Receiver, request_id: str, decode_spans: int = 1) -> list[Span]:
     """The spans of the trace whose gateway span carries `request_id`, once every
-    service's are in."""
+    service's are in (and `decode_spans` decode.kv_wait spans: one per decode attempt
+    whose process lived to send them)."""
     deadline, spans = time.monotonic() + DEADLINE_S, []
     while time.monotonic() < deadline:
         every = receiver.snapshot()
         roots = [s for s in every if s.name == "gateway.request" and s.attributes.get("yuebing.request_id") == request_id]
         spans = [s for s in every if roots and s.trace_id == roots[0].trace_id]
-        if {"yuebing-gateway", "yuebing-conductor", "yuebing-prefill", "yuebing-decode"} <= {s.service for s in spans}:
+        services = {s.service for s in spans}
+        waits = sum(s.name == "decode.kv_wait" for s in spans)
+        if {"yuebing-gateway", "yuebing-conductor", "yuebing-prefill", "yuebing-decode"} <= services and \
+                waits >= decode_spans and any(s.name == "decode" for s in spans):
             return spans
         time.sleep(0.5)
     raise AssertionError(f"no whole trace for {request_id}: {spans}")
@@ -55,4 +65,37 @@ def test_a_disaggregated_request_is_one_trace_across_the_services_parented_in_ti
     assert prefill.parent_id == by_name["gateway.prefill"].span_id
     assert decode.parent_id == by_name["gateway.decode_start"].span_id
     assert root.start_ns <= decide.start_ns <= prefill.start_ns <= decode.start_ns <= root.end_ns
-    assert decide.attributes["yuebing.accepted"] is True and decide.attributes["yuebing.decode"] == "decode-0"
+    assert decide.attributes["yuebing.accepted"] is True and decide.attributes["yuebing.decode"] in {"decode-0",
+                                                                                                     "decode-1"}
+    wait = by_name["decode.kv_wait"]  # the decode's wait for the prompt's KV, inside its span
+    assert wait.parent_id == decode.span_id and decode.start_ns <= wait.start_ns <= wait.end_ns <= decode.end_ns
+
+
+def test_a_request_migrated_after_its_decode_died_stays_one_trace(traced):
+    cluster, receiver = traced
+    prompt = [random.Random(34).randrange(32, 127) for _ in range(300)]
+    body = {"model": "yuebing-tiny", "prompt": prompt, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{cluster.url}/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        request_id = r.headers["x-yuebing-request-id"]
+        lines = r.iter_lines()
+        chunks = 0
+        while chunks < 20:  # the stream is under way on its first decode instance
+            chunks += next(lines).startswith("data: {")
+        placed = eventually(lambda: [e["decode"] for e in log_events(cluster, "conductor", "scheduled")
+                                     if e.get("request_id") == request_id], bool, "the request's placement logged")
+        killed = placed[-1]
+        os.kill(cluster.pids[killed], signal.SIGKILL)
+        assert list(lines)[-1] == "data: [DONE]"  # finished on the other decode instance
+    spans = trace_of(receiver, request_id)
+    ids = {s.span_id for s in spans}
+    root = next(s for s in spans if s.name == "gateway.request")
+    assert all(s.parent_id in ids for s in spans if s is not root)
+    starts = sorted(s.attributes["instance"] for s in spans if s.name == "gateway.decode_start")
+    (other,) = {"decode-0", "decode-1"} - {killed}
+    assert starts == sorted([killed, other])  # both attempts, in the one trace
+    decodes = [s for s in spans if s.name == "decode"]
+    assert [s.attributes["instance"] for s in decodes] == [other]  # the dead one's spans died with it
+    assert root.start_ns <= decodes[0].start_ns <= decodes[0].end_ns <= root.end_ns
+

@@ -27,6 +27,8 @@ def test_layers_stream_as_written_or_go_together_at_the_end(tmp_path, stream):
     (got,) = b.control(Pin(owner="d1", hashes=[h(1)])).slots
     assert bytes(pool(b).slots.layer(got, 2)) == bytes([9]) * GEOMETRY.layer_bytes
     assert b.stats().blocks_received == 1
+    out = a.stats()
+    assert out.peer_layers_out == {"b": 3} and out.peer_bytes_out == {"b": out.bytes_out}  # counted by the node sent to
 
 
 def test_a_corrupted_layer_is_detected_and_the_block_never_shows(tmp_path):

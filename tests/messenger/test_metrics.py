@@ -34,6 +34,13 @@ def test_a_scrape_shows_what_changed_and_nothing_else():
     }
 
 
+def test_what_went_to_each_peer_is_counted_by_peer():
+    samples = page(MessengerStats(node="node-0", peer_layers_out={"node-1": 8, "node-2": 2},
+                                  peer_bytes_out={"node-1": 4096, "node-2": 1024}))
+    assert samples[("yuebing_messenger_peer_bytes_out_total", (("node", "node-0"), ("peer", "node-1")))] == 4096
+    assert samples[("yuebing_messenger_peer_layers_out_total", (("node", "node-0"), ("peer", "node-2")))] == 2
+
+
 def test_every_sample_names_its_node():
     assert {dict(labels)["node"] for _, labels in page(MessengerStats(node="n")).keys()} == {"n"}
 
