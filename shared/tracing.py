@@ -33,10 +33,21 @@ def setup(service: str, endpoint: str, sample: float = 1.0) -> Any:
 
     provider = TracerProvider(resource=Resource.create({"service.name": f"yuebing-{service}"}),
                               sampler=ParentBased(TraceIdRatioBased(sample)))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint.rstrip('/')}/v1/traces",
-                                                                    timeout=5)))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint), timeout=5)))
     trace.set_tracer_provider(provider)
     return provider
+
+
+def traces_url(endpoint: str) -> str:
+    """Where an OTLP/HTTP collector at `endpoint` takes spans."""
+    return f"{endpoint.rstrip('/')}/v1/traces"
+
+
+def engine_settings(role: str) -> dict[str, str]:
+    """What vLLM's own tracing needs to send its `llm_request` span (queue, prefill and
+    decode times, tokens) into the same trace, to the same collector: its protocol
+    and its service name, read from the environment its tracer starts in."""
+    return {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": f"yuebing-{role}-vllm"}
 
 
 def tracer() -> trace.Tracer:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from shared import tracing
 from shared.config import ClusterConfig
 from shared.engine.spin import SPIN_ENV
 from shared.engine.stages import STAGES_ENV
@@ -84,6 +85,8 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
     for key, value in engine_environment(config).items():
         os.environ.setdefault(key, value)
     os.environ[STAGES_ENV] = str(stages)  # read by the stage-buffer plugin in the engine's processes
+    if config.otlp_endpoint:
+        os.environ.update(tracing.engine_settings(role))
     # Imported here: vLLM takes seconds to import, and only engine services need it.
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform
@@ -126,6 +129,8 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
         # Pipeline stages and tensor shards are processes; vLLM's CPU platform insists on them anyway.
         distributed_executor_backend="mp" if stages * config.tensor_parallel_size(role) > 1 else None,
         kv_transfer_config=kv_transfer_config(config, node) if node else None,
+        # vLLM's span of each request, a child of ours when generate passes the trace on.
+        otlp_traces_endpoint=tracing.traces_url(config.otlp_endpoint) if config.otlp_endpoint else None,
     )
     return AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder]), load
 
@@ -178,7 +183,7 @@ def sampling_params(
     )
 
 
-async def generate(
+def generate(
     engine,
     request_id: str,
     prompt_token_ids: list[int],
@@ -191,10 +196,16 @@ async def generate(
 ) -> AsyncIterator[Step]:
     """Run one request; cancelling the consumer aborts it inside the engine.
     `kv_transfer_params` is what the Yuebing connector reads (see shared/kv/connector.py);
-    `produced`, `n` and `prompt_logprobs`: see `sampling_params`. With n > 1, a step an output."""
+    `produced`, `n` and `prompt_logprobs`: see `sampling_params`. With n > 1, a step an output.
+    vLLM's own span of the request is a child of the caller's span now (not of whatever
+    span the first step is awaited in)."""
     params = sampling_params(sampling, max_tokens, kv_transfer_params, produced, n, prompt_logprobs)
-    prompt = {"prompt_token_ids": prompt_token_ids}
-    async for out in engine.generate(prompt, params, request_id):
+    return _steps(engine.generate({"prompt_token_ids": prompt_token_ids}, params, request_id,
+                                  trace_headers=tracing.headers()), params)
+
+
+async def _steps(outputs: AsyncIterator[Any], params: Any) -> AsyncIterator[Step]:
+    async for out in outputs:
         # Only the first output carries them: the prompt's, for every choice.
         prompt_rows = [token_logprobs(d, params.prompt_logprobs) for d in out.prompt_logprobs or () if d is not None]
         for completion in out.outputs:

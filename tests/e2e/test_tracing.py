@@ -31,7 +31,10 @@ def traced(launcher, tmp_path_factory):
             launch.stop()
 
 
-def trace_of(receiver: Receiver, request_id: str, decode_spans: int = 1) -> list[Span]:
+SERVICES = {"yuebing-gateway", "yuebing-conductor", "yuebing-prefill", "yuebing-decode"}
+
+
+def trace_of(receiver: Receiver, request_id: str, decode_spans: int = 1, services: set[str] = SERVICES) -> list[Span]:
     """The spans of the trace whose gateway span carries `request_id`, once every
     service's are in (and `decode_spans` decode.kv_wait spans: one per decode attempt
     whose process lived to send them)."""
@@ -40,10 +43,8 @@ def trace_of(receiver: Receiver, request_id: str, decode_spans: int = 1) -> list
         every = receiver.snapshot()
         roots = [s for s in every if s.name == "gateway.request" and s.attributes.get("yuebing.request_id") == request_id]
         spans = [s for s in every if roots and s.trace_id == roots[0].trace_id]
-        services = {s.service for s in spans}
         waits = sum(s.name == "decode.kv_wait" for s in spans)
-        if {"yuebing-gateway", "yuebing-conductor", "yuebing-prefill", "yuebing-decode"} <= services and \
-                waits >= decode_spans and any(s.name == "decode" for s in spans):
+        if services <= {s.service for s in spans} and waits >= decode_spans and any(s.name == "decode" for s in spans):
             return spans
         time.sleep(0.5)
     raise AssertionError(f"no whole trace for {request_id}: {spans}")
@@ -55,7 +56,8 @@ def test_a_disaggregated_request_is_one_trace_across_the_services_parented_in_ti
         "model": "yuebing-tiny", "max_tokens": 8, "temperature": 0,
         "messages": [{"role": "user", "content": "Tell me about mooncakes. " * 30}]})
     assert reply.status_code == 200
-    spans = trace_of(receiver, reply.headers["x-yuebing-request-id"])
+    engines = {"yuebing-prefill-vllm", "yuebing-decode-vllm"}
+    spans = trace_of(receiver, reply.headers["x-yuebing-request-id"], services=SERVICES | engines)
     by_name = {s.name: s for s in spans}
     root = by_name["gateway.request"]
     ids = {s.span_id for s in spans}
@@ -69,6 +71,11 @@ def test_a_disaggregated_request_is_one_trace_across_the_services_parented_in_ti
                                                                                                      "decode-1"}
     wait = by_name["decode.kv_wait"]  # the decode's wait for the prompt's KV, inside its span
     assert wait.parent_id == decode.span_id and decode.start_ns <= wait.start_ns <= wait.end_ns <= decode.end_ns
+    # vLLM's own span of each engine's share, inside ours.
+    vllm = {s.service: s for s in spans if s.name == "llm_request"}
+    assert vllm.keys() == engines
+    assert vllm["yuebing-prefill-vllm"].parent_id == prefill.span_id
+    assert vllm["yuebing-decode-vllm"].parent_id == decode.span_id
 
 
 def test_a_request_migrated_after_its_decode_died_stays_one_trace(traced):
