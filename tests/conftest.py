@@ -1,6 +1,7 @@
 """Suite-wide order. Two clusters and the reference engine at once do not fit this
 machine's memory (an engine is three processes and ~3.4 GB; with twenty-odd GB in
-use the engines thrashed and every heartbeat missed), so tests run in four groups:
+use the engines thrashed and every heartbeat missed), so tests run in four groups
+(the reference engine, one engine, lives through the session):
 
 0. everything that starts no cluster;
 1. the tests on the session's shared cluster (tests/e2e/conftest.py);

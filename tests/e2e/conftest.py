@@ -131,11 +131,11 @@ def launch(model_dir: Path, tmp: Path, *flags: str) -> Launch:
     return Launch(proc, tmp / "ready.json", log)
 
 
-# What stops the shared cluster and the reference engine, run as soon as the last test
-# that uses them has ended (tests/conftest.py orders the suite so that this is before
-# the tests that start clusters of their own), not at the session's end.
+# What stops the shared cluster, run as soon as the last test that uses it has ended
+# (tests/conftest.py orders the suite so that this is before the tests that start
+# clusters of their own), not at the session's end.
 RELEASE = pytest.StashKey[list]()
-LAST_SHARED = pytest.StashKey[str]()  # the node id of the last test that uses them
+LAST_SHARED = pytest.StashKey[str]()  # the node id of the last test that uses it
 
 
 @pytest.hookimpl(trylast=True)  # after tests/conftest.py has put the suite in order
@@ -223,9 +223,9 @@ def cluster(cluster_process) -> Cluster:
 
 
 @pytest.fixture(scope="session")
-def reference(model_dir, cluster_process, request) -> Reference:
+def reference(model_dir) -> Reference:
+    """Kept for the whole session: the tests of clusters of their own compare with it too."""
     ref = Reference(model_dir)
-    request.config.stash.setdefault(RELEASE, []).append(ref.close)
     yield ref
     ref.close()
 
