@@ -43,11 +43,9 @@ def traces_url(endpoint: str) -> str:
     return f"{endpoint.rstrip('/')}/v1/traces"
 
 
-def engine_settings(role: str) -> dict[str, str]:
-    """What vLLM's own tracing needs to send its `llm_request` span (queue, prefill and
-    decode times, tokens) into the same trace, to the same collector: its protocol
-    and its service name, read from the environment its tracer starts in."""
-    return {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": f"yuebing-{role}-vllm"}
+# vLLM's own tracing (its `llm_request` span: queue, prefill and decode times, tokens)
+# speaks OTLP over gRPC unless its environment says otherwise; ours is OTLP/HTTP.
+ENGINE_ENVIRONMENT = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
 
 
 def tracer() -> trace.Tracer:

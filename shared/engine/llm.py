@@ -86,7 +86,7 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
         os.environ.setdefault(key, value)
     os.environ[STAGES_ENV] = str(stages)  # read by the stage-buffer plugin in the engine's processes
     if config.otlp_endpoint:
-        os.environ.update(tracing.engine_settings(role))
+        os.environ.update(tracing.ENGINE_ENVIRONMENT)
     # Imported here: vLLM takes seconds to import, and only engine services need it.
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform

@@ -34,17 +34,18 @@ def traced(launcher, tmp_path_factory):
 SERVICES = {"yuebing-gateway", "yuebing-conductor", "yuebing-prefill", "yuebing-decode"}
 
 
-def trace_of(receiver: Receiver, request_id: str, decode_spans: int = 1, services: set[str] = SERVICES) -> list[Span]:
+def trace_of(receiver: Receiver, request_id: str) -> list[Span]:
     """The spans of the trace whose gateway span carries `request_id`, once every
-    service's are in (and `decode_spans` decode.kv_wait spans: one per decode attempt
-    whose process lived to send them)."""
+    service's are in: the decode span with its wait for KV, and vLLM's span of each
+    engine's share (a decode instance killed mid-stream takes its own to its grave)."""
     deadline, spans = time.monotonic() + DEADLINE_S, []
     while time.monotonic() < deadline:
         every = receiver.snapshot()
         roots = [s for s in every if s.name == "gateway.request" and s.attributes.get("yuebing.request_id") == request_id]
         spans = [s for s in every if roots and s.trace_id == roots[0].trace_id]
-        waits = sum(s.name == "decode.kv_wait" for s in spans)
-        if services <= {s.service for s in spans} and waits >= decode_spans and any(s.name == "decode" for s in spans):
+        names = [s.name for s in spans]
+        if SERVICES <= {s.service for s in spans} and "decode" in names and "decode.kv_wait" in names \
+                and names.count("llm_request") >= 2:
             return spans
         time.sleep(0.5)
     raise AssertionError(f"no whole trace for {request_id}: {spans}")
@@ -56,8 +57,7 @@ def test_a_disaggregated_request_is_one_trace_across_the_services_parented_in_ti
         "model": "yuebing-tiny", "max_tokens": 8, "temperature": 0,
         "messages": [{"role": "user", "content": "Tell me about mooncakes. " * 30}]})
     assert reply.status_code == 200
-    engines = {"yuebing-prefill-vllm", "yuebing-decode-vllm"}
-    spans = trace_of(receiver, reply.headers["x-yuebing-request-id"], services=SERVICES | engines)
+    spans = trace_of(receiver, reply.headers["x-yuebing-request-id"])
     by_name = {s.name: s for s in spans}
     root = by_name["gateway.request"]
     ids = {s.span_id for s in spans}
@@ -71,11 +71,12 @@ def test_a_disaggregated_request_is_one_trace_across_the_services_parented_in_ti
                                                                                                      "decode-1"}
     wait = by_name["decode.kv_wait"]  # the decode's wait for the prompt's KV, inside its span
     assert wait.parent_id == decode.span_id and decode.start_ns <= wait.start_ns <= wait.end_ns <= decode.end_ns
-    # vLLM's own span of each engine's share, inside ours.
+    # vLLM's own span of each engine's share, inside ours, with its times.
     vllm = {s.service: s for s in spans if s.name == "llm_request"}
-    assert vllm.keys() == engines
-    assert vllm["yuebing-prefill-vllm"].parent_id == prefill.span_id
-    assert vllm["yuebing-decode-vllm"].parent_id == decode.span_id
+    assert vllm.keys() == {"yuebing-prefill", "yuebing-decode"}
+    assert vllm["yuebing-prefill"].parent_id == prefill.span_id
+    assert vllm["yuebing-decode"].parent_id == decode.span_id
+    assert vllm["yuebing-decode"].attributes["gen_ai.latency.e2e"] > 0
 
 
 def test_a_request_migrated_after_its_decode_died_stays_one_trace(traced):
@@ -94,7 +95,7 @@ def test_a_request_migrated_after_its_decode_died_stays_one_trace(traced):
                                      if e.get("request_id") == request_id], bool, "the request's placement logged")
         killed = placed[-1]
         os.kill(cluster.pids[killed], signal.SIGKILL)
-        assert list(lines)[-1] == "data: [DONE]"  # finished on the other decode instance
+        assert [line for line in lines if line][-1] == "data: [DONE]"  # finished on the other decode instance
     spans = trace_of(receiver, request_id)
     ids = {s.span_id for s in spans}
     root = next(s for s in spans if s.name == "gateway.request")

@@ -56,9 +56,15 @@ class Receiver(ThreadingHTTPServer):
 
 def _span(resource_spans, s) -> Span:
     service = next((a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"), "")
-    attributes = {a.key: a.value.string_value or a.value.int_value or a.value.bool_value for a in s.attributes}
+    attributes = {a.key: _value(a.value) for a in s.attributes}
     return Span(service, s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.start_time_unix_nano,
                 s.end_time_unix_nano, attributes)
+
+
+def _value(value):
+    """An attribute's value, whichever of OTLP's scalar kinds it is."""
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind in ("string_value", "int_value", "bool_value", "double_value") else None
 
 
 class _Handler(BaseHTTPRequestHandler):
