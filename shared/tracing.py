@@ -75,6 +75,16 @@ def continued(carrier: Mapping[str, str] | None) -> Iterator[None]:
         context.detach(token)
 
 
+def started(name: str, request_id: str, carrier: Mapping[str, str], **attributes: Any) -> trace.Span | None:
+    """A span of the trace `carrier` names, begun now and ended by the caller (one
+    that outlives any call: a push from its first reservation to its release); None
+    without a trace."""
+    if "traceparent" not in carrier:
+        return None
+    return tracer().start_span(name, context=propagate.extract(dict(carrier)),
+                               attributes={"yuebing.request_id": request_id, **attributes})
+
+
 @contextmanager
 def span(name: str, request_id: str, **attributes: Any) -> Iterator[trace.Span]:
     """A span of this request's trace, with its id (and `attributes`) on it."""

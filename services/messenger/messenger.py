@@ -11,15 +11,29 @@ peers that stopped beating.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import msgspec
 import structlog
 
 from services.messenger.node import Faults, Node, SecurityStats, Upkeep
 from services.messenger.node_pool import NodePool, PoolOptions, SsdRead, Unattached
+from services.messenger.pushes import Pushes
 from services.messenger.transport import Transport
 from shared.kv.pool_file import PoolFile
-from shared.kv.wire import Bye, Control, Hello, LayerFrame, Note, Release, Renew, Reply, frame_decoder, pool_path
+from shared.kv.wire import (
+    Bye,
+    Control,
+    Hello,
+    LayerFrame,
+    Note,
+    Release,
+    Renew,
+    Reply,
+    Reserve,
+    frame_decoder,
+    pool_path,
+)
 from shared.messages import KvSnapshot, MessengerAck, MessengerStats
 from shared.private_file import private_dir
 
@@ -36,6 +50,7 @@ class Messenger:
         file = PoolFile(pool_path(kv_dir, node), options.pool_bytes, create=True)
         self.pool: Unattached | NodePool = Unattached(file, options, self.node)
         self._placed: tuple[bytes, LayerFrame | None] = (b"", None)  # the last header placed, decoded
+        self.pushes = Pushes(node)  # trace spans of requests' pushes to other nodes
         transport.attach(file.view, self.place)
         log.info("pool file created", path=str(file.path), pool_bytes=options.pool_bytes)
 
@@ -51,11 +66,14 @@ class Messenger:
                 self.pool = self.pool.attach(message)
             except ValueError as e:  # no block of this geometry fits in pool_bytes
                 return Reply(ok=False, error=str(e))
+        if isinstance(message, Reserve):
+            self.pushes.reserved(message, time.monotonic())
         return self.pool.control(message)
 
     def note(self, note: Note) -> None:
         if isinstance(note, Release):
             self.pool.release(note.owner)
+            self.pushes.released(note.owner)
         elif isinstance(note, Renew):
             self.pool.renew(note)
         elif isinstance(note, Bye):
@@ -66,6 +84,7 @@ class Messenger:
     def upkeep(self, now: float) -> None:
         """Release lapsed pins and close quiet peers (`now`: time.monotonic())."""
         self.pool.expire(now)
+        self.pushes.expire(now)
         self.node.forget_quiet(now, self.peer_forget_s)
 
     def ssd_reads(self, owner: str, hashes: list[bytes]) -> list[SsdRead]:

@@ -92,6 +92,8 @@ class Prefiller(Handler):
         layer to decode's node, and wait for the blocks a pull brings first."""
         placement = req.placement
         params: dict[str, Any] = {"kv_dest": placement.decode_node, "kv_hashes": req.block_hashes}
+        if trace := tracing.headers():  # the messenger's span of the push joins the request's trace
+            params["kv_trace"] = trace
         if placement.pull_from and placement.pull_blocks and req.sampling.prompt_logprobs is None:
             pulled = await self._pull(req)
             if pulled:  # wait for them (never past the deadline), then compute the rest

@@ -11,7 +11,7 @@ become a `Tracked`: a `Send` for `kv_dest`, a `Wait` for incoming `kv_blocks`, o
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shared.block_hash import block_hashes
@@ -23,6 +23,9 @@ KV_DEST = "kv_dest"
 KV_BLOCKS = "kv_blocks"
 KV_WAIT_S = "kv_wait_s"
 KV_HASHES = "kv_hashes"  # the prompt's block hashes (hex) as the gateway computed them
+KV_TRACE = "kv_trace"  # the request's trace context (W3C headers): the messenger's push span joins it
+TRACE_KEYS = ("traceparent", "tracestate")
+TRACE_VALUE_CHARS = 512  # W3C caps tracestate at 512 characters
 DEFAULT_WAIT_S = 2.0
 
 
@@ -31,6 +34,7 @@ class Send:
     """Prefill: save every full prompt block into the node pool, streamed to `kv_dest`."""
 
     kv_dest: str  # "" or this node: kept in the node pool only
+    trace: dict[str, str] = field(default_factory=dict)  # the request's trace context, for the messenger
     saved: int = 0  # leading blocks handed to the pool so far
     kv_blocks: int = 0  # leading blocks the pool took: on their way to kv_dest
 
@@ -102,11 +106,18 @@ def track(
         return None
     t = Tracked(hashes=prompt_hashes(params, prompt, block_size, salt), seen_at=now)
     if KV_DEST in params:
-        t.send = Send(kv_dest=str(params[KV_DEST]))
+        t.send = Send(kv_dest=str(params[KV_DEST]), trace=trace_context(params.get(KV_TRACE)))
     if KV_BLOCKS in params:
         wait_s = float(params.get(KV_WAIT_S, DEFAULT_WAIT_S))
         t.wait = Wait(kv_blocks=min(int(params[KV_BLOCKS]), len(t.hashes)), until=now + wait_s)
     return t
+
+
+def trace_context(given: Any) -> dict[str, str]:
+    """The W3C trace headers a request carries, and nothing else (it is passed on)."""
+    if not isinstance(given, Mapping):
+        return {}
+    return {k: v for k in TRACE_KEYS if isinstance(v := given.get(k), str) and len(v) <= TRACE_VALUE_CHARS}
 
 
 def prompt_hashes(params: Mapping[str, Any], prompt: list[int], block_size: int, salt: bytes) -> list[bytes]:

@@ -136,7 +136,8 @@ class ConnectorScheduler:
         start = t.send.saved
         block_ids = self.kv_cache_manager.get_block_ids(req_id)[0][start:done]
         # No messenger: nothing to save into, and decode computes these blocks.
-        reserve = Reserve(owner=req_id, hashes=t.hashes[start:done], dest=t.send.kv_dest, engine=self.engine)
+        reserve = Reserve(owner=req_id, hashes=t.hashes[start:done], dest=t.send.kv_dest, engine=self.engine,
+                          trace=t.send.trace if start == 0 else {})
         slots = self._slots(reserve) if self.follower.alive else None
         return take_reserved(t.send, done, list(block_ids), reserve.hashes, slots)
 

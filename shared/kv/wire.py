@@ -74,6 +74,7 @@ class Reserve(msgspec.Struct, tag="reserve", kw_only=True):
     hashes: list[bytes]
     dest: str = ""
     engine: str = ""
+    trace: dict[str, str] = {}  # the request's trace context (its first reservation): the push span joins it
 
 
 class Pin(msgspec.Struct, tag="pin", kw_only=True):

@@ -1,7 +1,8 @@
 """One OpenTelemetry trace per request: a cluster with `--otlp-endpoint` sends its
 spans to an OTLP/HTTP receiver this test runs, and one disaggregated request yields
-one trace with spans from the gateway, the Conductor, prefill and decode, each
-parented inside it and in time order. A request whose decode instance dies mid-stream
+one trace with spans from the gateway, the Conductor, prefill, the messengers
+(the push of the prompt's KV to decode's node) and decode, each parented inside it
+and in time order. A request whose decode instance dies mid-stream
 stays one trace: its continuation on the other decode instance is in it."""
 
 from __future__ import annotations
@@ -31,20 +32,21 @@ def traced(launcher, tmp_path_factory):
             launch.stop()
 
 
-SERVICES = {"yuebing-gateway", "yuebing-conductor", "yuebing-prefill", "yuebing-decode"}
+SERVICES = {"yuebing-gateway", "yuebing-conductor", "yuebing-prefill", "yuebing-messenger", "yuebing-decode"}
 
 
 def trace_of(receiver: Receiver, request_id: str) -> list[Span]:
     """The spans of the trace whose gateway span carries `request_id`, once every
-    service's are in: the decode span with its wait for KV, and vLLM's span of each
-    engine's share (a decode instance killed mid-stream takes its own to its grave)."""
+    service's are in: the prefill node's messenger's push, the decode span with its
+    wait for KV, and vLLM's span of each engine's share (a decode instance killed
+    mid-stream takes its own to its grave)."""
     deadline, spans = time.monotonic() + DEADLINE_S, []
     while time.monotonic() < deadline:
         every = receiver.snapshot()
         roots = [s for s in every if s.name == "gateway.request" and s.attributes.get("yuebing.request_id") == request_id]
         spans = [s for s in every if roots and s.trace_id == roots[0].trace_id]
         names = [s.name for s in spans]
-        if SERVICES <= {s.service for s in spans} and "decode" in names and "decode.kv_wait" in names \
+        if SERVICES <= {s.service for s in spans} and {"decode", "decode.kv_wait", "messenger.push"} <= set(names) \
                 and names.count("llm_request") >= 2:
             return spans
         time.sleep(0.5)
@@ -71,6 +73,10 @@ def test_a_disaggregated_request_is_one_trace_across_the_services_parented_in_ti
                                                                                                      "decode-1"}
     wait = by_name["decode.kv_wait"]  # the decode's wait for the prompt's KV, inside its span
     assert wait.parent_id == decode.span_id and decode.start_ns <= wait.start_ns <= wait.end_ns <= decode.end_ns
+    # The prompt's KV, layer by layer from prefill's node to decode's, inside prefill.
+    push = by_name["messenger.push"]
+    assert push.service == "yuebing-messenger" and push.parent_id == prefill.span_id
+    assert push.attributes["to_node"] != push.attributes["node"] and prefill.start_ns <= push.start_ns <= decode.end_ns
     # vLLM's own span of each engine's share, inside ours, with its times.
     vllm = {s.service: s for s in spans if s.name == "llm_request"}
     assert vllm.keys() == {"yuebing-prefill", "yuebing-decode"}

@@ -183,7 +183,8 @@ class ModeResult:
     name: str  # "colocated", "conditional/mooncake", PLAIN_VLLM
     search: Search
     deaths: int = 0  # processes the launcher reported dead during the mode's run
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what went wrong: any makes the command fail
+    spans: int | None = None  # the traced setup: spans its receiver took
 
 
 # --- pure: attainment, the search, the ratios, the table -------------------------
@@ -304,7 +305,7 @@ def to_json(results: Sequence[ModeResult], spec: GoodputSpec, base_rps: float) -
         "modes": [{"name": r.name, "capacity_rps": r.search.capacity_rps,
                    "capacity_speed": r.search.capacity_rps / base_rps if base_rps else 0.0,
                    "ratio_to_colocated": ratio(r.search.capacity_rps, colocated), "deaths": r.deaths,
-                   "notes": r.notes, "at_capacity": dataclasses.asdict(r.search.at_capacity)
+                   "notes": r.notes, "spans": r.spans, "at_capacity": dataclasses.asdict(r.search.at_capacity)
                    if r.search.at_capacity else None,
                    "probes": [dataclasses.asdict(p) for p in r.search.probes]} for r in results],
     }
@@ -501,9 +502,7 @@ def run_mode(driver: Driver, work: Path, model: Path, mode: str) -> ModeResult:
             found = driver.measure(name, [url])
     died = deaths(work / f"{mode}.log")
     notes = [f"{died} processes died (see {work / mode}.log)"] if died else []
-    if spans is not None:
-        notes.append(f"{spans.count} spans received")
-    return ModeResult(name, found, died, notes)
+    return ModeResult(name, found, died, notes, spans.count if spans is not None else None)
 
 
 @contextmanager

@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         for note in r.notes:
             print(f"{r.name}: {note}")
+        if r.spans is not None:
+            print(f"{r.name}: {r.spans} spans received")
     write_json(to_json(results, spec, base), args.json)
     if args.plot:
         print("wrote", plot(results, spec.target, Path(args.plot)))

@@ -106,6 +106,17 @@ def test_prefill_saves_what_each_step_completes_and_reports_the_run_sent():
     assert messenger.notes == [Renew(engine="e", owners=["r"]), Release(owner="r")]
 
 
+def test_the_first_reservation_carries_the_requests_trace_context_and_nothing_else():
+    messenger = Messenger(reserved=[5, 6])
+    s = scheduler(messenger)
+    trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "baggage": "x" * 9}
+    s.on_new_request(request(kv_dest="d", kv_trace=trace))
+    s.get_num_new_matched_tokens(request(), 0)
+    s.update_state_after_alloc(request(), allocated([100, 101, 102, 103]), num_external_tokens=0)
+    s.build_connector_meta(step(0, 8))
+    assert [c.trace for c in messenger.calls] == [{"traceparent": trace["traceparent"]}]  # W3C headers only
+
+
 def test_running_requests_renew_their_pins_each_step_at_most_every_quarter_lease(monkeypatch):
     messenger = Messenger(lease_s=2.0)  # renewals every 0.5 s at most
     s = scheduler(messenger)
