@@ -206,7 +206,9 @@ def test_the_default_mode_is_a_cluster_with_no_mode_flag():
     assert "--mode" not in planner and "--planner" in planner
     traced = goodput.cluster_flags(GoodputSpec(modes="traced"), Path("/m/tiny"), "traced", "http://127.0.0.1:4318")
     assert "--mode" not in traced and traced[traced.index("--otlp-endpoint") + 1] == "http://127.0.0.1:4318"
-    assert "--otlp-endpoint" not in flags  # only the traced setup sends spans anywhere
+    assert "--otlp-endpoint" not in flags  # only the traced setups send spans anywhere
+    sampled = goodput.cluster_flags(GoodputSpec(modes="sampled"), Path("/m/tiny"), "sampled", "http://127.0.0.1:4318")
+    assert sampled[sampled.index("--otlp-sample") + 1] == "0.1" and "--mode" not in sampled
 
 
 def test_fixed_rates_are_probed_in_order_and_tabled_against_plain_vllm():

@@ -44,8 +44,10 @@ if TYPE_CHECKING:
 
 # "default": `yuebing up` with no --mode flag, as a new user runs it; "planner": the
 # same with --planner (roles that follow the load); "traced": the same with every
-# process sending its spans to a receiver the bench runs (what tracing costs).
-MODES = ("default", "planner", "traced", "colocated", "disaggregated", "conditional")
+# process sending its spans to a receiver the bench runs (what tracing costs);
+# "sampled": the same tracing a tenth of the requests (--otlp-sample 0.1).
+MODES = ("default", "planner", "traced", "sampled", "colocated", "disaggregated", "conditional")
+TRACED = {"traced": ["--otlp-sample", "1"], "sampled": ["--otlp-sample", "0.1"]}  # setups that send spans
 DEFAULT_MODES = ("colocated", "disaggregated", "conditional")
 CLIENTS = ("yuebing", "aiperf")
 TBT_STATS = ("tail", "mean")
@@ -385,8 +387,9 @@ def cluster_flags(spec: GoodputSpec, model: Path, mode: str, otlp_endpoint: str 
     """`yuebing up`'s flags for one mode: one prefill + one decode (colocated: as many
     colocated instances), the bench's SLOs, then `up_flags`."""
     rule = ["--conditional-rule", spec.conditional_rule] if mode == "conditional" else []
-    chosen = {"default": [], "planner": ["--planner"], "traced": ["--otlp-endpoint", otlp_endpoint]}.get(
-        mode, ["--mode", mode])
+    chosen = {"default": [], "planner": ["--planner"]}.get(mode, ["--mode", mode])
+    if mode in TRACED:
+        chosen = ["--otlp-endpoint", otlp_endpoint, *TRACED[mode]]
     return ["--model", str(model), "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype,
             "--prefill", "1", "--decode", "1", *chosen, *rule, "--slo-ttft-ms", f"{spec.slo_ttft_ms:g}",
             "--slo-tbt-ms", f"{spec.slo_tbt_ms:g}", *shlex.split(spec.up_flags)]
@@ -495,7 +498,7 @@ def run_mode(driver: Driver, work: Path, model: Path, mode: str) -> ModeResult:
     from yuebing.launcher import up_launcher
 
     name = mode_name(mode, driver.spec)
-    with receiving(keep=False) if mode == "traced" else nullcontext() as spans:
+    with receiving(keep=False) if mode in TRACED else nullcontext() as spans:
         flags = cluster_flags(driver.spec, model, mode, spans.endpoint if spans else "")
         driver.say(f"{name}: yuebing up {' '.join(flags)}")
         with up_launcher(work, mode, *flags) as (url, _launcher):
