@@ -49,6 +49,7 @@ def engine_environment(config: ClusterConfig) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         # Read by limit_idle_spin in every vLLM process (our vLLM plugin runs it there).
         SPIN_ENV: str(config.engine_spin_s),
+        **(tracing.ENGINE_ENVIRONMENT if config.otlp_endpoint else {}),
     }
 
 
@@ -85,8 +86,6 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
     for key, value in engine_environment(config).items():
         os.environ.setdefault(key, value)
     os.environ[STAGES_ENV] = str(stages)  # read by the stage-buffer plugin in the engine's processes
-    if config.otlp_endpoint:
-        os.environ.update(tracing.ENGINE_ENVIRONMENT)
     # Imported here: vLLM takes seconds to import, and only engine services need it.
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform
