@@ -59,12 +59,18 @@ def _meminfo(field: str, meminfo: Path) -> int | None:
     return None
 
 
+def cpu_cluster_bytes(cpu_engines: int, kv_cache_gib: int, nodes: int, pool_bytes: int,
+                      process_bytes: int = 0) -> int:
+    """Memory CPU engines (KV caches, and `process_bytes` each beyond) and node pools take."""
+    return cpu_engines * (kv_cache_gib * GIB + process_bytes) + nodes * pool_bytes
+
+
 def memory_warning(cpu_engines: int, kv_cache_gib: int, nodes: int, pool_bytes: int,
                    available: int | None) -> str | None:
     """A cluster that fits the machine but not what is free now starts, and then its
     engines thrash: every process stalls, heartbeats go missing and requests time out.
     Said before anything starts, since the symptoms later point everywhere but here."""
-    needed = cpu_engines * (kv_cache_gib * GIB + ENGINE_PROCESS_BYTES) + nodes * pool_bytes
+    needed = cpu_cluster_bytes(cpu_engines, kv_cache_gib, nodes, pool_bytes, ENGINE_PROCESS_BYTES)
     if available is None or needed <= available:
         return None
     return (f"{cpu_engines} CPU engines need about {needed / GIB:.1f} GiB and {available / GIB:.1f} GiB is free: "
@@ -78,7 +84,7 @@ def refuse_oversized_memory(cpu_engines: int, kv_cache_gib: int, nodes: int, poo
     only the bound nothing can exceed, not a promise that what fits runs well.)"""
     if total is None:
         return
-    needed = cpu_engines * kv_cache_gib * GIB + nodes * pool_bytes
+    needed = cpu_cluster_bytes(cpu_engines, kv_cache_gib, nodes, pool_bytes)
     if needed > total:
         raise ValueError(
             f"{cpu_engines} CPU engines × --kv-cache-gib {kv_cache_gib} plus {nodes} node pool{'s' * (nodes != 1)} × "

@@ -238,16 +238,13 @@ def _instance_metrics() -> str:
 
 def _connector_metrics() -> list[tuple[str, str, list[str], str]]:
     """The KV connector's families, which vLLM's stat logger registers with its own labels."""
-    from types import SimpleNamespace
-
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client import CollectorRegistry
 
     from shared.engine.metrics import INSTANCE_LABEL
-    from shared.kv.stats import KVPromMetrics
+    from shared.kv.stats import families_in
 
     registry = CollectorRegistry()
-    kinds = {kind: (lambda kind=kind, **kw: kind(registry=registry, **kw)) for kind in (Counter, Gauge, Histogram)}
-    KVPromMetrics(SimpleNamespace(kv_transfer_config=None), kinds, ["model_name", "engine"], {0: ["m", "0"]})
+    families_in(registry, ["model_name", "engine"], {0: ["m", "0"]})
     return [(c._name, c._type, [*c._labelnames, INSTANCE_LABEL], c._documentation)
             for c in registry._collector_to_names]
 

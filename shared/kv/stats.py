@@ -9,9 +9,10 @@ Counts are of the step, or since the scheduler half last gave them: each half
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 COUNTERS = ("saved_blocks", "saved_bytes", "loaded_blocks", "loaded_bytes")
@@ -43,10 +44,13 @@ class Counts:
         self.data[name].append(seconds)
 
     def take(self) -> KVStats | None:
-        """The counts (None if nothing happened), and zero again."""
+        """The counts, and zero again; None if nothing happened (most steps: nothing
+        is allocated then)."""
         stats = KVStats(self.data)
+        if stats.is_empty():
+            return None
         self.data = empty()
-        return None if stats.is_empty() else stats
+        return stats
 
 
 @dataclass
@@ -121,6 +125,14 @@ class KVPromMetrics(KVConnectorPromMetrics):
         for name, children in self.timings.items():
             for seconds in transfer_stats_data.get(name, ()):
                 children[engine_idx].observe(seconds)
+
+
+def families_in(registry: CollectorRegistry, labelnames: list[str],
+                per_engine_labelvalues: dict[int, list[object]]) -> KVPromMetrics:
+    """The connector's families registered in `registry` rather than the process's
+    (the metrics reference lists them; tests read them)."""
+    kinds = {kind: (lambda kind=kind, **kw: kind(registry=registry, **kw)) for kind in (Counter, Gauge, Histogram)}
+    return KVPromMetrics(SimpleNamespace(kv_transfer_config=None), kinds, labelnames, per_engine_labelvalues)
 
 
 def forget_earlier_families() -> None:

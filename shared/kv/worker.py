@@ -182,7 +182,7 @@ class ConnectorWorker:
         layer = self.layer_ids[index]
         block_ids, slots, hashes = self._saves_of(meta.saves)
         self.counts.add("saved_bytes", len(slots) * pool.slots.geometry.layer_bytes)
-        if layer == 0 and self.counts_blocks:
+        if layer == 0:  # the model's first layer, rank 0: one worker counts the blocks
             self.counts.add("saved_blocks", len(slots))
         self._saved_this_step = True
 

@@ -131,10 +131,10 @@ def launch(model_dir: Path, tmp: Path, *flags: str) -> Launch:
     return Launch(proc, tmp / "ready.json", log)
 
 
-# What stops the shared cluster, run as soon as the last test that uses it has ended
+# The shared cluster, stopped as soon as the last test that uses it has ended
 # (tests/conftest.py orders the suite so that this is before the tests that start
 # clusters of their own), not at the session's end.
-RELEASE = pytest.StashKey[list]()
+SHARED = pytest.StashKey[Launch]()
 LAST_SHARED = pytest.StashKey[str]()  # the node id of the last test that uses it
 
 
@@ -147,9 +147,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield
-    if item.nodeid == item.config.stash.get(LAST_SHARED, None):
-        for release in reversed(item.config.stash.get(RELEASE, [])):
-            release()
+    shared = item.config.stash.get(SHARED, None)
+    if shared is not None and item.nodeid == item.config.stash.get(LAST_SHARED, None):
+        shared.stop()
 
 
 @pytest.fixture(scope="session")
@@ -166,7 +166,7 @@ def cluster_process(model_dir, tmp_path_factory, request):
         "--fault-injection",  # tests/e2e/test_transfer.py arms the messengers' fault switches
         "--tool-call-parser", TOOL_CALL_PARSER,
     )
-    request.config.stash.setdefault(RELEASE, []).append(started.stop)
+    request.config.stash[SHARED] = started
     yield started
     started.stop()
 

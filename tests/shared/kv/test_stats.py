@@ -3,11 +3,9 @@ worker's, then the scheduler half's), and recorded into Prometheus families."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from prometheus_client import CollectorRegistry
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from shared.kv.stats import Counts, KVPromMetrics, KVStats
+from shared.kv.stats import Counts, KVStats, families_in
 
 
 def test_counts_are_taken_once_and_nothing_is_none():
@@ -36,9 +34,7 @@ def test_two_workers_and_the_scheduler_half_add_up():
 
 def test_prometheus_families_get_each_engines_counts():
     registry = CollectorRegistry()
-    kinds = {kind: (lambda kind=kind, **kw: kind(registry=registry, **kw)) for kind in (Counter, Gauge, Histogram)}
-    metrics = KVPromMetrics(SimpleNamespace(kv_transfer_config=None), kinds, ["model_name", "engine"],
-                            {0: ["m", "0"]})
+    metrics = families_in(registry, ["model_name", "engine"], {0: ["m", "0"]})
     counts = Counts()
     counts.add("loaded_blocks", 4)
     counts.failed("copy_failed", 1)
