@@ -18,6 +18,9 @@ from msgspec import Meta
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vLLM's ModelDType: what its engines take
 REQUEST_TIMEOUT_S = 300.0  # a request's deadline, from the gateway on (the simulator's clients too)
+# Instances a scoring policy scores per role beyond the prompt's prefix holders: the least
+# loaded few (services/conductor/state.py). The live Conductor's and the simulator's default.
+SHORTLIST = 8
 
 
 class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -146,6 +149,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     planner: Annotated[
         bool, Meta(description="move engine instances between prefill and decode as the load shifts (the planner)")
     ] = False
+    shortlist: Annotated[int, Meta(
+        description="instances the policy scores per role beyond the prefix holders: the least loaded few "
+                    "(0: every instance)")] = SHORTLIST
     index_capacity_blocks: Annotated[
         int, Meta(description="blocks the Conductor assumes each prefill engine's prefix cache holds")
     ] = 2048
@@ -259,6 +265,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.decode_chunk_tokens and not self.block_size <= self.decode_chunk_tokens <= most:
             raise ValueError(f"decode_chunk_tokens must be 0 (sized to the TBT SLO) or from a block ({self.block_size}) "
                              f"to step_tokens and max_model_len ({most}), got {self.decode_chunk_tokens}")
+        if self.shortlist < 0:
+            raise ValueError("shortlist cannot be negative (0: every instance scored)")
         if self.index_capacity_blocks <= 0:
             raise ValueError("index_capacity_blocks must be positive")
         if self.pool_bytes <= 0 or self.ssd_bytes < 0:

@@ -113,7 +113,7 @@ class Conductor:
         self.config = config
         predictor = load_predictor(profile_path(config))
         params = Params(block_size=config.block_size, decode_time_s=config.decode_time_s,
-                        learn_decode_time=config.learn_decode_time)
+                        learn_decode_time=config.learn_decode_time, shortlist=config.shortlist)
         self.scheduler = Scheduler(config.policy, config.admission, predictor, params)
         self.state = ClusterState(predictor, params, PrefixIndex(config.index_capacity_blocks),
                                   calibration_z=quantile_z(config.slo_attainment) if config.calibrate_time_model else None)
@@ -232,7 +232,7 @@ class Conductor:
             slo_tbt_s=(ask.slo_tbt_ms or self.config.slo_tbt_ms) / 1e3,
             avoid=frozenset(ask.avoid),
         )
-        view = self._view(ask.block_hashes, now)
+        view = self._view(ask.block_hashes, now, self.scheduler.shortlist, req.avoid)
         if ask.stage == "decode":
             return self._schedule_decode(req, ask, view, now)
         reply = self._schedule_new(req, ask, view, now)
@@ -410,17 +410,19 @@ class Conductor:
     def engines(self, now: float) -> list[Heartbeat]:
         return [*self.registry.alive("prefill", now), *self.registry.alive("decode", now)]
 
-    def _view(self, hashes: list[str], now: float) -> View:
+    def _view(self, hashes: list[str], now: float, shortlist: int = 0, avoid: frozenset[str] = frozenset()) -> View:
         """The live instances' loads for a request with these block hashes, each
-        instance in the role it serves now (roles.py: a moving one in neither)."""
+        instance in the role it serves now (roles.py: a moving one in neither): all
+        of them, or the policy's shortlist among those the request does not avoid."""
         engines = self.engines(now)
         prefill_nodes = {hb.instance_id: hb.node for hb in engines if self.roles.of(hb) == "prefill"}
         live_decode = {hb.instance_id: hb for hb in engines if self.roles.of(hb) == "decode"}
         node_prefix = self.pools.prefix_blocks(hashes, set(self.messenger_nodes.values()))
         pool_prefix = {iid: node_prefix.get(node, 0) for iid, node in prefill_nodes.items()}
-        prefills = [x for x in self.state.prefill_loads(hashes, now, pool_prefix) if x.instance_id in prefill_nodes]
-        decodes = [self._as_reported(x, live_decode[x.instance_id]) for x in self.state.decode_loads(now)
-                   if x.instance_id in live_decode]
+        prefills = self.state.prefill_loads(hashes, now, pool_prefix, shortlist,
+                                            skip=lambda iid: iid not in prefill_nodes or iid in avoid)
+        decodes = [self._as_reported(x, live_decode[x.instance_id]) for x in self.state.decode_loads(
+            now, shortlist, skip=lambda iid: iid not in live_decode or iid in avoid)]
         decode_nodes = {iid: hb.node for iid, hb in live_decode.items()}
         return View(prefills, decodes, prefill_nodes, decode_nodes, node_prefix)
 

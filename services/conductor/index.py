@@ -22,20 +22,37 @@ BlockId = Hashable
 POOL_NODE_BLOCKS = 1 << 20  # blocks indexed per node at most (ClusterConfig.pool_index_node_blocks)
 
 
-def leading_runs(hashes: Sequence[BlockId], holders: Mapping[BlockId, Collection[str]], candidates: Iterable[str]) -> dict[str, int]:
+def leading_runs(
+    hashes: Sequence[BlockId], holders: Mapping[BlockId, Collection[str]], candidates: Iterable[str] | None = None,
+) -> dict[str, int]:
     """For each candidate, how many leading blocks of `hashes` it holds, given each
-    block's holders. One pass over the blocks for all candidates at once (its cost
-    grows with the holders, not with the instances: `shared/kv/leading.py` per
-    candidate measured 10 % fewer decisions/s in `yuebing bench conductor`)."""
-    result = dict.fromkeys(candidates, 0)
-    alive = set(result)
-    for depth, h in enumerate(hashes):
-        alive.intersection_update(holders.get(h, ()))
-        if not alive:
-            break
-        for c in alive:
-            result[c] = depth + 1
+    block's holders; with no candidates, for each holder of the first block only."""
+    result: dict[str, int] = {} if candidates is None else dict.fromkeys(candidates, 0)
+    for depth, ids in runs_by_depth(hashes, holders, None if candidates is None else result):
+        result.update(dict.fromkeys(ids, depth))
     return result
+
+
+def runs_by_depth(hashes: Sequence[BlockId], holders: Mapping[BlockId, Collection[str]],
+                  among: Collection[str] | None = None) -> list[tuple[int, set[str]]]:
+    """The holders of the first block of `hashes` (or those `among` them), grouped
+    by how many leading blocks each holds, shortest run first. One set intersection
+    per block: the cost grows with the prompt's blocks and their holders, not with
+    the fleet, and a block every instance holds costs C-level set operations, not a
+    Python loop over the instances."""
+    runs: list[tuple[int, set[str]]] = []
+    alive = set(holders.get(hashes[0], ())) if hashes else set()
+    if among is not None:
+        alive.intersection_update(among)
+    depth = 1
+    while alive and depth < len(hashes):
+        held = alive.intersection(holders.get(hashes[depth], ()))
+        if len(held) < len(alive):
+            runs.append((depth, alive - held))
+        alive, depth = held, depth + 1
+    if alive:
+        runs.append((depth, alive))
+    return runs
 
 
 class PrefixIndex:
@@ -54,12 +71,17 @@ class PrefixIndex:
         """Record that `instance_id` holds these blocks (most recently used); returns
         the blocks it had to forget to stay within capacity."""
         lru = self._lru.setdefault(instance_id, OrderedDict())
-        for h in hashes:
+        holders = self._holders
+        for h in hashes:  # written out: every placement inserts its prompt's blocks
             if h in lru:
                 lru.move_to_end(h)
+                continue
+            lru[h] = None
+            held = holders.get(h)
+            if held is None:
+                holders[h] = {instance_id}
             else:
-                lru[h] = None
-                self._holders.setdefault(h, set()).add(instance_id)
+                held.add(instance_id)
         evicted = []
         while len(lru) > self.capacity_blocks:
             h, _ = lru.popitem(last=False)
@@ -71,9 +93,14 @@ class PrefixIndex:
         for h in self._lru.pop(instance_id, {}):
             self._forget(h, instance_id)
 
-    def prefix_blocks(self, hashes: Sequence[BlockId], instances: Iterable[str]) -> dict[str, int]:
-        """For each instance, how many leading blocks of `hashes` it holds."""
+    def prefix_blocks(self, hashes: Sequence[BlockId], instances: Iterable[str] | None = None) -> dict[str, int]:
+        """For each instance, how many leading blocks of `hashes` it holds (no
+        instances named: those that hold at least the first block)."""
         return leading_runs(hashes, self._holders, instances)
+
+    def runs(self, hashes: Sequence[BlockId]) -> list[tuple[int, set[str]]]:
+        """The instances holding a prefix of `hashes`, by its length, shortest first."""
+        return runs_by_depth(hashes, self._holders)
 
     def used_blocks(self, instance_id: str) -> int:
         return len(self._lru.get(instance_id, ()))
@@ -143,8 +170,9 @@ class PoolIndex:
             self._forget(h, node)
         self._blocks.pop(node, None)
 
-    def prefix_blocks(self, hashes: Sequence[BlockId], nodes: Iterable[str]) -> dict[str, int]:
-        """For each node, how many leading blocks of `hashes` its pool holds (any tier)."""
+    def prefix_blocks(self, hashes: Sequence[BlockId], nodes: Iterable[str] | None = None) -> dict[str, int]:
+        """For each node, how many leading blocks of `hashes` its pool holds (any tier;
+        no nodes named: those that hold at least the first block)."""
         return leading_runs(hashes, self._tiers, nodes)
 
     def _forget(self, h: BlockId, node: str) -> None:

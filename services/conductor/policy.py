@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, TypeVar, get_args
 
 from services.conductor.cpp import PipelineGroup, pipeline_prefill_s
+from shared.config import SHORTLIST
 from shared.predictor import Predictor
 
 
@@ -155,6 +156,11 @@ class Params:
     # t_d from the decodes that complete (a running mean; decode_time_s its start):
     # a configured guess can be far off the workload's (seconds against minutes).
     learn_decode_time: bool = False
+    # Instances scored per role beyond those holding the prompt's longest prefixes
+    # (state.py `prefill_loads`): the least loaded few; 0 scores every instance. A
+    # decision then costs the same on 1,000 instances as on 16 (docs/simulator.md,
+    # "Fleet scale": placement within 1 % of scoring every instance).
+    shortlist: int = SHORTLIST
 
 
 @dataclass
@@ -303,6 +309,9 @@ PREFILL_POLICIES: dict[str, PrefillPolicy] = {
     "preble": preble,
 }
 ADMISSIONS = ("none", "early_reject", "predictive")
+# The policies that score instances, which a shortlist serves as well as the whole
+# fleet; random and round_robin score nothing, and a shortlist would change them.
+SHORTLISTED = frozenset({"least_loaded", "overlap_load", "cache_aware", "kvcentric", "preble"})
 
 
 # --- decode choice and admission ----------------------------------------------
@@ -351,6 +360,8 @@ class Scheduler:
             raise ValueError(f"unknown admission {admission!r}; choose from {', '.join(ADMISSIONS)}")
         self.policy = PREFILL_POLICIES[policy]
         self.admission = admission
+        # How many least loaded instances per role the books hand this policy (0: all).
+        self.shortlist = params.shortlist if policy in SHORTLISTED else 0
         self.ctx = Context(predictor, params, random.Random(seed))
 
     def schedule(

@@ -7,12 +7,14 @@ It turns into the loads the policies read.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.conductor.cpp import PipelineGroup
 from services.conductor.index import PrefixIndex
+from services.conductor.ranking import Ranking
 from services.conductor.policy import (
     Decision,
     DecodeItem,
@@ -97,16 +99,27 @@ class ClusterState:
     # quantile `calibration_z` of it (shared/calibration.py); None: the profile alone.
     # The live Conductor's choice (ClusterConfig.calibrate_time_model, slo_attainment).
     calibration_z: float | None = None
+    # Kept current by every booking, so that a decision reads the least loaded few
+    # (`shortlist`) without looking at every instance: prefill instances by when
+    # their queue empties, decode instances by their booked batch's step time.
+    queues: Ranking = field(default_factory=Ranking)
+    batches: Ranking = field(default_factory=Ranking)
+    booked: dict[str, tuple[int, int]] = field(default_factory=dict)  # decode instance → (requests, context tokens)
+    groups: set[str] = field(default_factory=set)  # the prefill instances that are CPP groups
 
     def __post_init__(self) -> None:
         self.decode_time_s = self.params.decode_time_s
 
     # --- membership ---------------------------------------------------------
     def add_instance(self, role: str, instance_id: str, group: PipelineGroup | None = None) -> None:
-        if role == "prefill":
-            self.prefill.setdefault(instance_id, PrefillBook(group))
+        if role == "prefill" and instance_id not in self.prefill:
+            self.prefill[instance_id] = PrefillBook(group)
+            self.queues.set(instance_id, 0.0)
+            if group is not None:
+                self.groups.add(instance_id)
         elif role == "decode":
             self.decode.setdefault(instance_id, {})
+            self._rebook(instance_id, 0, 0)
 
     def remove_instance(self, instance_id: str) -> None:
         """A departed instance leaves every book; so do requests placed on it that no
@@ -114,43 +127,92 @@ class ClusterState:
         self.prefill.pop(instance_id, None)
         self.decode.pop(instance_id, None)
         self.local.pop(instance_id, None)
+        self.queues.remove(instance_id)
+        self.groups.discard(instance_id)
+        self.batches.remove(instance_id)
+        self.booked.pop(instance_id, None)
         self.index.remove_instance(instance_id)
         self.placed = {rid: (p, d) for rid, (p, d) in self.placed.items()
                        if p in self.prefill or d in self.decode}
 
     # --- views for the policies ---------------------------------------------
-    def prefill_loads(self, hashes: Sequence[str], now: float, pool_prefix: Mapping[str, int] | None = None) -> list[PrefillLoad]:
-        """`pool_prefix`: per instance, the prefix its node's pool holds (live cluster);
-        an instance's prefix is the longer of that and its own engine's cache."""
-        prefixes = self.index.prefix_blocks(hashes, self.prefill)
+    def prefill_loads(self, hashes: Sequence[str], now: float, pool_prefix: Mapping[str, int] | None = None,
+                      shortlist: int = 0, skip: Callable[[str], bool] | None = None) -> list[PrefillLoad]:
+        """The prefill instances `skip` does not reject, in id order: every one, or
+        (`shortlist` k > 0) the k holding the longest prefix of `hashes`, the k whose
+        queues empty first and every CPP group. `pool_prefix`: per instance, the
+        prefix its node's pool holds (live cluster); an instance's prefix is the
+        longer of that and its own engine's cache."""
+        runs = self.index.runs(hashes)  # the instances holding its first block, by run length
+        prefixes = {iid: n for n, ids in runs for iid in ids}
         if pool_prefix:
-            prefixes = {iid: max(n, pool_prefix.get(iid, 0)) for iid, n in prefixes.items()}
-        loads = []
-        for iid, book in sorted(self.prefill.items()):
-            book.trim(now)
-            loads.append(
-                PrefillLoad(
-                    instance_id=iid,
-                    queue_s=max(0.0, book.busy_until - now),
-                    active_blocks=book.active_blocks,
-                    prefix_blocks=prefixes[iid],
-                    hit_ratio=book.window_cached / book.window_prompt if book.window_prompt else 0.0,
-                    window_load_s=book.window_prefill_s,
-                    free_blocks=self.index.capacity_blocks - self.index.used_blocks(iid),
-                    slowdown=1.0 if self.calibration_z is None else book.calibration.pace(now, self.calibration_z),
-                    group=book.group,
-                )
-            )
-        return loads
+            for iid, n in pool_prefix.items():
+                if n > prefixes.get(iid, 0):
+                    prefixes[iid] = n
+            runs = _by_length(prefixes)
+        if 0 < 2 * shortlist < len(self.prefill):  # else it would hold about every instance anyway
+            ids = self._prefill_shortlist(runs, shortlist, skip)
+        else:
+            ids = sorted(iid for iid in self.prefill if skip is None or not skip(iid))
+        return [self._prefill_load(iid, prefixes.get(iid, 0), now) for iid in ids]
 
-    def decode_loads(self, now: float) -> list[DecodeLoad]:
-        return [self.decode_load(iid, now) for iid in sorted(self.decode)]
+    def _prefill_shortlist(self, runs: Sequence[tuple[int, set[str]]], k: int,
+                           skip: Callable[[str], bool] | None) -> list[str]:
+        def dropped(iid: str) -> bool:
+            return iid not in self.prefill or (skip is not None and skip(iid))
+
+        # Every CPP group (a few at most) competes with the single instances the policy picks.
+        groups = {iid for iid in self.groups if not dropped(iid)}
+        singles = self.queues.first(k, lambda iid: iid in groups or dropped(iid))
+        return sorted({*self._longest(runs, k, dropped), *singles, *groups})
+
+    def _longest(self, runs: Sequence[tuple[int, set[str]]], k: int, dropped: Callable[[str], bool]) -> list[str]:
+        """The k holding the longest prefixes, the emptiest queues first among equals.
+        A run many instances share (a system prompt on every instance) is read in
+        queue order, not sorted whole."""
+        chosen: list[str] = []
+        for _, ids in reversed(runs):
+            room = k - len(chosen)
+            if room <= 0:
+                break
+            if len(ids) > 4 * room:
+                chosen += self.queues.first(room, lambda iid: iid not in ids or dropped(iid))
+            else:
+                chosen += heapq.nsmallest(room, (iid for iid in ids if not dropped(iid)),
+                                          key=lambda iid: (self.queues.key(iid), iid))
+        return chosen
+
+    def _prefill_load(self, iid: str, prefix_blocks: int, now: float) -> PrefillLoad:
+        book = self.prefill[iid]
+        book.trim(now)
+        return PrefillLoad(
+            instance_id=iid,
+            queue_s=max(0.0, book.busy_until - now),
+            active_blocks=book.active_blocks,
+            prefix_blocks=prefix_blocks,
+            hit_ratio=book.window_cached / book.window_prompt if book.window_prompt else 0.0,
+            window_load_s=book.window_prefill_s,
+            free_blocks=self.index.capacity_blocks - self.index.used_blocks(iid),
+            slowdown=1.0 if self.calibration_z is None else book.calibration.pace(now, self.calibration_z),
+            group=book.group,
+        )
+
+    def decode_loads(self, now: float, shortlist: int = 0, skip: Callable[[str], bool] | None = None) -> list[DecodeLoad]:
+        """The decode instances `skip` does not reject, in id order: every one, or
+        (`shortlist` k > 0) the k whose booked batches step fastest."""
+        if 0 < shortlist < len(self.decode):
+            ids = sorted(self.batches.first(shortlist, skip))
+        else:
+            ids = sorted(iid for iid in self.decode if skip is None or not skip(iid))
+        return [self.decode_load(iid, now) for iid in ids]
 
     def decode_load(self, instance_id: str, now: float) -> DecodeLoad:
         """One instance's decodes (none booked: an empty batch), whatever its role: a
         prefill instance decodes too while no decode instance is live."""
-        items = self.decode.get(instance_id, {}).values()
-        return DecodeLoad(instance_id, tuple(_due(i, now, self.decode_time_s) for i in items), self.decode_capacity)
+        t_d = self.decode_time_s
+        items = tuple(i if i.start > now or i.end > now else _due(i, now, t_d)  # _due's test, inlined: the hot path
+                      for i in self.decode.get(instance_id, {}).values())
+        return DecodeLoad(instance_id, items, self.decode_capacity)
 
     def local_queued(self, decode_id: str) -> int:
         """Prompt tokens a decode instance has yet to prefill itself."""
@@ -168,21 +230,21 @@ class ClusterState:
         book = self.prefill[choice.instance_id]
         work_s = prefill_s(self.predictor, book.group, req.prompt_len - cached, cached)
         start = max(now, book.busy_until)
-        book.busy_until = start + work_s + self.predictor.transfer_s(choice.pull_blocks * bs)
+        self._busy(choice.instance_id, start + work_s + self.predictor.transfer_s(choice.pull_blocks * bs))
         book.add(req.request_id, Assigned(req.prompt_blocks, work_s, cached, req.prompt_len, now,
                                           ttft_s=book.busy_until - now))
         # The prefill engine keeps these blocks in its prefix cache afterwards.
         self.index.insert(choice.instance_id, hashes)
         start = now + decision.prefill.ttft_s
         item = DecodeItem(start, start + self.decode_time_s, decode_context(req.prompt_len, req.max_tokens))
-        self.decode[decision.decode_id][req.request_id] = item
+        self._book(decision.decode_id, req.request_id, item)
         self.placed[req.request_id] = (choice.instance_id, decision.decode_id)
 
     def assign_decode(self, req: Request, decode_id: str, now: float) -> None:
         """A request placed on a decode instance alone (a retry after its prefill):
         it decodes from now for t_d."""
         item = DecodeItem(now, now + self.decode_time_s, decode_context(req.prompt_len, req.max_tokens))
-        self.decode.setdefault(decode_id, {})[req.request_id] = item
+        self._book(decode_id, req.request_id, item)
         self.placed[req.request_id] = ("", decode_id)
 
     def assign_local(self, req: Request, hashes: Sequence[str], decode_id: str, uncached_tokens: int, ttft_s: float,
@@ -190,7 +252,7 @@ class ClusterState:
         """A request its decode instance prefills itself: in the batch from now (its
         prefill is steps of that batch), decoding for t_d after its predicted TTFT."""
         item = DecodeItem(now, now + ttft_s + self.decode_time_s, decode_context(req.prompt_len, req.max_tokens))
-        self.decode.setdefault(decode_id, {})[req.request_id] = item
+        self._book(decode_id, req.request_id, item)
         self.local.setdefault(decode_id, {})[req.request_id] = uncached_tokens
         self.placed[req.request_id] = ("", decode_id)
         self.index.insert(decode_id, hashes)  # its engine keeps the blocks it computes
@@ -215,7 +277,7 @@ class ClusterState:
         self._off_prefill(request_id, now)  # if its prefill_done never came
         self._off_local(request_id)
         _, decode_id = self.placed.pop(request_id, ("", ""))
-        item = self.decode.get(decode_id, {}).pop(request_id, None)
+        item = self._unbook(decode_id, request_id)
         if completed and item is not None and self.params.learn_decode_time:
             # item.start: when its prefill_done said decoding began
             self.decode_time_s += DECODE_TIME_WEIGHT * (now - item.start - self.decode_time_s)
@@ -229,8 +291,42 @@ class ClusterState:
         book = self.prefill.get(prefill_id)
         a = book.done(request_id) if book is not None else None
         if a is not None and not book.outstanding:
-            book.busy_until = min(book.busy_until, now)  # idle now, whatever we predicted
+            self._busy(prefill_id, min(book.busy_until, now))  # idle now, whatever we predicted
         return a
+
+    def _busy(self, prefill_id: str, until: float) -> None:
+        self.prefill[prefill_id].busy_until = until
+        self.queues.set(prefill_id, until)
+
+    def _book(self, decode_id: str, request_id: str, item: DecodeItem) -> None:
+        items = self.decode.setdefault(decode_id, {})
+        old = items.get(request_id)
+        items[request_id] = item
+        n, tokens = self.booked.get(decode_id, (0, 0))
+        if old is None:
+            self._rebook(decode_id, n + 1, tokens + item.ctx_tokens)
+        elif old.ctx_tokens != item.ctx_tokens:
+            self._rebook(decode_id, n, tokens + item.ctx_tokens - old.ctx_tokens)
+
+    def _unbook(self, decode_id: str, request_id: str) -> DecodeItem | None:
+        item = self.decode.get(decode_id, {}).pop(request_id, None)
+        if item is not None:
+            n, tokens = self.booked.get(decode_id, (1, item.ctx_tokens))
+            self._rebook(decode_id, n - 1, tokens - item.ctx_tokens)
+        return item
+
+    def _rebook(self, decode_id: str, requests: int, tokens: int) -> None:
+        self.booked[decode_id] = (requests, tokens)
+        self.batches.set(decode_id, self.predictor.decode_step_s(requests, tokens))
+
+
+def _by_length(prefixes: Mapping[str, int]) -> list[tuple[int, set[str]]]:
+    """Instances grouped by the length of the prefix they hold, shortest first."""
+    runs: dict[int, set[str]] = {}
+    for iid, n in prefixes.items():
+        if n > 0:
+            runs.setdefault(n, set()).add(iid)
+    return sorted(runs.items())
 
 
 def _due(item: DecodeItem, now: float, t_d: float) -> DecodeItem:

@@ -11,6 +11,19 @@ def test_prefix_counts_leading_blocks_per_instance():
     # Holding a block is not enough: the blocks before it must be held too.
     assert ix.prefix_blocks(["x1", "h2"], ["a"]) == {"a": 0}
     assert len(ix) == 4
+    # No instances named: only those holding the first block, each with its run.
+    assert ix.prefix_blocks(["h1", "h2", "h3", "h4"]) == {"a": 3, "b": 1}
+    assert ix.prefix_blocks(["h2"]) == {"a": 1} and ix.prefix_blocks([]) == {}
+
+
+def test_runs_end_where_each_holder_stops_holding():
+    ix = PrefixIndex(capacity_blocks=100)
+    hashes = [f"h{i}" for i in range(6)]
+    for n, iid in enumerate(["a", "b", "c", "d", "e", "f"], start=1):
+        ix.insert(iid, hashes[:n])
+    ix.insert("g", hashes[1:])  # holds all but the first: no run
+    assert ix.prefix_blocks(hashes) == {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6}
+    assert ix.prefix_blocks(hashes, ["c", "g", "z"]) == {"c": 3, "g": 0, "z": 0}
 
 
 def test_lru_capacity_forgets_least_recent_and_instances_can_leave():

@@ -148,3 +148,59 @@ def test_a_cpp_group_is_booked_for_its_pipeline_time_not_a_single_instances():
     load = next(x for x in s.prefill_loads([], now=0.0) if x.instance_id == "g0")
     assert load.group == group
     assert load.queue_s == pytest.approx(pipeline_prefill_s(PRED, group, 1000)) == pytest.approx(0.625)  # not 1.0 s
+
+
+def fleet(n: int) -> ClusterState:
+    s = ClusterState(PRED, PARAMS, PrefixIndex(capacity_blocks=1000))
+    for i in range(n):
+        s.add_instance("prefill", f"p{i}")
+        s.add_instance("decode", f"d{i}")
+    return s
+
+
+def book(s: ClusterState, rid: str, prefill_id: str, decode_id: str, now: float, prompt_len: int = 1000) -> None:
+    req = Request(rid, prompt_len, prompt_len // 4, 10, 10.0, 1.0)
+    s.assign(req, [f"{rid}-{i}" for i in range(prompt_len // 4)],
+             Decision(PrefillChoice(prefill_id, 1.0, 0), decode_id, 0.01), now)
+
+
+def test_a_shortlist_holds_the_longest_prefixes_the_emptiest_queues_and_every_group():
+    from services.conductor.cpp import PipelineGroup
+
+    s = fleet(6)
+    s.add_instance("prefill", "g0", PipelineGroup(stages=2, chunk_tokens=250))
+    for i in range(5):  # p0..p4 busy, p5 and g0 idle
+        book(s, f"busy{i}", f"p{i}", "d0", now=0.0, prompt_len=400 * (i + 1))
+    s.index.insert("p4", ["x0", "x1", "x2"])  # the longest holder, though the busiest
+    s.index.insert("p3", ["x0"])
+    loads = s.prefill_loads(["x0", "x1", "x2", "x3"], now=0.0, shortlist=1)
+    assert [(x.instance_id, x.prefix_blocks) for x in loads] == [("g0", 0), ("p4", 3), ("p5", 0)]
+    # The emptiest queue among those not skipped; a skipped holder is not held either.
+    loads = s.prefill_loads(["x0"], now=0.0, shortlist=1, skip=lambda iid: iid in {"p5", "g0", "p4"})
+    assert [x.instance_id for x in loads] == ["p0", "p3"]
+    assert len(s.prefill_loads(["x0"], now=0.0)) == 7  # no shortlist: every instance
+
+
+def test_decode_shortlist_follows_bookings_and_completions():
+    s = fleet(3)
+    book(s, "r1", "p0", "d0", now=0.0)
+    book(s, "r2", "p0", "d1", now=0.0, prompt_len=4000)
+    assert [x.instance_id for x in s.decode_loads(0.0, shortlist=1)] == ["d2"]
+    assert [x.instance_id for x in s.decode_loads(0.0, shortlist=2)] == ["d0", "d2"]
+    assert s.booked["d0"] == (1, 1005)
+    s.finished("r2", now=1.0)
+    s.prefill_done("r1", now=1.0)  # its item moves in time, not in size
+    assert s.booked == {"d0": (1, 1005), "d1": (0, 0), "d2": (0, 0)}
+    assert [x.instance_id for x in s.decode_loads(1.0, shortlist=2, skip=lambda iid: iid == "d2")] == ["d0", "d1"]
+    s.remove_instance("d1")
+    assert "d1" not in s.batches and "d1" not in s.booked
+
+
+def test_queue_ranking_follows_busy_until():
+    s = fleet(2)
+    book(s, "r1", "p0", "d0", now=0.0)
+    assert s.queues.first(2) == ["p1", "p0"] and s.queues.key("p0") == pytest.approx(1.0)
+    s.finished("r1", now=0.25)  # idle now, whatever was predicted
+    assert s.queues.key("p0") == pytest.approx(0.25)
+    s.remove_instance("p0")
+    assert list(s.queues) == ["p1"]

@@ -37,6 +37,12 @@ class ConductorBench:
     policy: Annotated[str, Meta(description="prefill scheduling policy")] = "kvcentric"
     admission: Annotated[str, Meta(description="early rejection mode")] = "predictive"
     seed: Annotated[int, Meta(description="seed of the requests")] = 0
+    shortlist: Annotated[
+        int, Meta(description="instances scored per role beyond the prefix holders (0: every instance)")
+    ] = 8
+    baseline: Annotated[
+        bool, Meta(description="also time every instance scored (shortlist 0), on the same requests")
+    ] = True
 
 
 def h100_llama8b() -> Predictor:
@@ -53,7 +59,7 @@ def _hashes(rng: random.Random, n: int) -> list[str]:
 def build(
     instances: int, cfg: ConductorBench, rng: random.Random, predictor: Predictor,
 ) -> tuple[ClusterState, Scheduler, list[list[str]]]:
-    params = Params(block_size=BLOCK_TOKENS, decode_time_s=20.0)
+    params = Params(block_size=BLOCK_TOKENS, decode_time_s=20.0, shortlist=cfg.shortlist)
     per_instance = cfg.indexed_blocks // instances
     state = ClusterState(predictor, params, PrefixIndex(capacity_blocks=per_instance + cfg.chain_blocks * 4))
     for i in range(instances):
@@ -79,7 +85,9 @@ def measure(instances: int, cfg: ConductorBench, rng: random.Random, predictor: 
         req = Request(f"r{k}", len(hashes) * BLOCK_TOKENS, len(hashes), BLOCK_TOKENS, slo_ttft_s=30.0, slo_tbt_s=0.1)
         now += 0.05
         start = time.perf_counter()
-        out = scheduler.schedule(req, state.prefill_loads(hashes, now), state.decode_loads(now), now)
+        short = scheduler.shortlist
+        out = scheduler.schedule(req, state.prefill_loads(hashes, now, shortlist=short), state.decode_loads(now, short),
+                                 now)
         if isinstance(out, Decision):
             state.assign(req, hashes, out, now)
             accepted += 1
@@ -99,16 +107,32 @@ def measure(instances: int, cfg: ConductorBench, rng: random.Random, predictor: 
 
 
 def run(cfg: ConductorBench, show_progress: bool = True) -> dict:
-    rng = random.Random(cfg.seed)
+    """Each size with the shortlist, then (`baseline`) with every instance scored, on
+    the same cluster and requests (the same seed)."""
     predictor = h100_llama8b()
-    results = [measure(n, cfg, rng, predictor, show_progress) for n in cfg.sizes]
-    return {"benchmark": "conductor", "policy": cfg.policy, "admission": cfg.admission, "results": results}
+    results = []
+    for n in cfg.sizes:
+        result = measure(n, cfg, random.Random(cfg.seed + n), predictor, show_progress)
+        if cfg.baseline and cfg.shortlist:
+            exact = measure(n, replace(cfg, shortlist=0), random.Random(cfg.seed + n), predictor, show_progress)
+            result["baseline"] = exact
+            result["speedup"] = result["decisions_per_s"] / exact["decisions_per_s"]
+        results.append(result)
+    return {"benchmark": "conductor", "policy": cfg.policy, "admission": cfg.admission,
+            "shortlist": cfg.shortlist, "results": results}
 
 
 def table(result: dict) -> str:
-    lines = [f"Conductor decision path ({result['policy']} + {result['admission']}), one core:",
-             f"{'instances':>10} {'indexed':>10} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8}"]
+    k = result.get("shortlist", 0)
+    scored = f"shortlist {k}" if k else "every instance scored"
+    lines = [f"Conductor decision path ({result['policy']} + {result['admission']}, {scored}), one core:",
+             f"{'instances':>10} {'indexed':>10} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8}"
+             f" {'all scored/s':>13} {'p99 ms':>8} {'speed-up':>9}"]
     for r in result["results"]:
-        lines.append(f"{r['instances']:>10} {r['indexed_blocks']:>10} {r['decisions_per_s']:>12.0f} "
-                     f"{r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f}")
+        line = (f"{r['instances']:>10} {r['indexed_blocks']:>10} {r['decisions_per_s']:>12.0f} "
+                f"{r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f}")
+        if "baseline" in r:
+            b = r["baseline"]
+            line += f" {b['decisions_per_s']:>13.0f} {b['p99_ms']:>8.3f} {r['speedup']:>8.1f}x"
+        lines.append(line)
     return "\n".join(lines)

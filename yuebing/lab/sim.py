@@ -127,7 +127,7 @@ class Simulation:
             transfer_bytes_per_s=config.bandwidth_gbps * 1e9,
         )
         params = Params(block_size=config.block_tokens, decode_time_s=config.decode_time_s,
-                        learn_decode_time=config.learn_decode_time)
+                        learn_decode_time=config.learn_decode_time, shortlist=config.shortlist)
         self.scheduler = Scheduler(config.policy, config.admission, self.predictor, params, seed=config.seed)
         self.index = PrefixIndex(config.pool_blocks)
         self.state = ClusterState(self.predictor, params, self.index, decode_capacity=config.max_batch)
@@ -135,6 +135,7 @@ class Simulation:
             raise ValueError(f"unknown mode {config.mode!r}; choose from {', '.join(modes.MODES)}")
         self.mode_params = modes.ModeParams(config.conditional_rule, config.step_tokens, config.local_prefill_tokens)
         self.mode_counts: Counter[str] = Counter()  # conditional: decisions by mode and reason
+        self.decision_s: list[float] = []  # wall time of each disaggregated decision (loads, policy, admission)
         # What each decode instance holds in its own prefix cache (conditional's rules
         # ask how much of a prompt the chosen decode would compute).
         self.decode_index = PrefixIndex(config.pool_blocks)
@@ -227,10 +228,12 @@ class Simulation:
         if self.config.mode == "colocated":
             self._arrive_colocated(r)
             return
-        loads = [x for x in self.state.prefill_loads(r.hashes, self.now) if x.instance_id in self.prefills
-                 and not self._draining(x.instance_id)]
-        decode_loads = [x for x in self.state.decode_loads(self.now) if not self._draining(x.instance_id)]
+        k, started = self.scheduler.shortlist, time.perf_counter()
+        loads = self.state.prefill_loads(r.hashes, self.now, shortlist=k,
+                                         skip=lambda iid: iid not in self.prefills or self._draining(iid))
+        decode_loads = self.state.decode_loads(self.now, shortlist=k, skip=self._draining)
         out = self.scheduler.schedule(r.request, loads, decode_loads, self.now, self.state.decode_time_s)
+        self.decision_s.append(time.perf_counter() - started)  # the Conductor's own share of the wall time
         if self._elsewhere(r, out, decode_loads):
             return
         assert isinstance(out, Decision)
@@ -517,7 +520,8 @@ class Simulation:
         host = self.config.host
         inst.pred_s = self.predictor.decode_step_s(len(inst.batch), tokens)
         inst.step_s = host.decode_scale * inst.pred_s + host.step_overhead_s
-        inst.step_s *= 1 + host.decode_slowdown_per_prefill * self._prefilling()
+        if host.decode_slowdown_per_prefill:  # else not worth a look at every prefill instance
+            inst.step_s *= 1 + host.decode_slowdown_per_prefill * self._prefilling()
         if inst.join_s:  # one longer step that carries the joiners' tails
             steps, inst.step_s, inst.join_s = 1, inst.step_s + inst.join_s, 0.0
         inst.seg_start, inst.seg_steps = self.now, steps
@@ -708,6 +712,7 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
             **_hit_rates([r for r in sim.requests if r.prefill_id]),
             "replicas": sim.replicas(),
             "simulated_requests_per_s": len(trace) / wall if wall else 0.0,
+            "decision_us": _decision_us(sim.decision_s),
             "wall_s": wall,
             "load_over_time": sim.samples,
             "decode_time_s": sim.state.decode_time_s,  # t_d at the end (learned with --learn-decode-time)
@@ -718,6 +723,15 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
         }
     )
     return SimRun(result, outcomes)
+
+
+def _decision_us(seconds: list[float]) -> dict[str, float]:
+    """The Conductor's decisions' wall time, µs: mean, p50 and p99."""
+    if not seconds:
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
+    ordered = sorted(seconds)
+    return {"mean": statistics.fmean(ordered) * 1e6, "p50": ordered[len(ordered) // 2] * 1e6,
+            "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e6}
 
 
 def mode_name(config: SimConfig) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from shared.config import REQUEST_TIMEOUT_S
+from shared.config import REQUEST_TIMEOUT_S, SHORTLIST
 from yuebing.lab.trace import TRACE_BLOCK_TOKENS
 
 
@@ -55,6 +55,9 @@ class SimConfig:
     decode: Annotated[int, Meta(description="decode instances")] = 8
     policy: str = "kvcentric"
     admission: str = "none"
+    shortlist: Annotated[int, Meta(
+        description="instances the policy scores per role beyond the prefix holders: the least loaded few "
+                    "(0: every instance)")] = SHORTLIST
     # SLOs: absolute, or (when the *_x field is set) multiples of the request's own
     # unloaded time (prefill alone; one decode step alone), as in the paper.
     slo_ttft_s: float = 30.0
@@ -116,6 +119,8 @@ class SimConfig:
             raise ValueError("need at least one prefill and one decode instance")
         if self.speed <= 0 or self.bandwidth_gbps <= 0 or self.pool_blocks <= 0:
             raise ValueError("speed, bandwidth and pool size must be positive")
+        if self.shortlist < 0:
+            raise ValueError("shortlist cannot be negative (0: every instance scored)")
         if self.decode_chunk_tokens < 0:
             raise ValueError("decode_chunk_tokens cannot be negative (0: sized to the TBT SLO)")
         if self.step_tokens < 0:

@@ -160,3 +160,19 @@ def _scaled(r: TraceRequest, input_factor: float, output_factor: float, fresh: I
     blocks = math.ceil(n_in / TRACE_BLOCK_TOKENS)
     ids = r.hash_ids[:blocks] + tuple(next(fresh) for _ in range(blocks - len(r.hash_ids)))
     return TraceRequest(r.timestamp_ms, n_in, max(1, round(r.output_length * output_factor)), ids)
+
+
+def tiled(trace: Sequence[TraceRequest], copies: int) -> list[TraceRequest]:
+    """`copies` times the users: each copy of the trace arrives at its own times
+    shifted by a fraction of the mean gap (the copies interleave, no burst of
+    simultaneous arrivals), its blocks renamed so that copies share no prefix (other
+    users' prompts). Rate and fleet then grow together (docs/simulator.md, "Fleet scale")."""
+    if copies < 1:
+        raise ValueError("copies must be at least 1")
+    top = max((h for r in trace for h in r.hash_ids), default=-1) + 1
+    gap_ms = max((r.timestamp_ms for r in trace), default=0.0) / max(1, len(trace)) / copies
+    out = [TraceRequest(r.timestamp_ms + c * gap_ms, r.input_length, r.output_length,
+                        tuple(h + c * top for h in r.hash_ids))
+           for c in range(copies) for r in trace]
+    out.sort(key=lambda r: r.timestamp_ms)
+    return out

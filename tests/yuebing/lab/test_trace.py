@@ -15,6 +15,7 @@ from yuebing.lab.trace import (
     load_trace,
     rescale,
     synthetic,
+    tiled,
 )
 
 LINES = [{"timestamp": 20, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]},
@@ -75,3 +76,15 @@ def test_a_shifting_trace_changes_its_middle_third_and_keeps_arrivals():
     assert (shorter.input_length, shorter.output_length, shorter.hash_ids) == (250, 200, (0,))
     with pytest.raises(ValueError):
         shifting(trace, middle=(0.0, 1.0))
+
+
+def test_a_tiled_trace_multiplies_users_interleaved_with_their_own_prompts():
+    trace = [TraceRequest(0.0, 1024, 10, (0, 1)), TraceRequest(100.0, 512, 5, (0,)), TraceRequest(200.0, 512, 5, (2,))]
+    out = tiled(trace, 2)
+    assert len(out) == 6 and [r.timestamp_ms for r in out] == sorted(r.timestamp_ms for r in out)
+    first, second = out[0], out[1]
+    assert first.hash_ids == (0, 1) and second.hash_ids == (3, 4)  # the copy's own blocks, past the trace's
+    assert 0.0 < second.timestamp_ms < 100.0  # between the first copy's arrivals
+    assert tiled(trace, 1) == trace
+    with pytest.raises(ValueError):
+        tiled(trace, 0)
