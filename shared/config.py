@@ -20,7 +20,7 @@ DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vLLM's M
 REQUEST_TIMEOUT_S = 300.0  # a request's deadline, from the gateway on (the simulator's clients too)
 # Instances a scoring policy scores per role beyond the prompt's prefix holders: the least
 # loaded few (services/conductor/state.py). The live Conductor's and the simulator's default.
-SHORTLIST = 8
+SHORTLIST = 4
 
 
 class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

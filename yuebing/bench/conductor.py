@@ -1,7 +1,9 @@
 """`yuebing bench conductor`: decisions per second and decision latency of the
 Conductor's full decision path (loads from the books and the prefix index, policy,
 admission, bookkeeping), without NATS, for several cluster sizes over a large block
-index. Time models are the H100 LLaMA-8B profile's, so loads look realistic.
+index. Time models are the H100 LLaMA-8B profile's, so loads look realistic. Each
+size runs with the Conductor's shortlist, then (the baseline, same requests) with
+every instance scored.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from msgspec import Meta
 from services.conductor.index import PrefixIndex
 from services.conductor.policy import Decision, Params, Request, Scheduler
 from services.conductor.state import ClusterState
+from shared.config import SHORTLIST
 from shared.predictor import Predictor, load_predictor
 from yuebing.progress import progress
 
@@ -39,7 +42,7 @@ class ConductorBench:
     seed: Annotated[int, Meta(description="seed of the requests")] = 0
     shortlist: Annotated[
         int, Meta(description="instances scored per role beyond the prefix holders (0: every instance)")
-    ] = 8
+    ] = SHORTLIST
     baseline: Annotated[
         bool, Meta(description="also time every instance scored (shortlist 0), on the same requests")
     ] = True
