@@ -21,6 +21,7 @@ import msgspec
 
 from shared.config import check_id
 from shared.messages import (
+    BOOKINGS,
     CANCEL,
     CONDUCTOR_STATS,
     HEARTBEAT,
@@ -82,8 +83,8 @@ def permissions(identity: Identity) -> Permissions:
             allow_responses=False,
         ),
         "conductor": Permissions(
-            publish=(ANY_MESSENGER,),  # pool snapshots
-            subscribe=(SCHEDULE, CONDUCTOR_STATS, HEARTBEAT, REQUEST_UPDATES, KV_EVENTS),
+            publish=(ANY_MESSENGER, BOOKINGS),  # pool snapshots; its placements, for the other Conductors
+            subscribe=(SCHEDULE, CONDUCTOR_STATS, HEARTBEAT, REQUEST_UPDATES, KV_EVENTS, BOOKINGS),
             allow_responses=True,
         ),
         # A prefill instance decodes too while no decode instance is live (the

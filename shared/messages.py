@@ -23,6 +23,9 @@ CANCEL = f"{PREFIX}.cancel"  # broadcast: whoever holds the request aborts it
 REQUEST_UPDATES = f"{PREFIX}.request.updates"  # a request's progress, for the Conductor's books
 KV_EVENTS = f"{PREFIX}.events.kv"  # blocks stored in / evicted from / removed from a node's pool
 CONDUCTOR_QUEUE = "conductor"
+# Broadcast among Conductors: each placement one of them made (a Booking), so that all
+# of them hold the same books however the queue group spread the requests.
+BOOKINGS = f"{PREFIX}.conductor.bookings"
 
 
 def prefill_subject(instance_id: str) -> str:
@@ -145,6 +148,29 @@ class ScheduleReply(Message):
     route: str = ""
 
 
+class Booking(Message):
+    """A placement one Conductor made, for the other Conductors' books (each books its
+    own as it decides). kind: "disaggregated" (prefill then decode), "local" (the
+    decode instance prefills it itself) or "decode" (a decode instance alone, for a
+    request already prefilled)."""
+
+    conductor: str  # who placed it
+    kind: Literal["disaggregated", "local", "decode"]
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    block_hashes: list[str]
+    deadline: float  # unix time: the books forget it then, whatever updates come
+    decode_id: str
+    prefill_id: str = ""
+    ttft_s: float = 0.0  # predicted
+    tbt_s: float = 0.0
+    cached_blocks: int = 0  # disaggregated: blocks its prefill does not compute
+    pull_from: str = ""
+    pull_blocks: int = 0
+    uncached_tokens: int = 0  # local: the prompt tokens its decode instance computes
+
+
 class ConductorStats(Message):
     accepted: int
     rejected: int
@@ -165,6 +191,11 @@ class ConductorStats(Message):
     roles: dict[str, str] = {}
     draining: dict[str, str] = {}
     role_changes: int = 0
+    conductor: str = ""  # which Conductor answered (several may run)
+    # Requests in its books, per instance (a prefill's queue, a decode's batch): the
+    # same on every Conductor once their bookings have crossed.
+    booked: dict[str, int] = {}
+    peer_bookings: int = 0  # bookings taken from the other Conductors since it started
 
 
 # --- generation ---------------------------------------------------------------

@@ -65,6 +65,9 @@ class UpOptions:
     ] = 0
     cpp_stages: Annotated[int, Meta(description="pipeline stages of each CPP prefill group")] = 2
     nodes: Annotated[int, Meta(description="nodes (one messenger each)")] = 1
+    conductors: Annotated[
+        int, Meta(description="Conductors sharing the schedule requests, each holding every placement's books")
+    ] = 1
     gpus: Annotated[
         str, Meta(description="GPUs the engines get, each its own: auto (every one nvidia-smi lists; none: CPU "
                               "engines), none, or indices such as 0,1,2,3")
@@ -92,6 +95,10 @@ class UpOptions:
         if self.config.conditional_rule not in CONDITIONAL_RULES:
             raise ValueError(f"unknown --conditional-rule {self.config.conditional_rule!r}; "
                              f"choose from {', '.join(CONDITIONAL_RULES)}")
+        if self.conductors < 1:
+            raise ValueError("--conductors must be at least 1")
+        if self.conductors > 1 and self.config.planner:
+            raise ValueError("--planner moves instances from one Conductor: run it with --conductors 1")
         if self.cpp_groups < 0 or self.cpp_stages < 2:
             raise ValueError("--cpp-groups must not be negative and --cpp-stages at least 2")
         if self.prefill + self.cpp_groups < 1 and self.config.mode != "colocated":
@@ -180,7 +187,8 @@ class Cluster:
             ids = ["--instance-id", f"messenger-{n}", "--node", f"node-{n}", "--metrics-port", str(port)]
             kv_key = ["--kv-key-file", str(secrets.kv_key)]
             add(f"messenger-{n}", [*py, "services.messenger", *ids, *kv_key, *faults])
-        add("conductor", [*py, "services.conductor", *self._metrics_port("conductor")])
+        for name in secrets_layout(self.options).conductor_names():
+            add(name, [*py, "services.conductor", "--instance-id", name, *self._metrics_port(name)])
         # Instances are spread over the nodes: prefills from the first node, decodes from the last.
         # One whose engine died exits (shared/engine/runtime.py) and comes back with a
         # new engine, announcing a new pid the Conductor starts afresh from.
@@ -374,9 +382,13 @@ class Cluster:
             say(f"{started[proc].name} did not stop in {grace_s:.0f}s; killed it")
 
 
+def secrets_layout(o: UpOptions) -> Layout:
+    return Layout(*o.instances, o.nodes, conductors=o.conductors)
+
+
 def make_secrets(folder: Path, o: UpOptions, nats_port: int) -> Secrets:
     """This run's secrets: NATS identities on loopback, and the API key if there is one."""
-    made = generate(folder, Layout(*o.instances, o.nodes), Listen("127.0.0.1", nats_port, tls=o.nats_tls))
+    made = generate(folder, secrets_layout(o), Listen("127.0.0.1", nats_port, tls=o.nats_tls))
     key = api_key(o.api_key_file)
     return dataclasses.replace(made, api_key=write_private(folder / "api-key", key.encode())) if key else made
 

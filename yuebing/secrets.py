@@ -37,6 +37,11 @@ class Layout:
     decode: int = 1
     nodes: int = 1
     engine_nodes: bool = False
+    conductors: int = 1  # sharing the schedule requests and their books
+
+    def conductor_names(self) -> list[str]:
+        """`conductor`, then `conductor-1`, `conductor-2`... for each further one."""
+        return ["conductor", *(f"conductor-{i}" for i in range(1, self.conductors))]
 
     def engines(self) -> list[Identity]:
         return [*(Identity(f"prefill-{i}", "prefill") for i in range(self.prefill)),
@@ -48,8 +53,9 @@ class Layout:
         return [Identity(f"messenger-{n}", "messenger", node=f"node-{n}") for n in range(self.nodes)]
 
     def identities(self) -> list[Identity]:
-        fixed = [Identity("gateway", "gateway"), Identity("conductor", "conductor"), Identity("admin", "admin")]
-        return [*fixed, *self.engines(), *self.messengers()]
+        conductors = [Identity(name, "conductor") for name in self.conductor_names()]
+        return [Identity("gateway", "gateway"), *conductors, Identity("admin", "admin"), *self.engines(),
+                *self.messengers()]
 
 
 @dataclass(frozen=True)

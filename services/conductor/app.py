@@ -14,6 +14,7 @@ import structlog
 from nats.aio.msg import Msg
 from prometheus_client import Histogram
 
+from services.conductor import bookings
 from services.conductor.cpp import PipelineGroup
 from services.conductor.index import PoolIndex, PrefixIndex
 from services.conductor.metrics import ConductorMetrics
@@ -56,12 +57,14 @@ from shared.calibration import quantile_z
 from shared.config import ClusterConfig, profile_path
 from shared.liveness import Registry
 from shared.messages import (
+    BOOKINGS,
     CONDUCTOR_QUEUE,
     CONDUCTOR_STATS,
     HEARTBEAT,
     KV_EVENTS,
     REQUEST_UPDATES,
     SCHEDULE,
+    Booking,
     ConductorStats,
     Heartbeat,
     KvEvent,
@@ -109,8 +112,9 @@ def plausible_slowdown(reported: float) -> float:
 class Conductor:
     """The live Conductor's logic, on the wall clock (time.monotonic)."""
 
-    def __init__(self, config: ClusterConfig) -> None:
+    def __init__(self, config: ClusterConfig, name: str = "conductor") -> None:
         self.config = config
+        self.name = name  # its identity: several Conductors may share the queue group
         predictor = load_predictor(profile_path(config))
         params = Params(block_size=config.block_size, decode_time_s=config.decode_time_s,
                         learn_decode_time=config.learn_decode_time, shortlist=config.shortlist)
@@ -129,6 +133,9 @@ class Conductor:
         self.routes: dict[str, int] = {}  # CPP group or single instance, by Route.key
         params = PlannerParams(empty_prefill=config.mode == "adaptive")
         self.roles = Roles(Planner(predictor, params) if config.planner else None)
+        self.outbox: list[Booking] = []  # its own placements, for the other Conductors (Wiring publishes them)
+        self.mine: set[str] = set()  # requests it placed itself, until they finish
+        self.peer_bookings = 0  # placements booked from the other Conductors
 
     def listening(self, now: float) -> None:
         """Heartbeats start arriving now. Until every live instance has sent one (two
@@ -208,6 +215,9 @@ class Conductor:
             roles=dict(self.roles.assigned),
             draining=dict(self.roles.draining),
             role_changes=self.roles.changes,
+            conductor=self.name,
+            booked=bookings.per_instance(self.state),
+            peer_bookings=self.peer_bookings,
         )
 
     @property
@@ -372,7 +382,8 @@ class Conductor:
                       choice: ModeChoice, view: View, now: float) -> ScheduleReply:
         """The request's decode instance prefills it, in its batch."""
         self._accepted(req, ask, choice)
-        self.state.assign_local(req, ask.block_hashes, decode_id, uncached_tokens, choice.ttft_s, now)
+        self._book(bookings.local(self.name, req, ask.block_hashes, ask.deadline, decode_id, uncached_tokens,
+                                  choice.ttft_s), now)
         placement = Placement(prefill_id="", decode_id=decode_id, decode_node=view.node(decode_id), local_prefill=True)
         return ScheduleReply(request_id=req.request_id, accepted=True, placement=placement,
                              predicted_ttft_ms=choice.ttft_s * 1e3, predicted_tbt_ms=choice.tbt_s * 1e3,
@@ -395,8 +406,7 @@ class Conductor:
         if not isinstance(out, DecodeDecision):
             return self._rejected(req, out, now)
         self.counts["replaced_decode"] += 1
-        self.deadlines[req.request_id] = ask.deadline
-        self.state.assign_decode(req, out.decode_id, now)
+        self._book(bookings.decode_only(self.name, req, ask.deadline, out.decode_id), now)
         mode = None
         if degraded:
             choice = fallback("decode", out.decode_id, tbt_s=out.tbt_s)
@@ -436,9 +446,8 @@ class Conductor:
         pull_node, pull_blocks = pool_pull(chosen_node, prefix, view.node_prefix)
         sent = replace(out.prefill, cached_blocks=max(prefix, pull_blocks), pull_from=pull_node,
                        pull_blocks=max(0, pull_blocks - prefix))
-        self.state.assign(req, hashes, replace(out, prefill=sent), now)
-        if self.config.mode == "conditional":  # its decode engine keeps the blocks it loads
-            self.state.index.insert(out.decode_id, hashes)
+        deadline = self.deadlines.get(req.request_id, 0.0)
+        self._book(bookings.disaggregated(self.name, req, hashes, deadline, replace(out, prefill=sent)), now)
         return Placement(
             prefill_id=out.prefill.instance_id,
             decode_id=out.decode_id,
@@ -460,11 +469,26 @@ class Conductor:
         chunk = self.config.prompt_chunk_tokens(hb.role)
         return replace(load, capacity=capacity, slowdown=slowdown, decode_chunk_tokens=chunk)
 
+    def _book(self, b: Booking, now: float) -> None:
+        """One of its own placements: into its books, and out to the other Conductors."""
+        bookings.book(self.state, b, now, conditional=self.config.mode == "conditional")
+        self.deadlines[b.request_id] = b.deadline
+        self.mine.add(b.request_id)
+        self.outbox.append(b)
+
+    def on_booking(self, b: Booking, now: float) -> None:
+        """Another Conductor's placement: booked here as it was there."""
+        if b.conductor == self.name or not bookings.knows(self.state, b):
+            return
+        bookings.book(self.state, b, now, conditional=self.config.mode == "conditional")
+        self.deadlines[b.request_id] = b.deadline
+        self.peer_bookings += 1
+
     def on_update(self, update: RequestUpdate, now: float) -> None:
         if update.kind == "prefill_done":
             self.state.prefill_done(update.request_id, now)
             return
-        if update.kind == "decode_refused":
+        if update.kind == "decode_refused" and update.request_id in self.mine:  # counted where it was placed
             self.counts["wasted_prefill"] += 1
             self.roles.refused_for_decode(now)
             log.warning("wasted prefill: decode refused", request_id=update.request_id, decode=update.instance_id)
@@ -472,6 +496,7 @@ class Conductor:
 
     def finish(self, request_id: str, now: float, completed: bool = False) -> None:
         self.deadlines.pop(request_id, None)
+        self.mine.discard(request_id)
         self.state.finished(request_id, now, completed)
 
     def plan(self, now: float) -> None:
@@ -505,6 +530,8 @@ def decision_attributes(reply: ScheduleReply) -> dict[str, str | bool]:
 
 def parser() -> argparse.ArgumentParser:
     p = service.parser("conductor", instance=False)
+    p.add_argument("--instance-id", default="conductor",
+                   help="its identity, [A-Za-z0-9_-]: one per Conductor where several share the cluster")
     metrics_page.add_arguments(p)
     return p
 
@@ -525,6 +552,7 @@ class Wiring:
         self.conductor.listening(time.monotonic())
         await bus.subscribe(self.nc, REQUEST_UPDATES, RequestUpdate, self.on_update)
         await bus.subscribe(self.nc, KV_EVENTS, KvEvent, self.on_kv_event)
+        await bus.subscribe(self.nc, BOOKINGS, Booking, self.on_booking)
         await self.nc.subscribe(CONDUCTOR_STATS, cb=self.on_stats)
         await bus.subscribe(self.nc, SCHEDULE, ScheduleRequest, self.on_schedule, queue=CONDUCTOR_QUEUE)
         if self.conductor.roles.planner is not None:
@@ -571,6 +599,16 @@ class Wiring:
     async def on_update(self, update: RequestUpdate, _msg: Any) -> None:
         self.conductor.on_update(update, time.monotonic())
 
+    async def on_booking(self, b: Booking, _msg: Any) -> None:
+        self.conductor.on_booking(b, time.monotonic())
+
+    async def send_bookings(self) -> None:
+        """Its placements, to the other Conductors: sent before the reply, so that they
+        reach them before the request's first update can."""
+        outbox, self.conductor.outbox = self.conductor.outbox, []
+        for b in outbox:
+            await bus.publish(self.nc, BOOKINGS, b)
+
     async def on_schedule(self, ask: ScheduleRequest, msg: Msg) -> None:
         while self.conductor.hearing_instances(time.monotonic()):
             await asyncio.sleep(HEARING_POLL_S)
@@ -580,6 +618,7 @@ class Wiring:
             span.set_attributes(decision_attributes(reply))
         if self.decision is not None:
             self.decision.observe(time.monotonic() - start)
+        await self.send_bookings()
         placement = reply.placement
         log.info(
             "scheduled" if reply.accepted else "rejected",
@@ -599,10 +638,10 @@ class Wiring:
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
-    conductor = Conductor(config)
+    conductor = Conductor(config, args.instance_id)
     metrics = ConductorMetrics(conductor)
     page = await metrics_page.serve_for(args, metrics.registry, "conductor")
-    nc = await bus.connect(config.nats_url, "conductor", args.nats_credentials)
+    nc = await bus.connect(config.nats_url, args.instance_id, args.nats_credentials)
     wiring = Wiring(conductor, nc, metrics.decision)
     await wiring.start()
     log.info("conductor ready", policy=config.policy, admission=config.admission, profile=str(profile_path(config)))

@@ -363,7 +363,7 @@ class Pipeline:
         )
         try:
             with tracing.span("gateway.schedule", attempt_id, stage=ask.stage):
-                reply = await self._ask_conductor(ask, min(self.config.schedule_timeout_s, bus.remaining(job.deadline)))
+                reply = await self._ask_twice(ask, job.deadline)
         except (TimeoutError, MessageError) as e:
             raise UpstreamError(503, f"conductor unavailable: {e}") from e
         if not reply.accepted or reply.placement is None:
@@ -373,6 +373,21 @@ class Pipeline:
                  predicted_tbt_ms=round(reply.predicted_tbt_ms, 2),
                  mode=f"{reply.mode.mode}:{reply.mode.reason}" if reply.mode else None)
         return reply
+
+    async def _ask_twice(self, ask: ScheduleRequest, deadline: float) -> ScheduleReply:
+        """The Conductor's answer; one that does not answer in time is asked once more
+        (where several Conductors run, the queue group picks among those alive: one
+        killed mid-decision loses no request). A Conductor that did book the first ask
+        has its booking replaced by the second's, under the same request id."""
+        for again in (False, True):
+            timeout = min(self.config.schedule_timeout_s, bus.remaining(deadline))
+            try:
+                return await self._ask_conductor(ask, timeout)
+            except TimeoutError as e:
+                if again or bus.remaining(deadline) <= self.config.schedule_timeout_s:
+                    raise
+                log.warning("conductor did not answer: asking again", attempt=ask.request_id, error=str(e))
+        raise AssertionError("unreachable")
 
     async def _ask_conductor(self, ask: ScheduleRequest, timeout: float) -> ScheduleReply:
         """The Conductor's answer within `timeout`; while no Conductor is subscribed (one

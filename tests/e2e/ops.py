@@ -92,6 +92,30 @@ def conductor_stats(cluster: Cluster) -> ConductorStats:
     return asyncio.run(ask())
 
 
+def every_conductor_stats(cluster: Cluster, seconds: float = 1.0) -> dict[str, ConductorStats]:
+    """Each running Conductor's stats, by name: the stats subject is every Conductor's,
+    so one ask gathers all their replies for `seconds`."""
+    async def ask() -> dict[str, ConductorStats]:
+        nc = await admin(cluster)
+        try:
+            inbox = nc.new_inbox()
+            sub = await nc.subscribe(inbox)
+            await nc.publish(CONDUCTOR_STATS, b"{}", reply=inbox)
+            found: dict[str, ConductorStats] = {}
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > 0:
+                try:
+                    stats = decode((await sub.next_msg(timeout=left)).data, ConductorStats)
+                except nats.errors.TimeoutError:
+                    break
+                found[stats.conductor] = stats
+            return found
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
+
+
 def beating(cluster: Cluster, instance_id: str, timeout_s: float = 120.0) -> int:
     """The instance's pid, once it beats (again, after a restart: its service up and
     its engine loaded)."""
