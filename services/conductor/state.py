@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from services.conductor.cpp import PipelineGroup
 from services.conductor.index import PrefixIndex
-from services.conductor.ranking import Ranking
 from services.conductor.policy import (
     Decision,
     DecodeItem,
@@ -25,6 +24,7 @@ from services.conductor.policy import (
     decode_context,
     prefill_s,
 )
+from services.conductor.ranking import Ranking
 from shared.calibration import Calibration
 from shared.predictor import Predictor
 
@@ -144,7 +144,9 @@ class ClusterState:
         prefix its node's pool holds (live cluster); an instance's prefix is the
         longer of that and its own engine's cache."""
         runs = self.index.runs(hashes)  # the instances holding its first block, by run length
-        prefixes = {iid: n for n, ids in runs for iid in ids}
+        prefixes: dict[str, int] = {}
+        for n, ids in runs:  # dict.fromkeys: a run every instance shares costs no Python loop
+            prefixes.update(dict.fromkeys(ids, n))
         if pool_prefix:
             for iid, n in pool_prefix.items():
                 if n > prefixes.get(iid, 0):
