@@ -157,9 +157,10 @@ class Params:
     # a configured guess can be far off the workload's (seconds against minutes).
     learn_decode_time: bool = False
     # Instances scored per role beyond those holding the prompt's longest prefixes
-    # (state.py `prefill_loads`): the least loaded few; 0 scores every instance. A
-    # decision then costs the same on 1,000 instances as on 16 (docs/simulator.md,
-    # "Fleet scale": placement within 1 % of scoring every instance).
+    # (state.py `prefill_loads`): the least loaded few; 0 scores every instance, and
+    # so does a role of fewer than twice as many. A decision then costs the same on
+    # 1,000 instances as on 16 (docs/benchmarks/simulator.md, "Fleet scale":
+    # placement within 0.2 % of scoring every instance).
     shortlist: int = SHORTLIST
 
 

@@ -117,8 +117,8 @@ class ClusterState:
             self.queues.set(instance_id, 0.0)
             if group is not None:
                 self.groups.add(instance_id)
-        elif role == "decode":
-            self.decode.setdefault(instance_id, {})
+        elif role == "decode" and instance_id not in self.decode:  # a prefill instance may hold decodes already
+            self.decode[instance_id] = {}
             self._rebook(instance_id, 0, 0)
 
     def remove_instance(self, instance_id: str) -> None:
@@ -201,8 +201,9 @@ class ClusterState:
 
     def decode_loads(self, now: float, shortlist: int = 0, skip: Callable[[str], bool] | None = None) -> list[DecodeLoad]:
         """The decode instances `skip` does not reject, in id order: every one, or
-        (`shortlist` k > 0) the k whose booked batches step fastest."""
-        if 0 < shortlist < len(self.decode):
+        (`shortlist` k > 0, fewer than half of them) the k whose booked batches step
+        fastest."""
+        if 0 < 2 * shortlist < len(self.decode):  # else it would hold about every instance anyway
             ids = sorted(self.batches.first(shortlist, skip))
         else:
             ids = sorted(iid for iid in self.decode if skip is None or not skip(iid))

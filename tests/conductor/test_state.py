@@ -182,16 +182,19 @@ def test_a_shortlist_holds_the_longest_prefixes_the_emptiest_queues_and_every_gr
 
 
 def test_decode_shortlist_follows_bookings_and_completions():
-    s = fleet(3)
+    s = fleet(5)
+    for i in (2, 3, 4):  # busier still
+        book(s, f"b{i}", "p0", f"d{i}", now=0.0, prompt_len=8000)
     book(s, "r1", "p0", "d0", now=0.0)
     book(s, "r2", "p0", "d1", now=0.0, prompt_len=4000)
-    assert [x.instance_id for x in s.decode_loads(0.0, shortlist=1)] == ["d2"]
-    assert [x.instance_id for x in s.decode_loads(0.0, shortlist=2)] == ["d0", "d2"]
+    assert [x.instance_id for x in s.decode_loads(0.0, shortlist=1)] == ["d0"]
+    assert [x.instance_id for x in s.decode_loads(0.0, shortlist=2)] == ["d0", "d1"]
+    assert len(s.decode_loads(0.0, shortlist=3)) == 5  # more than half: every instance
     assert s.booked["d0"] == (1, 1005)
-    s.finished("r2", now=1.0)
-    s.prefill_done("r1", now=1.0)  # its item moves in time, not in size
-    assert s.booked == {"d0": (1, 1005), "d1": (0, 0), "d2": (0, 0)}
-    assert [x.instance_id for x in s.decode_loads(1.0, shortlist=2, skip=lambda iid: iid == "d2")] == ["d0", "d1"]
+    s.finished("r1", now=1.0)
+    s.prefill_done("r2", now=1.0)  # its item moves in time, not in size
+    assert s.booked["d0"] == (0, 0) and s.booked["d1"] == (1, 4005)
+    assert [x.instance_id for x in s.decode_loads(1.0, shortlist=2, skip=lambda iid: iid == "d0")] == ["d1", "d2"]
     s.remove_instance("d1")
     assert "d1" not in s.batches and "d1" not in s.booked
 
