@@ -21,6 +21,8 @@ REQUEST_TIMEOUT_S = 300.0  # a request's deadline, from the gateway on (the simu
 # Instances a scoring policy scores per role beyond the prompt's prefix holders: the least
 # loaded few (services/conductor/state.py). The live Conductor's and the simulator's default.
 SHORTLIST = 4
+SHORTLIST_DESCRIPTION = ("instances the policy scores per role beyond the prefix holders: the least loaded few "
+                         "(0: every instance)")
 
 
 class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -149,9 +151,12 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     planner: Annotated[
         bool, Meta(description="move engine instances between prefill and decode as the load shifts (the planner)")
     ] = False
-    shortlist: Annotated[int, Meta(
-        description="instances the policy scores per role beyond the prefix holders: the least loaded few "
-                    "(0: every instance)")] = SHORTLIST
+    shortlist: Annotated[int, Meta(description=SHORTLIST_DESCRIPTION)] = SHORTLIST
+    # Several share the schedule requests (services/conductor/bookings.py); one sends
+    # its placements to the others only where there are others.
+    conductors: Annotated[
+        int, Meta(description="Conductors sharing the schedule requests, each holding every placement's books")
+    ] = 1
     index_capacity_blocks: Annotated[
         int, Meta(description="blocks the Conductor assumes each prefill engine's prefix cache holds")
     ] = 2048
@@ -267,6 +272,10 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                              f"to step_tokens and max_model_len ({most}), got {self.decode_chunk_tokens}")
         if self.shortlist < 0:
             raise ValueError("shortlist cannot be negative (0: every instance scored)")
+        if self.conductors < 1:
+            raise ValueError("conductors must be at least 1")
+        if self.conductors > 1 and self.planner:
+            raise ValueError("the planner moves instances from one Conductor: run it with conductors 1")
         if self.index_capacity_blocks <= 0:
             raise ValueError("index_capacity_blocks must be positive")
         if self.pool_bytes <= 0 or self.ssd_bytes < 0:

@@ -65,9 +65,6 @@ class UpOptions:
     ] = 0
     cpp_stages: Annotated[int, Meta(description="pipeline stages of each CPP prefill group")] = 2
     nodes: Annotated[int, Meta(description="nodes (one messenger each)")] = 1
-    conductors: Annotated[
-        int, Meta(description="Conductors sharing the schedule requests, each holding every placement's books")
-    ] = 1
     gpus: Annotated[
         str, Meta(description="GPUs the engines get, each its own: auto (every one nvidia-smi lists; none: CPU "
                               "engines), none, or indices such as 0,1,2,3")
@@ -95,10 +92,6 @@ class UpOptions:
         if self.config.conditional_rule not in CONDITIONAL_RULES:
             raise ValueError(f"unknown --conditional-rule {self.config.conditional_rule!r}; "
                              f"choose from {', '.join(CONDITIONAL_RULES)}")
-        if self.conductors < 1:
-            raise ValueError("--conductors must be at least 1")
-        if self.conductors > 1 and self.config.planner:
-            raise ValueError("--planner moves instances from one Conductor: run it with --conductors 1")
         if self.cpp_groups < 0 or self.cpp_stages < 2:
             raise ValueError("--cpp-groups must not be negative and --cpp-stages at least 2")
         if self.prefill + self.cpp_groups < 1 and self.config.mode != "colocated":
@@ -383,7 +376,7 @@ class Cluster:
 
 
 def secrets_layout(o: UpOptions) -> Layout:
-    return Layout(*o.instances, o.nodes, conductors=o.conductors)
+    return Layout(*o.instances, o.nodes, conductors=o.config.conductors)
 
 
 def make_secrets(folder: Path, o: UpOptions, nats_port: int) -> Secrets:

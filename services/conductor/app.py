@@ -133,7 +133,7 @@ class Conductor:
         self.routes: dict[str, int] = {}  # CPP group or single instance, by Route.key
         params = PlannerParams(empty_prefill=config.mode == "adaptive")
         self.roles = Roles(Planner(predictor, params) if config.planner else None)
-        self.outbox: list[Booking] = []  # its own placements, for the other Conductors (Wiring publishes them)
+        self.outbox: list[Booking] = []  # its own placements, for the other Conductors if any (Wiring publishes them)
         self.mine: set[str] = set()  # requests it placed itself, until they finish
         self.peer_bookings = 0  # placements booked from the other Conductors
 
@@ -471,18 +471,20 @@ class Conductor:
 
     def _book(self, b: Booking, now: float) -> None:
         """One of its own placements: into its books, and out to the other Conductors."""
-        bookings.book(self.state, b, now, conditional=self.config.mode == "conditional")
-        self.deadlines[b.request_id] = b.deadline
+        self._take(b, now)
         self.mine.add(b.request_id)
-        self.outbox.append(b)
+        if self.config.conductors > 1:
+            self.outbox.append(b)
 
     def on_booking(self, b: Booking, now: float) -> None:
         """Another Conductor's placement: booked here as it was there."""
-        if b.conductor == self.name or not bookings.knows(self.state, b):
-            return
+        if b.conductor != self.name and bookings.knows(self.state, b):
+            self._take(b, now)
+            self.peer_bookings += 1
+
+    def _take(self, b: Booking, now: float) -> None:
         bookings.book(self.state, b, now, conditional=self.config.mode == "conditional")
         self.deadlines[b.request_id] = b.deadline
-        self.peer_bookings += 1
 
     def on_update(self, update: RequestUpdate, now: float) -> None:
         if update.kind == "prefill_done":

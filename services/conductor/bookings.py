@@ -42,8 +42,8 @@ def decode_only(conductor: str, req: Request, deadline: float, decode_id: str) -
 def knows(state: ClusterState, b: Booking) -> bool:
     """Whether the books know the booking's instances (a Conductor just started may
     not have heard them yet: their heartbeats will bring them, without this request)."""
-    hosts = state.decode.keys() | state.prefill.keys()
-    return b.decode_id in hosts and (b.kind != "disaggregated" or b.prefill_id in state.prefill)
+    host_known = b.decode_id in state.decode or b.decode_id in state.prefill  # a prefill instance decodes when degraded
+    return host_known and (b.kind != "disaggregated" or b.prefill_id in state.prefill)
 
 
 def book(state: ClusterState, b: Booking, now: float, conditional: bool = False) -> None:

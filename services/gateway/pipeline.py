@@ -379,15 +379,13 @@ class Pipeline:
         (where several Conductors run, the queue group picks among those alive: one
         killed mid-decision loses no request). A Conductor that did book the first ask
         has its booking replaced by the second's, under the same request id."""
-        for again in (False, True):
-            timeout = min(self.config.schedule_timeout_s, bus.remaining(deadline))
-            try:
-                return await self._ask_conductor(ask, timeout)
-            except TimeoutError as e:
-                if again or bus.remaining(deadline) <= self.config.schedule_timeout_s:
-                    raise
-                log.warning("conductor did not answer: asking again", attempt=ask.request_id, error=str(e))
-        raise AssertionError("unreachable")
+        try:
+            return await self._ask_conductor(ask, min(self.config.schedule_timeout_s, bus.remaining(deadline)))
+        except TimeoutError as e:
+            if bus.remaining(deadline) <= self.config.schedule_timeout_s:
+                raise
+            log.warning("conductor did not answer: asking again", attempt=ask.request_id, error=str(e))
+        return await self._ask_conductor(ask, self.config.schedule_timeout_s)
 
     async def _ask_conductor(self, ask: ScheduleRequest, timeout: float) -> ScheduleReply:
         """The Conductor's answer within `timeout`; while no Conductor is subscribed (one

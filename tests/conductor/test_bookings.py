@@ -13,7 +13,8 @@ ROSTER = (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"), ("d1", "decode
 
 def conductor(name: str, **kw) -> Conductor:
     c = Conductor(ClusterConfig(**{"model": "/m/tiny", "policy": "cache_aware", "admission": "none",
-                                   "slo_ttft_ms": 10_000.0, "slo_tbt_ms": 1_000.0, "mode": "disaggregated", **kw}),
+                                   "slo_ttft_ms": 10_000.0, "slo_tbt_ms": 1_000.0, "mode": "disaggregated",
+                                   "conductors": 2, **kw}),
                   name)
     for iid, role in ROSTER:
         c.on_heartbeat(Heartbeat(instance_id=iid, role=role, node="node-0", pid=1, seq=1, sent_at=0.0), now=0.0)
@@ -89,3 +90,12 @@ def test_a_request_booked_again_keeps_only_its_latest_booking():
     b.schedule(ask("r1", ["h1", "h2"]), now=0.5)  # the gateway asked again: b answered this time
     cross(b, a, 0.5)
     assert a.stats(0.5).booked == b.stats(0.5).booked and sum(a.stats(0.5).booked.values()) == 2
+
+
+def test_a_lone_conductor_sends_no_bookings_and_a_planner_needs_it_alone():
+    import pytest
+
+    lone = conductor("conductor", conductors=1)
+    assert lone.schedule(ask("r1", ["h1"]), now=0.0).accepted and lone.outbox == []
+    with pytest.raises(ValueError, match="planner"):
+        ClusterConfig(model="/m/tiny", conductors=2, planner=True)

@@ -20,6 +20,7 @@ from shared.messages import (
     HEARTBEAT,
     ConductorStats,
     Heartbeat,
+    Message,
     MessengerCommand,
     MessengerStats,
     decode,
@@ -29,6 +30,7 @@ from shared.messages import (
 )
 
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 
 
 class Cluster(Protocol):
@@ -92,6 +94,21 @@ def conductor_stats(cluster: Cluster) -> ConductorStats:
     return asyncio.run(ask())
 
 
+async def collect(sub, kind: type[M], seconds: float, until: Callable[[M], bool] | None = None) -> list[M]:
+    """The messages `sub` receives for `seconds`, decoded, in order; or up to the first
+    one `until` accepts."""
+    got: list[M] = []
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        try:
+            got.append(decode((await sub.next_msg(timeout=left)).data, kind))
+        except nats.errors.TimeoutError:
+            break
+        if until is not None and until(got[-1]):
+            break
+    return got
+
+
 def every_conductor_stats(cluster: Cluster, seconds: float = 1.0) -> dict[str, ConductorStats]:
     """Each running Conductor's stats, by name: the stats subject is every Conductor's,
     so one ask gathers all their replies for `seconds`."""
@@ -101,15 +118,7 @@ def every_conductor_stats(cluster: Cluster, seconds: float = 1.0) -> dict[str, C
             inbox = nc.new_inbox()
             sub = await nc.subscribe(inbox)
             await nc.publish(CONDUCTOR_STATS, b"{}", reply=inbox)
-            found: dict[str, ConductorStats] = {}
-            end = time.monotonic() + seconds
-            while (left := end - time.monotonic()) > 0:
-                try:
-                    stats = decode((await sub.next_msg(timeout=left)).data, ConductorStats)
-                except nats.errors.TimeoutError:
-                    break
-                found[stats.conductor] = stats
-            return found
+            return {stats.conductor: stats for stats in await collect(sub, ConductorStats, seconds)}
         finally:
             await nc.close()
 
@@ -130,20 +139,11 @@ def beating(cluster: Cluster, instance_id: str, timeout_s: float = 120.0) -> int
 def latest_heartbeat(cluster: Cluster, instance_id: str, seconds: float = 1.5) -> Heartbeat:
     async def listen() -> Heartbeat:
         nc = await admin(cluster)
-        sub = await nc.subscribe(HEARTBEAT)
-        found = None
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            try:
-                msg = await sub.next_msg(timeout=max(0.01, end - time.monotonic()))
-            except nats.errors.TimeoutError:
-                break
-            hb = decode(msg.data, Heartbeat)
-            if hb.instance_id == instance_id:
-                found = hb
+        heard = await collect(await nc.subscribe(HEARTBEAT), Heartbeat, seconds)
         await nc.close()
-        assert found is not None, f"no heartbeat from {instance_id}"
-        return found
+        found = [hb for hb in heard if hb.instance_id == instance_id]
+        assert found, f"no heartbeat from {instance_id}"
+        return found[-1]
 
     return asyncio.run(listen())
 

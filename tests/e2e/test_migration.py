@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable
 
 import httpx
-import nats.errors
 import psutil
 import pytest
 
-from shared.messages import HEARTBEAT, Heartbeat, decode
-from tests.e2e.ops import admin, eventually, log_events
+from shared.messages import HEARTBEAT, Heartbeat
+from tests.e2e.ops import admin, collect, eventually, log_events
 
 pytestmark = pytest.mark.e2e
 
@@ -46,19 +45,9 @@ def heartbeats(cluster, seconds: float = 1.2,
     `until` accepts arrives."""
     async def listen() -> dict[str, Heartbeat]:
         nc = await admin(cluster)
-        sub = await nc.subscribe(HEARTBEAT)
-        seen: dict[str, Heartbeat] = {}
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            try:
-                hb = decode((await sub.next_msg(timeout=left)).data, Heartbeat)
-            except nats.errors.TimeoutError:
-                break
-            seen[hb.instance_id] = hb
-            if until is not None and until(hb):
-                break
+        heard = await collect(await nc.subscribe(HEARTBEAT), Heartbeat, seconds, until)
         await nc.close()
-        return seen
+        return {hb.instance_id: hb for hb in heard}
 
     return asyncio.run(listen())
 

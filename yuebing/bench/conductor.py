@@ -19,7 +19,7 @@ from msgspec import Meta
 from services.conductor.index import PrefixIndex
 from services.conductor.policy import Decision, Params, Request, Scheduler
 from services.conductor.state import ClusterState
-from shared.config import SHORTLIST
+from shared.config import SHORTLIST, SHORTLIST_DESCRIPTION
 from shared.predictor import Predictor, load_predictor
 from yuebing.progress import progress
 
@@ -40,9 +40,7 @@ class ConductorBench:
     policy: Annotated[str, Meta(description="prefill scheduling policy")] = "kvcentric"
     admission: Annotated[str, Meta(description="early rejection mode")] = "predictive"
     seed: Annotated[int, Meta(description="seed of the requests")] = 0
-    shortlist: Annotated[
-        int, Meta(description="instances scored per role beyond the prefix holders (0: every instance)")
-    ] = SHORTLIST
+    shortlist: Annotated[int, Meta(description=SHORTLIST_DESCRIPTION)] = SHORTLIST
     baseline: Annotated[
         bool, Meta(description="also time every instance scored (shortlist 0), on the same requests")
     ] = True

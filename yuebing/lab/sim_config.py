@@ -9,7 +9,7 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from shared.config import REQUEST_TIMEOUT_S, SHORTLIST
+from shared.config import REQUEST_TIMEOUT_S, SHORTLIST, SHORTLIST_DESCRIPTION
 from yuebing.lab.trace import TRACE_BLOCK_TOKENS
 
 
@@ -55,9 +55,7 @@ class SimConfig:
     decode: Annotated[int, Meta(description="decode instances")] = 8
     policy: str = "kvcentric"
     admission: str = "none"
-    shortlist: Annotated[int, Meta(
-        description="instances the policy scores per role beyond the prefix holders: the least loaded few "
-                    "(0: every instance)")] = SHORTLIST
+    shortlist: Annotated[int, Meta(description=SHORTLIST_DESCRIPTION)] = SHORTLIST
     # SLOs: absolute, or (when the *_x field is set) multiples of the request's own
     # unloaded time (prefill alone; one decode step alone), as in the paper.
     slo_ttft_s: float = 30.0
