@@ -6,8 +6,9 @@ Demand comes from the last `window_s` of arrivals, priced by the time models
 admission uses (shared/predictor.py):
 
   prefill  seconds of prefill work arriving per second: the arrival rate times the
-           predicted prefill of the mean uncached prompt, over `prefill_utilization`
-           (an instance kept fully busy queues without bound);
+           predicted prefill of the mean uncached prompt (times the prefill instances'
+           observed pace, where they are slower than predicted), over
+           `prefill_utilization` (an instance kept fully busy queues without bound);
   decode   requests decoding at once (Little's law: the arrival rate times each
            one's decode time, its output at that batch's step) over the batch an
            instance may hold (the largest whose predicted step keeps `tbt_headroom`
@@ -102,6 +103,9 @@ class Observation:
     # How long a request decodes, where outputs are not known at arrival (the live
     # Conductor's learned t_d); None: each arrival's output at the sized batch's step.
     decode_time_s: float | None = None
+    # First tokens as observed over as predicted, on the prefill instances: a host
+    # slower than the profile's needs more prefill instances for the same arrivals.
+    prefill_slowdown: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,8 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
     uncached = sum(a.uncached_tokens for a in recent) / len(recent)
     prompt = sum(a.prompt_tokens for a in recent) / len(recent)
     output = sum(a.output_tokens for a in recent) / len(recent)
-    prefill = rate * predictor.prefill_s(round(uncached), round(prompt - uncached)) / params.prefill_utilization
+    prefill_s = predictor.prefill_s(round(uncached), round(prompt - uncached)) * max(1.0, obs.prefill_slowdown)
+    prefill = rate * prefill_s / params.prefill_utilization
     ctx = prompt + output / 2  # a decoding request's mean context over its output
     slow = max(1.0, obs.decode_slowdown)
     batch = sized_batch(predictor, ctx, obs.slo_tbt_s * params.tbt_headroom / slow, params.max_batch)

@@ -80,11 +80,12 @@ class Roles:
                                   for hb in engines if hb.role in ENGINE_ROLES}
         batches = {iid: len(state.decode.get(iid, {})) for iid, r in roles.items() if r == "decode"}
         queues = {x.instance_id: x.queue_s for x in state.prefill_loads([], now) if roles.get(x.instance_id) == "prefill"}
-        return self.decide(now, roles, slo_tbt_s, batches, queues, slowdown, state.decode_time_s)
+        return self.decide(now, roles, slo_tbt_s, batches, queues, slowdown, state.decode_time_s,
+                           state.prefill_pace(now, queues))
 
     def decide(self, now: float, roles: dict[str, Role], slo_tbt_s: float, decode_batches: dict[str, int],
                prefill_queues_s: dict[str, float], slowdown: float = 1.0,
-               decode_time_s: float | None = None) -> list[Move]:
+               decode_time_s: float | None = None, prefill_slowdown: float = 1.0) -> list[Move]:
         """The planner on the window's demand and these instances (their roles before
         any move in progress; the simulator calls this too). Moves start draining."""
         if self.planner is None:
@@ -95,7 +96,8 @@ class Roles:
         while self.refusals and self.refusals[0] <= horizon:
             self.refusals.popleft()
         obs = Observation(now, {**roles, **self.draining}, tuple(self.arrivals), slo_tbt_s, decode_batches,
-                          prefill_queues_s, frozenset(self.draining), len(self.refusals), slowdown, decode_time_s)
+                          prefill_queues_s, frozenset(self.draining), len(self.refusals), slowdown, decode_time_s,
+                          prefill_slowdown)
         moves = self.planner.decide(obs)
         for m in moves:
             self.draining[m.instance_id] = m.to

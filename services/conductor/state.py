@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.conductor.cpp import PipelineGroup
@@ -134,6 +134,12 @@ class ClusterState:
         self.index.remove_instance(instance_id)
         self.placed = {rid: (p, d) for rid, (p, d) in self.placed.items()
                        if p in self.prefill or d in self.decode}
+
+    def prefill_pace(self, now: float, ids: Iterable[str]) -> float:
+        """The prefill instances' first tokens, observed over predicted: the mean of
+        their median paces (1.0 with none, or with the time model left uncalibrated)."""
+        paces = [self.prefill[iid].calibration.pace(now) for iid in ids if iid in self.prefill]
+        return sum(paces) / len(paces) if paces and self.calibration_z is not None else 1.0
 
     # --- views for the policies ---------------------------------------------
     def prefill_loads(self, hashes: Sequence[str], now: float, pool_prefix: Mapping[str, int] | None = None,

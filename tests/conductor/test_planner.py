@@ -37,6 +37,21 @@ def test_decode_is_never_given_less_than_it_needs_and_each_role_keeps_one():
     assert both.decode > 8 and 1 <= both.target_prefill == round(8 * both.prefill / (both.prefill + both.decode))
 
 
+def test_prefill_slower_than_its_profile_asks_for_more_prefill_instances():
+    # 3 req/s of 20k-token prompts: 0.41 s each as predicted, 1.5 instances' work (at 0.8 busy).
+    as_profiled = demand(obs(100.0, 2, 6, prompt=20000, output=40, per_s=3.0), PREDICTOR, PARAMS)
+    slow = demand(obs(100.0, 2, 6, prompt=20000, output=40, per_s=3.0, prefill_slowdown=2.0), PREDICTOR, PARAMS)
+    assert slow.prefill == pytest.approx(2 * as_profiled.prefill)
+    fast = demand(obs(100.0, 2, 6, prompt=20000, output=40, per_s=3.0, prefill_slowdown=0.5), PREDICTOR, PARAMS)
+    assert fast.prefill == as_profiled.prefill  # as decode's: a pace under 1 is not trusted to free instances
+    # Two prefill instances serve the load as profiled; at twice the time they do not.
+    planners = Planner(PREDICTOR, PARAMS), Planner(PREDICTOR, PARAMS)
+    for t in (100.0, 101.0):
+        kept = planners[0].decide(obs(t, 2, 6, prompt=20000, output=40, per_s=3.0))
+        moved = planners[1].decide(obs(t, 2, 6, prompt=20000, output=40, per_s=3.0, prefill_slowdown=2.0))
+    assert kept == [] and [m.to for m in moved] == ["prefill", "prefill"]
+
+
 def test_the_batch_is_sized_to_the_tbt_slo():
     b = sized_batch(PREDICTOR, 2000, 0.03, 256)
     assert PREDICTOR.decode_step_s(b, b * 2000) <= 0.03 < PREDICTOR.decode_step_s(b + 1, (b + 1) * 2000)

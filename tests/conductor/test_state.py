@@ -115,10 +115,13 @@ def test_prefills_slower_than_predicted_slow_the_instances_predictions_down():
         s.prefill_done(f"r{i}", now=t + 0.3)
     (load,) = s.prefill_loads([], now=6.0)
     assert 2.3 < load.slowdown < 3.0  # towards 3, held back a little by the prior (one request at a time)
+    assert 2.3 < s.prefill_pace(6.0, ["p0", "d0"]) < 3.0  # the planner's: the prefill instances' median pace
+    assert s.prefill_pace(6.0, []) == 1.0
     uncalibrated = state()
     assign(uncalibrated, "r", now=0.0, prompt_len=100)
     uncalibrated.prefill_done("r", now=0.3)
     assert uncalibrated.prefill_loads([], now=0.3)[0].slowdown == 1.0
+    assert uncalibrated.prefill_pace(0.3, ["p0"]) == 1.0
 
 
 def test_a_local_prefill_joins_its_decode_at_once_and_leaves_its_queue_at_its_first_token():
