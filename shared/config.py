@@ -74,6 +74,12 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     engine_spin_s: Annotated[
         float, Meta(description="how long vLLM's processes busy-wait for the next message, s")
     ] = 0.002
+    # For measuring the control plane alone (`yuebing bench control-plane`): the
+    # services are the real ones, the engine under them answers without a model.
+    fake_engine_step_ms: Annotated[
+        float, Meta(description="benchmarks only: instances run no model and emit a fixed token stream, one token "
+                                "per request every this many ms (0: the real engine)")
+    ] = 0.0
     heartbeat_interval_s: Annotated[float, Meta(description="seconds between an instance's heartbeats")] = 0.5
     liveness_timeout_s: Annotated[float, Meta(description="an instance silent this long is treated as gone, s")] = 2.0
     schedule_timeout_s: Annotated[
@@ -274,6 +280,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("shortlist cannot be negative (0: every instance scored)")
         if self.conductors < 1:
             raise ValueError("conductors must be at least 1")
+        if self.fake_engine_step_ms < 0:
+            raise ValueError("fake_engine_step_ms cannot be negative (0: the real engine)")
         if self.conductors > 1 and self.planner:
             raise ValueError("the planner moves instances from one Conductor: run it with conductors 1")
         if self.index_capacity_blocks <= 0:

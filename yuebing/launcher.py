@@ -83,10 +83,13 @@ class UpOptions:
     run_dir: Annotated[Path | None, Meta(description="where logs and the config go (none: a new temp dir)")] = None
     ready_file: Annotated[Path | None, Meta(description="write a JSON with the URL and pids here once ready")] = None
     start_timeout_s: Annotated[float, Meta(description="give up if not ready after this many seconds")] = 600.0
+    gateways: Annotated[
+        int, Meta(description="gateways serving the API side by side, on --port, --port+1, …")
+    ] = 1
 
     def __post_init__(self) -> None:
-        if self.prefill < 0 or self.decode < 1 or self.nodes < 1:
-            raise ValueError("--decode and --nodes must each be at least 1, --prefill not negative")
+        if self.prefill < 0 or self.decode < 1 or self.nodes < 1 or self.gateways < 1:
+            raise ValueError("--decode, --nodes and --gateways must each be at least 1, --prefill not negative")
         if self.config.mode not in MODES:
             raise ValueError(f"unknown --mode {self.config.mode!r}; choose from {', '.join(MODES)}")
         if self.config.conditional_rule not in CONDITIONAL_RULES:
@@ -159,17 +162,23 @@ class Cluster:
 
     @property
     def url(self) -> str:
-        return f"http://{self.options.host}:{self.options.port}"
+        return self.urls[0]
+
+    @property
+    def urls(self) -> list[str]:
+        """Every gateway's API, the first's on --port."""
+        return [f"http://{self.options.host}:{self.options.port + i}" for i in range(self.options.gateways)]
 
     def plan(self, run_dir: Path, config_path: Path, secrets: Secrets) -> None:
         o = self.options
         py = [sys.executable, "-m"]
         nats_bin = Path(sys.executable).with_name("nats-server")
 
-        def add(name: str, argv: list[str]) -> None:
-            # Each child logs in to NATS as itself: its own credentials file, by path.
+        def add(name: str, argv: list[str], login: str = "") -> None:
+            # Each child logs in to NATS as itself (gateways, as one role, as "gateway"):
+            # its own credentials file, by path.
             if name != "nats":
-                argv = [*argv, "--config", str(config_path), "--nats-credentials", str(secrets.credentials(name))]
+                argv = [*argv, "--config", str(config_path), "--nats-credentials", str(secrets.credentials(login or name))]
             self.children.append(Child(name, argv, run_dir / f"{name}.log"))
 
         add("nats", [str(nats_bin), "-c", str(secrets.nats_config)])
@@ -195,10 +204,12 @@ class Cluster:
             node = f"node-{(o.nodes - 1 - i) % o.nodes}"
             add(f"decode-{i}", [*py, "services.decode", "--instance-id", f"decode-{i}", "--node", node,
                                 *self._metrics_port(f"decode-{i}")])
-        gw = [*py, "services.gateway", "--host", o.host, "--port", str(o.port)]
-        if secrets.api_key is not None:
-            gw += ["--api-key-file", str(secrets.api_key)]
-        add("gateway", gw)
+        key = ["--api-key-file", str(secrets.api_key)] if secrets.api_key is not None else []
+        for i, url in enumerate(self.urls):
+            name = f"gateway-{i}" if i else "gateway"
+            if i:
+                self.metrics[name] = f"{url}/metrics"
+            add(name, [*py, "services.gateway", "--host", o.host, "--port", str(o.port + i), *key], login="gateway")
 
     def _metrics_port(self, name: str) -> list[str]:
         """A free port for the process's Prometheus page, listed in the ready file."""
@@ -210,7 +221,7 @@ class Cluster:
         """Start every child and wait until the gateway sees every instance; the seconds it took."""
         o = self.options
         refuse_unloadable_transport(o.config)
-        refuse_taken_ports(o.port, o.host, o.nats_port)
+        refuse_taken_ports(o.port, o.host, o.nats_port, o.gateways)
         devices = gpus.assign(o.gpu_needs(), gpus.usable(o.gpus, gpus.listed_gpus()))
         sizes = (sum(o.instances), o.config.kv_cache_gib, o.nodes, o.config.pool_bytes)
         if not devices:  # CPU engines: their KV caches come out of this machine's memory
@@ -273,6 +284,7 @@ class Cluster:
         """What the ready file says (tests/e2e and the live benchmarks read it)."""
         return {
             "url": self.url,
+            "urls": self.urls,
             "nats_url": config.nats_url,
             # What tests and operators use to ask the cluster over NATS.
             "admin_credentials": str(self.secrets.credentials("admin")) if self.secrets else "",

@@ -92,10 +92,11 @@ def refuse_oversized_memory(cpu_engines: int, kv_cache_gib: int, nodes: int, poo
             "lower --kv-cache-gib or --pool-mib")
 
 
-def refuse_taken_ports(port: int, host: str, nats_port: int) -> None:
-    """A port another program holds is named before anything starts: otherwise the
+def refuse_taken_ports(port: int, host: str, nats_port: int, gateways: int = 1) -> None:
+    """A port another program holds is named before anything starts: otherwise a
     gateway dies at bind, or the launcher reads that program's answers as its own."""
-    for taken, at, flag in ((port, host, "--port"), (nats_port, "0.0.0.0", "--nats-port")):
+    ours = [(port + i, host, "--port" if not i else f"--port (gateway {i} takes --port+{i})") for i in range(gateways)]
+    for taken, at, flag in (*ours, (nats_port, "0.0.0.0", "--nats-port")):
         if taken and process.port_taken(taken, at):
             raise ValueError(f"port {taken} ({at}) is in use by another program: choose another with {flag}")
 

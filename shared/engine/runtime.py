@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 from shared import bus, metrics_page
 from shared.config import ClusterConfig
 from shared.engine.metrics import instance_registry
-from shared.instance import Instance
+from shared.instance import EngineLoad, Instance
 from shared.messages import Role
 from shared.service import Main
 
@@ -68,7 +68,8 @@ async def serve(handlers: Sequence[type[Handler]], config: ClusterConfig, args: 
     stages = getattr(args, "stages", 1)  # only prefill's parser has --stages: a CPP group is a prefill instance
     # Colocated, nothing ever reaches a node pool: the engine is plain vLLM, without
     # the connector's hooks in every step and layer.
-    engine, load = build_engine(config, None if config.mode == "colocated" else node, stages, role)
+    engine, load = build_engine(config, None if config.mode == "colocated" else node, stages, role) \
+        if not config.fake_engine_step_ms else fake_engine(config)
     nc = await bus.connect(config.nats_url, instance_id, args.nats_credentials)
     instance = Instance(role, instance_id, node, config, nc, load, stages)
     for handler in handlers:
@@ -85,6 +86,15 @@ async def serve(handlers: Sequence[type[Handler]], config: ClusterConfig, args: 
     engine.shutdown()
     if died:
         raise SystemExit(ENGINE_DEAD_EXIT)
+
+
+def fake_engine(config: ClusterConfig) -> tuple[Any, EngineLoad]:
+    from shared.engine.fake import FakeEngine
+    from shared.engine.llm import sampling_params
+    from shared.messages import Sampling
+
+    sampling_params(Sampling(max_tokens=1), 1)  # vLLM's imports, now rather than on the first request's turn
+    return FakeEngine(config.fake_engine_step_ms / 1e3), EngineLoad()
 
 
 async def engine_died_before(stop: asyncio.Event, engine: Any, interval_s: float) -> bool:

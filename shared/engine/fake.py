@@ -1,0 +1,98 @@
+"""An engine that runs no model, for measuring the control plane alone
+(`yuebing bench control-plane`, ClusterConfig.fake_engine_step_ms).
+
+It answers `generate` the way vLLM's AsyncLLM does with delta outputs: one output
+per step, every running request stepping together on one clock, as a batch does.
+Its tokens are a fixed stream (the same ids for every request and every run), it
+stops only at max_tokens, and it computes and saves no KV. Prefill, decode, the
+gateway and the Conductor around it are the real services: what they spend per
+request and per token is what the bench reads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+# Ids every vocabulary has (in a byte-level one such as yuebing-tiny's, "a" to "z"):
+# text the gateway detokenizes, as it would a model's.
+TOKENS = tuple(range(97, 123))
+
+
+def token_at(position: int) -> int:
+    return TOKENS[position % len(TOKENS)]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """vLLM's CompletionOutput, as much of it as shared/engine/llm.py reads."""
+
+    index: int
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class Output:
+    """vLLM's RequestOutput, as much of it as shared/engine/llm.py reads."""
+
+    outputs: list[Completion]
+    finished: bool
+    num_cached_tokens: int = 0
+    kv_transfer_params: dict[str, Any] | None = None
+    prompt_logprobs: None = None
+
+
+@dataclass
+class Clock:
+    """The batch's steps: every request waits on the same tick."""
+
+    step_s: float
+    _tick: asyncio.Future[None] | None = None
+    _task: asyncio.Task[None] | None = None
+
+    async def step(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="fake engine steps")
+        if self._tick is None or self._tick.done():
+            self._tick = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._tick)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.step_s)
+            if self._tick is not None and not self._tick.done():
+                self._tick.set_result(None)
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+@dataclass
+class FakeEngine:
+    step_s: float
+    errored: bool = False
+    dead_error: BaseException | None = None
+    clock: Clock = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.clock = Clock(self.step_s)
+
+    async def generate(self, prompt: dict[str, Any], params: Any, request_id: str,
+                       trace_headers: Any = None) -> AsyncIterator[Output]:
+        """`params.max_tokens` tokens for each of `params.n` outputs, one a step."""
+        kv = dict((params.extra_args or {}).get("kv_transfer_params") or {})
+        for position in range(params.max_tokens):
+            await self.clock.step()
+            last = position == params.max_tokens - 1
+            outputs = [Completion(i, [token_at(position)], "length" if last else None) for i in range(params.n)]
+            yield Output(outputs, last, kv_transfer_params={"kv_blocks": 0} if last and kv else None)
+
+    def shutdown(self) -> None:
+        self.clock.stop()

@@ -1,0 +1,202 @@
+"""`yuebing bench control-plane`: what the control plane itself costs, with the
+engines out of the way.
+
+Each layout (gateways × Conductors) is a real `yuebing up` cluster whose prefill and
+decode instances run the fake engine (shared/engine/fake.py: no model, a fixed token
+stream, one token per request a step): the gateway, the Conductor, NATS and the
+instances' services are the real processes. Clients hold `streams` streaming
+completions open, spread over the gateways. After a warm-up, a window of `seconds`
+is measured: requests and tokens the clients received, their inter-token gaps, and
+each process's CPU time from /proc, per request and per streamed token.
+
+A Conductor's capacity is read from its CPU: the decisions of the window over the
+CPU seconds of the busiest Conductor, i.e. decisions per second with a core each.
+On a machine whose cores the whole cluster shares, that is the figure to compare
+across Conductor counts; the requests per second measured are the machine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+from msgspec import Meta
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+PROMPT = "Summarise the control plane's cost per request and per token. " * 2
+
+
+@dataclass(frozen=True)
+class ControlPlaneBench:
+    """What to measure; each field is also a flag of `yuebing bench control-plane`."""
+
+    gateways: Annotated[tuple[int, ...], Meta(description="gateway counts to run")] = (1, 2)
+    conductors: Annotated[tuple[int, ...], Meta(description="Conductor counts to run")] = (1, 2)
+    streams: Annotated[int, Meta(description="streaming completions the clients keep open")] = 32
+    max_tokens: Annotated[int, Meta(description="tokens each completion streams")] = 64
+    seconds: Annotated[float, Meta(description="the measured window of each layout, s")] = 20.0
+    warmup_s: Annotated[float, Meta(description="load before the window, s")] = 5.0
+    step_ms: Annotated[float, Meta(description="the fake engine's step: one token per request this often")] = 20.0
+    prefill: Annotated[int, Meta(description="prefill instances")] = 1
+    decode: Annotated[int, Meta(description="decode instances")] = 2
+
+    def __post_init__(self) -> None:
+        if min(self.gateways + self.conductors, default=0) < 1 or self.streams < 1 or self.max_tokens < 2:
+            raise ValueError("gateways and conductors at least 1, streams at least 1, max_tokens at least 2")
+        if self.seconds <= 0 or self.warmup_s < 0 or self.step_ms <= 0:
+            raise ValueError("seconds and step_ms must be positive, warmup_s not negative")
+
+
+@dataclass
+class Stream:
+    """One completion as a client saw it."""
+
+    started: float
+    ended: float = 0.0
+    token_times: list[float] = field(default_factory=list)
+    ok: bool = False
+
+
+@dataclass
+class Clients:
+    """Clients streaming completions back to back, over the gateways in turn."""
+
+    urls: list[str]
+    model: str
+    spec: ControlPlaneBench
+    done: list[Stream] = field(default_factory=list)
+    errors: int = 0
+
+    async def run(self, until: float) -> None:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+            await asyncio.gather(*(self._client(session, i, until) for i in range(self.spec.streams)))
+
+    async def _client(self, session: Any, i: int, until: float) -> None:
+        body = {"model": self.model, "prompt": PROMPT, "max_tokens": self.spec.max_tokens, "stream": True,
+                "temperature": 0}
+        url = f"{self.urls[i % len(self.urls)]}/v1/completions"
+        while time.monotonic() < until:
+            s = Stream(time.monotonic())
+            try:
+                async with session.post(url, json=body) as r:
+                    async for line in r.content:
+                        if line.startswith(b"data: {"):
+                            s.token_times.append(time.monotonic())
+                    s.ok = r.status == 200
+            except Exception:  # counted, not fatal: the figures say how many failed
+                s.ok = False
+            s.ended = time.monotonic()
+            self.done.append(s) if s.ok else self._failed()
+
+    def _failed(self) -> None:
+        self.errors += 1
+
+
+def cpu_s(pid: int) -> float:
+    """A process's CPU time so far (user + system), s."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
+def role_of(process_name: str) -> str:
+    """gateway-1 → gateway, decode-0 → decode, nats → nats."""
+    return process_name.split("-")[0]
+
+
+def window(streams: list[Stream], start: float, end: float) -> dict[str, Any]:
+    """What the clients received inside [start, end): requests ended, tokens, gaps."""
+    ended = [s for s in streams if start <= s.ended < end]
+    tokens = sum(1 for s in streams for t in s.token_times if start <= t < end)
+    gaps = sorted(b - a for s in ended for a, b in zip(s.token_times[1:], s.token_times[2:], strict=False))
+    first = sorted(s.token_times[0] - s.started for s in ended if s.token_times)
+    span = end - start
+    return {
+        "requests": len(ended), "tokens": tokens, "requests_per_s": len(ended) / span, "tokens_per_s": tokens / span,
+        "itl_p50_ms": 1e3 * statistics.median(gaps) if gaps else 0.0,
+        "itl_p99_ms": 1e3 * gaps[int(0.99 * (len(gaps) - 1))] if gaps else 0.0,
+        "ttft_p50_ms": 1e3 * statistics.median(first) if first else 0.0,
+    }
+
+
+def cpu_costs(before: dict[str, float], after: dict[str, float], requests: int, tokens: int) -> dict[str, Any]:
+    """Each role's CPU (its processes summed): µs per request, per token, cores busy."""
+    roles: dict[str, list[float]] = {}
+    for name in before:
+        roles.setdefault(role_of(name), []).append(after[name] - before[name])
+    return {role: {"us_per_request": 1e6 * sum(used) / max(1, requests), "us_per_token": 1e6 * sum(used) / max(1, tokens),
+                   "busiest_s": max(used), "processes": len(used)} for role, used in sorted(roles.items())}
+
+
+async def measure(urls: list[str], model: str, pids: dict[str, int], spec: ControlPlaneBench) -> dict[str, Any]:
+    """Load the cluster, and measure one window after the warm-up."""
+    clients = Clients(urls, model, spec)
+    start = time.monotonic() + spec.warmup_s
+    end = start + spec.seconds
+    load = asyncio.create_task(clients.run(end))
+    await asyncio.sleep(max(0.0, start - time.monotonic()))
+    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    await asyncio.sleep(max(0.0, end - time.monotonic()))
+    after = {name: cpu_s(pid) for name, pid in pids.items()}
+    await load  # the streams open at the end finish (outside the window)
+    seen = window(clients.done, start, end)
+    costs = cpu_costs(before, after, seen["requests"], seen["tokens"])
+    busiest = costs.get("conductor", {}).get("busiest_s", 0.0)
+    return {**seen, "errors": clients.errors, "cpu": costs,
+            "conductor_decisions_per_core_s": seen["requests"] / busiest if busiest else 0.0}
+
+
+def cluster_flags(spec: ControlPlaneBench, gateways: int, conductors: int) -> list[str]:
+    return ["--fake-engine-step-ms", str(spec.step_ms), "--prefill", str(spec.prefill), "--decode", str(spec.decode),
+            "--gateways", str(gateways), "--conductors", str(conductors), "--gpus", "none"]
+
+
+def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every layout in turn, each on a cluster of its own."""
+    from yuebing.launcher import up_launcher
+
+    results = []
+    for gateways in spec.gateways:
+        for conductors in spec.conductors:
+            name = f"g{gateways}c{conductors}"
+            say(f"{gateways} gateway(s), {conductors} Conductor(s): starting")
+            with up_launcher(work, name, "--model", str(model), *cluster_flags(spec, gateways, conductors)):
+                ready = json.loads((work / f"{name}.ready.json").read_text())
+                pids = {n: p for n, p in ready["pids"].items() if not n.startswith("messenger")}
+                result = asyncio.run(measure(ready["urls"], model.name, pids, spec))
+            results.append({"gateways": gateways, "conductors": conductors, **result})
+            say(line(results[-1]))
+    return results
+
+
+def line(r: dict[str, Any]) -> str:
+    cpu = r["cpu"]
+    return (f"{r['gateways']}G {r['conductors']}C: {r['requests_per_s']:.1f} req/s, {r['tokens_per_s']:.0f} tokens/s, "
+            f"ITL p50 {r['itl_p50_ms']:.1f} ms p99 {r['itl_p99_ms']:.1f} ms, gateway {cpu['gateway']['us_per_token']:.0f} "
+            f"µs/token, decode {cpu['decode']['us_per_token']:.0f} µs/token, Conductor "
+            f"{cpu['conductor']['us_per_request']:.0f} µs/request, {r['errors']} failed")
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """Markdown: one row per layout, CPU per token and per request by process."""
+    head = ("| gateways | Conductors | req/s | tokens/s | ITL p50 / p99 ms | gateway µs/token | decode µs/token "
+            "| nats µs/token | Conductor µs/request | prefill µs/request | Conductor decisions/s (a core each) | failed |")
+    rows = [head, "|" + "---|" * 12]
+    for r in results:
+        c = r["cpu"]
+        rows.append(
+            f"| {r['gateways']} | {r['conductors']} | {r['requests_per_s']:.1f} | {r['tokens_per_s']:.0f} "
+            f"| {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | {c['gateway']['us_per_token']:.0f} "
+            f"| {c['decode']['us_per_token']:.0f} | {c['nats']['us_per_token']:.0f} "
+            f"| {c['conductor']['us_per_request']:.0f} | {c['prefill']['us_per_request']:.0f} "
+            f"| {r['conductor_decisions_per_core_s']:.0f} | {r['errors']} |")
+    return "\n".join(rows)
