@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -69,6 +69,7 @@ class Prepared:
     label: str | None = None  # the client's x-request-id: for its logs and the response header only
     echo: str | None = None  # completions with echo: the prompt's text, leading each choice's
     tools: ToolUse | None = None  # chat with tools: what vLLM's tool parser made of them
+    created: int = field(default_factory=lambda: int(time.time()))  # one for the request, as vLLM's and OpenAI's
 
     def headers(self) -> dict[str, str]:
         return {REQUEST_ID_HEADER: self.label or self.request_id, OWN_ID_HEADER: self.request_id}
@@ -474,7 +475,7 @@ class Gateway:
         )
         try:
             await self._bounded(response.prepare(request))
-            await self._stream_body(response, p, choices, report, _chain([first] if first is not None else [], events))
+            await self._stream_body(request, response, p, choices, report, _chain([first] if first is not None else [], events))
         except server.WriteTimeout as e:
             # The client stopped reading: cancel the request upstream, then drop the
             # connection (its unsent bytes with it).
@@ -486,18 +487,18 @@ class Gateway:
         return response
 
     async def _stream_body(
-        self, response: web.StreamResponse, p: Prepared, choices: list[Choice], report: Report,
+        self, request: web.Request, response: web.StreamResponse, p: Prepared, choices: list[Choice], report: Report,
         events: AsyncIterator[Any],
     ) -> None:
         try:
-            usage = self._running_usage(p, choices, report)
+            usage, head = self._running_usage(p, choices, report), self._chunk_head(p)
             if p.kind == "chat":
                 for c in choices:
-                    await self._send(response, p, role_chunk(c.index), usage())
+                    await self._send(request, response, head, role_chunk(c.index), usage())
             async for choice, text in events:
                 part = choice.delta(p.kind, text, p.options.return_token_ids)
                 if part is not None:
-                    await self._send(response, p, part, usage())
+                    await self._send(request, response, head, part, usage())
         except ApiError as e:
             # Headers are gone: the error travels in the stream, and [DONE] never comes.
             await self._bounded(response.write(b"data: " + e.json() + b"\n\n"))
@@ -538,20 +539,22 @@ class Gateway:
             return lambda: None
         return lambda: protocol.usage(len(p.prompt), completion_tokens(choices), report.cached_tokens)
 
-    async def _send(
-        self, response: web.StreamResponse, p: Prepared, choice: dict[str, Any], usage: dict[str, Any] | None = None
-    ) -> None:
-        body = {**self._envelope(p, chunk=True), "choices": [choice]}
-        if usage is not None:
-            body["usage"] = usage
-        await self._bounded(response.write(b"data: " + orjson.dumps(body) + b"\n\n"))
+    async def _send(self, request: web.Request, response: web.StreamResponse, head: bytes, choice: dict[str, Any],
+                    usage: dict[str, Any] | None = None) -> None:
+        tail = b"]}\n\n" if usage is None else b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
+        await server.bounded_write(request, response, head + orjson.dumps(choice) + tail, self.limits.write_timeout_s)
+
+    def _chunk_head(self, p: Prepared) -> bytes:
+        """`data: {...envelope,"choices":[`: a streamed chunk's bytes up to its choice,
+        the request's own, encoded once (per token, only its choice is)."""
+        return b"data: " + orjson.dumps(self._envelope(p, chunk=True))[:-1] + b',"choices":['
 
     def _envelope(self, p: Prepared, chunk: bool) -> dict[str, Any]:
         if p.kind == "chat":
             obj, prefix = ("chat.completion.chunk" if chunk else "chat.completion"), "chatcmpl-"
         else:
             obj, prefix = "text_completion", "cmpl-"
-        return {"id": prefix + p.request_id, "object": obj, "created": int(time.time()), "model": self.config.served_model_name}
+        return {"id": prefix + p.request_id, "object": obj, "created": p.created, "model": self.config.served_model_name}
 
 
 @dataclass

@@ -19,10 +19,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import msgspec
-import nats.errors
 import structlog
 from nats.aio.client import Client
-from nats.aio.subscription import Subscription
 from prometheus_client import Counter
 
 from services.gateway.retry import (
@@ -35,6 +33,7 @@ from services.gateway.retry import (
     continuation,
     with_decode,
 )
+from services.gateway.stream import StreamEnded, TokenStream
 from shared import bus, tracing
 from shared.block_hash import hex_hashes
 from shared.config import ClusterConfig
@@ -268,13 +267,13 @@ class Pipeline:
         """One decode instance's share of the output, each token added to `streamed`."""
         # Decode must accept before the first token goes out, so that a refusal
         # can still be a clean 429 rather than an error in the middle of a stream.
-        sub = await self._start_decode(job, attempt, order)
+        stream = await self._start_decode(job, attempt, order)
         try:
             # Else decode makes the first token itself: a local prefill, or again, with its history.
             if first is not None and not streamed and not job.sampling.history_dependent:
                 streamed.extend(first.token_ids)
                 yield first
-            async for chunk, last in self._tokens(sub, attempt.placement.decode_id, job.deadline, job.sampling.n):
+            async for chunk, last in self._tokens(stream, attempt.placement.decode_id, job.sampling.n):
                 if order.continued:  # it loaded (or computed) KV for a prompt that holds output: not prefill's
                     chunk = msgspec.structs.replace(chunk, kv_loaded_tokens=0)
                 if order.first_token_id == NO_TOKEN and chunk.seq == 0:
@@ -284,7 +283,7 @@ class Pipeline:
                 attempt.finished = last
                 yield chunk
         finally:
-            await sub.unsubscribe()
+            await stream.close()
 
     async def _prefilled_locally(self, attempt: Attempt, chunk: TokenChunk, report: Report) -> None:
         """A local prefill's first token is out: the Conductor's books move it from
@@ -425,14 +424,16 @@ class Pipeline:
             raise UpstreamError(502, f"prefill on {placement.prefill_id} failed: {result.error}")
         return result
 
-    async def _start_decode(self, job: Job, attempt: Attempt, order: DecodeOrder) -> Subscription:
-        """Hand the request to its decode instance; returns the subscription its tokens
-        will arrive on (the caller unsubscribes)."""
+    async def _start_decode(self, job: Job, attempt: Attempt, order: DecodeOrder) -> TokenStream:
+        """Hand the request to its decode instance; returns the stream its tokens
+        will arrive on (the caller closes it)."""
         # Subscribe before asking, so no chunk can be published before we listen.
         # The subject is the attempt's own: a dead attempt's late chunk never lands here.
         subject = stream_subject(attempt.id)
-        sub = await self.nc.subscribe(subject)
         decode_id = attempt.placement.decode_id
+        stream = TokenStream(decode_id, job.deadline, self.config.token_idle_timeout_s,
+                             self.config.heartbeat_interval_s, self._check_alive)
+        await stream.open(self.nc, subject)
         ask = DecodeRequest(
             request_id=attempt.id,
             prompt_token_ids=order.prompt,
@@ -453,20 +454,19 @@ class Pipeline:
             if not accept.ok:
                 raise UpstreamError(503, f"decode instance {decode_id} refused: {accept.error}")
         except (TimeoutError, MessageError) as e:
-            await sub.unsubscribe()
+            await stream.close()
             raise UpstreamError(503, f"decode instance {decode_id} unavailable: {e}") from e
         except BaseException:
-            await sub.unsubscribe()
+            await stream.close()
             raise
-        return sub
+        return stream
 
-    async def _tokens(self, sub: Subscription, decode_id: str, deadline: float, n: int
-                      ) -> AsyncIterator[tuple[TokenChunk, bool]]:
+    async def _tokens(self, stream: TokenStream, decode_id: str, n: int) -> AsyncIterator[tuple[TokenChunk, bool]]:
         """The decode's chunks in order, each with whether it is the last: until each
         of the `n` outputs has ended."""
         seq, ended = 0, set()
         while True:
-            chunk = await self._next_chunk(sub, decode_id, deadline)
+            chunk = await self._next_chunk(stream, decode_id)
             if chunk.seq != seq:
                 raise UpstreamError(502, f"token stream out of order: got chunk {chunk.seq}, expected {seq}")
             seq += 1
@@ -480,23 +480,14 @@ class Pipeline:
             if len(ended) == n:
                 return
 
-    async def _next_chunk(self, sub: Subscription, instance_id: str, deadline: float) -> TokenChunk:
-        quiet_until = time.monotonic() + self.config.token_idle_timeout_s
-        while True:
-            left = bus.remaining(deadline)
-            if left <= 0:
-                raise UpstreamError(504, "deadline exceeded while decoding")
-            if time.monotonic() > quiet_until:
-                raise UpstreamError(504, f"no token from {instance_id} for {self.config.token_idle_timeout_s:.0f} s")
-            try:
-                msg = await sub.next_msg(timeout=min(left, self.config.heartbeat_interval_s))
-            except nats.errors.TimeoutError:
-                self._check_alive(instance_id)
-                continue
-            try:
-                return decode(msg.data, TokenChunk)
-            except MessageError as e:
-                raise UpstreamError(502, f"bad token chunk from {instance_id}: {e}") from e
+    @staticmethod
+    async def _next_chunk(stream: TokenStream, instance_id: str) -> TokenChunk:
+        try:
+            return decode(await stream.next(), TokenChunk)
+        except StreamEnded as e:
+            raise UpstreamError(e.status, str(e)) from e
+        except MessageError as e:
+            raise UpstreamError(502, f"bad token chunk from {instance_id}: {e}") from e
 
     async def _watch(self, instance_id: str, work: Awaitable[T], deadline: float) -> T:
         """Await `work`, giving up as soon as `instance_id` stops beating."""

@@ -83,6 +83,18 @@ async def bounded(write: Awaitable[T], timeout_s: float) -> T:
         raise WriteTimeout(timeout_s) from e
 
 
+async def bounded_write(request: web.Request, response: web.StreamResponse, data: bytes, timeout_s: float) -> None:
+    """A streamed chunk, bounded as `bounded` bounds a write. One that cannot block goes
+    without the timer: aiohttp's write waits only while writing is paused, and the
+    transport pauses it only when its buffer goes over the high-water mark."""
+    transport = request.transport
+    if transport is not None and not request.protocol.writing_paused \
+            and transport.get_write_buffer_size() + len(data) <= transport.get_write_buffer_limits()[1]:
+        await response.write(data)
+    else:
+        await bounded(response.write(data), timeout_s)
+
+
 def abort(request: web.Request) -> None:
     """Drop a connection now, unsent bytes and all (close() would wait to send them)."""
     transport = request.transport

@@ -40,7 +40,7 @@ class ControlPlaneBench:
     gateways: Annotated[tuple[int, ...], Meta(description="gateway counts to run")] = (1, 2)
     conductors: Annotated[tuple[int, ...], Meta(description="Conductor counts to run")] = (1, 2)
     streams: Annotated[int, Meta(description="streaming completions the clients keep open")] = 32
-    max_tokens: Annotated[int, Meta(description="tokens each completion streams")] = 64
+    max_tokens: Annotated[int, Meta(description="tokens each completion streams")] = 256
     seconds: Annotated[float, Meta(description="the measured window of each layout, s")] = 20.0
     warmup_s: Annotated[float, Meta(description="load before the window, s")] = 5.0
     step_ms: Annotated[float, Meta(description="the fake engine's step: one token per request this often")] = 20.0
