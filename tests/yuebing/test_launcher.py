@@ -221,3 +221,30 @@ def test_a_second_launcher_on_a_run_folder_in_use_is_refused_naming_the_first(tm
         lock_run_dir(tmp_path)
     os.close(held)  # the first launcher gone: the folder is free again
     os.close(lock_run_dir(tmp_path))
+
+
+def test_gateways_serve_side_by_side_on_consecutive_ports_logged_in_as_the_gateway(tmp_path):
+    options = UpOptions(config=ClusterConfig(), gateways=3, port=8100)
+    c = Cluster(options)
+    secrets = make_secrets(tmp_path / "secrets", options, nats_port=4333)
+    c.plan(tmp_path, tmp_path / "cluster.json", secrets)
+    argv = {child.name: child.argv for child in c.children}
+    for name, port in (("gateway", 8100), ("gateway-1", 8101), ("gateway-2", 8102)):
+        assert argv[name][argv[name].index("--port") + 1] == str(port)
+        assert argv[name][argv[name].index("--nats-credentials") + 1] == str(secrets.credentials("gateway"))
+    assert c.urls == ["http://127.0.0.1:8100", "http://127.0.0.1:8101", "http://127.0.0.1:8102"]
+    assert c.metrics["gateway-2"] == "http://127.0.0.1:8102/metrics"
+    with pytest.raises(ValueError, match="--gateways"):
+        UpOptions(config=ClusterConfig(), gateways=0)
+
+
+def test_a_taken_port_of_a_later_gateway_is_named(tmp_path):
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        c = Cluster(UpOptions(config=ClusterConfig(), port=port - 1, gateways=2, run_dir=tmp_path / "run"))
+        with pytest.raises(ValueError, match=r"gateway 1 takes --port\+1"):
+            c.start()

@@ -1,0 +1,42 @@
+"""`yuebing bench control-plane`'s arithmetic: the window's requests, tokens and gaps,
+and CPU per request and per token by role. (The bench itself runs live clusters:
+tests/e2e/test_gateways.py runs the same fake-engine layout.)"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from yuebing.bench.control_plane import ControlPlaneBench, Stream, cpu_costs, cpu_s, role_of, window
+
+
+def test_the_window_counts_requests_ended_and_tokens_received_inside_it():
+    inside = Stream(started=1.0, ended=2.0, token_times=[1.5, 1.6, 1.8, 2.0], ok=True)
+    before = Stream(started=0.0, ended=0.9, token_times=[0.5, 0.9], ok=True)
+    straddling = Stream(started=2.5, ended=12.0, token_times=[3.0, 11.0], ok=True)
+    w = window([inside, before, straddling], start=1.0, end=11.0)
+    assert w["requests"] == 1 and w["tokens"] == 5 and w["requests_per_s"] == pytest.approx(0.1)
+    assert w["itl_p50_ms"] == pytest.approx(200.0)  # gaps after the first token's: 0.2 and 0.2
+    assert w["ttft_p50_ms"] == pytest.approx(500.0)
+
+
+def test_cpu_is_summed_by_role_per_request_and_per_token():
+    before = {"gateway": 1.0, "gateway-1": 2.0, "conductor": 0.0, "nats": 0.0}
+    after = {"gateway": 1.5, "gateway-1": 2.5, "conductor": 0.2, "nats": 0.1}
+    costs = cpu_costs(before, after, requests=100, tokens=10_000)
+    assert costs["gateway"]["us_per_token"] == pytest.approx(100.0) and costs["gateway"]["processes"] == 2
+    assert costs["conductor"]["us_per_request"] == pytest.approx(2000.0)
+    assert costs["gateway"]["busiest_s"] == pytest.approx(0.5)
+    assert [role_of(n) for n in ("gateway-1", "decode-0", "nats")] == ["gateway", "decode", "nats"]
+
+
+def test_cpu_time_is_read_from_proc():
+    assert cpu_s(os.getpid()) > 0
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError):
+        ControlPlaneBench(gateways=(0,))
+    with pytest.raises(ValueError):
+        ControlPlaneBench(step_ms=0)
