@@ -1,6 +1,6 @@
 """`yuebing up`: the local cluster as child processes of one launcher.
 
-Starts nats-server and every service with one shared config file, waits until the
+Starts nats-server and every service with one shared config file, waits until every
 gateway sees every instance alive, and supervises: a child that dies (nats-server
 included) is reported with its exit status and the tail of its log and started again
 after a backoff (yuebing/restarts.py); a crash loop stops the cluster, and so does
@@ -218,7 +218,7 @@ class Cluster:
         return ["--metrics-port", str(port)]
 
     def start(self) -> float:
-        """Start every child and wait until the gateway sees every instance; the seconds it took."""
+        """Start every child and wait until every gateway sees every instance; the seconds it took."""
         o = self.options
         refuse_unloadable_transport(o.config)
         refuse_taken_ports(o.port, o.host, o.nats_port, o.gateways)
@@ -318,14 +318,9 @@ class Cluster:
             time.sleep(0.5)
 
     def live_instances(self) -> set[str] | None:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                body = json.load(r)
-        except urllib.error.HTTPError as e:
-            body = json.load(e)
-        except (OSError, ValueError):
-            return None
-        return {iid for ids in body.get("instances", {}).values() for iid in ids}
+        """The instances every gateway sees alive (None: a gateway not answering yet)."""
+        seen = [gateway_sees(url) for url in self.urls]
+        return None if None in seen else set.intersection(*seen)  # type: ignore[arg-type]
 
     def check_children(self) -> list[str]:
         """Report children that died and schedule their restart; start those that are
@@ -385,6 +380,18 @@ class Cluster:
         started = {c.process: c for c in children if c.process is not None}
         for proc in process.stop(list(started), grace_s):
             say(f"{started[proc].name} did not stop in {grace_s:.0f}s; killed it")
+
+
+def gateway_sees(url: str) -> set[str] | None:
+    """The instances a gateway's /health lists alive (None: it does not answer yet)."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            body = json.load(r)
+    except urllib.error.HTTPError as e:
+        body = json.load(e)
+    except (OSError, ValueError):
+        return None
+    return {iid for ids in body.get("instances", {}).values() for iid in ids}
 
 
 def secrets_layout(o: UpOptions) -> Layout:

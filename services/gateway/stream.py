@@ -76,7 +76,8 @@ class TokenStream:
         """Raise why the stream should be given up now, if it should."""
         if bus.remaining(self.deadline) <= 0:
             raise StreamEnded(504, "deadline exceeded while decoding")
-        if time.monotonic() - self.last > self.idle_timeout_s:
+        quiet_s = time.monotonic() - self.last
+        if quiet_s > self.idle_timeout_s:
             raise StreamEnded(504, f"no token from {self.instance_id} for {self.idle_timeout_s:.0f} s")
-        if time.monotonic() - self.last >= self.check_s:  # a stream still delivering is alive, beats or not
+        if quiet_s >= self.check_s:  # a stream still delivering is alive, beats or not
             self.check_alive(self.instance_id)

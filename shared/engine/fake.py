@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Ids every vocabulary has (in a byte-level one such as yuebing-tiny's, "a" to "z"):
@@ -49,50 +49,26 @@ class Output:
 
 
 @dataclass
-class Clock:
-    """The batch's steps: every request waits on the same tick."""
-
-    step_s: float
-    _tick: asyncio.Future[None] | None = None
-    _task: asyncio.Task[None] | None = None
-
-    async def step(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="fake engine steps")
-        if self._tick is None or self._tick.done():
-            self._tick = asyncio.get_running_loop().create_future()
-        await asyncio.shield(self._tick)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.step_s)
-            if self._tick is not None and not self._tick.done():
-                self._tick.set_result(None)
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-
-@dataclass
 class FakeEngine:
     step_s: float
     errored: bool = False
     dead_error: BaseException | None = None
-    clock: Clock = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.clock = Clock(self.step_s)
 
     async def generate(self, prompt: dict[str, Any], params: Any, request_id: str,
                        trace_headers: Any = None) -> AsyncIterator[Output]:
         """`params.max_tokens` tokens for each of `params.n` outputs, one a step."""
-        kv = dict((params.extra_args or {}).get("kv_transfer_params") or {})
+        saves = bool((params.extra_args or {}).get("kv_transfer_params"))
         for position in range(params.max_tokens):
-            await self.clock.step()
+            await self._step()
             last = position == params.max_tokens - 1
             outputs = [Completion(i, [token_at(position)], "length" if last else None) for i in range(params.n)]
-            yield Output(outputs, last, kv_transfer_params={"kv_blocks": 0} if last and kv else None)
+            yield Output(outputs, last, kv_transfer_params={"kv_blocks": 0} if last and saves else None)
+
+    async def _step(self) -> None:
+        """Until the next multiple of `step_s` on the loop's clock: every request running
+        wakes on the same tick, in one turn of the loop, as one batch's outputs come."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(self.step_s - loop.time() % self.step_s)
 
     def shutdown(self) -> None:
-        self.clock.stop()
+        pass  # nothing runs between requests

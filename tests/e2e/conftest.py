@@ -44,6 +44,7 @@ class Cluster:
     launcher_log: Path
     metrics: dict[str, str]  # service → its Prometheus page
     admin_credentials: Path  # the admin NATS identity: what tests ask the services with
+    urls: list[str]  # every gateway's (`url` is the first's)
 
     @property
     def api(self) -> str:
@@ -88,7 +89,7 @@ class Launch:
         state = json.loads(self.ready.read_text())
         return Cluster(
             state["url"], state["nats_url"], state["pids"], Path(state["run_dir"]), self.proc, self.log, state["metrics"],
-            Path(state["admin_credentials"]),
+            Path(state["admin_credentials"]), state["urls"],
         )
 
     def stop(self) -> None:

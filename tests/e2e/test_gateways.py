@@ -27,18 +27,14 @@ def fake(launcher, tmp_path_factory):
     started.stop()
 
 
-def gateways(cluster) -> list[str]:
-    port = int(cluster.url.rsplit(":", 1)[1])
-    return [cluster.url, f"{cluster.url.rsplit(':', 1)[0]}:{port + 1}"]
-
-
 def body(max_tokens: int) -> dict:
     return {"model": MODEL, "prompt": "to both gateways", "max_tokens": max_tokens, "stream": True}
 
 
 def test_both_gateways_stream_the_same_events(fake):
+    assert len(fake.urls) == 2
     raw = []
-    for url in gateways(fake):
+    for url in fake.urls:
         r = httpx.post(f"{url}/v1/completions", json=body(12), timeout=30)
         assert r.status_code == 200, r.text
         raw.append(r.text)
@@ -50,7 +46,7 @@ def test_both_gateways_stream_the_same_events(fake):
 
 @pytest.mark.parametrize("gateway", [0, 1])
 def test_a_stream_dropped_on_either_gateway_stops_its_decode(fake, gateway):
-    url = gateways(fake)[gateway]
+    url = fake.urls[gateway]
     with httpx.stream("POST", f"{url}/v1/completions", json=body(900), timeout=30) as r:
         assert r.status_code == 200
         own = r.headers["x-yuebing-request-id"]

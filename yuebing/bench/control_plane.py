@@ -96,10 +96,10 @@ class Clients:
             except Exception:  # counted, not fatal: the figures say how many failed
                 s.ok = False
             s.ended = time.monotonic()
-            self.done.append(s) if s.ok else self._failed()
-
-    def _failed(self) -> None:
-        self.errors += 1
+            if s.ok:
+                self.done.append(s)
+            else:
+                self.errors += 1
 
 
 def cpu_s(pid: int) -> float:

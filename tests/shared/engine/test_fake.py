@@ -4,7 +4,6 @@ fixed token stream, every request stepping on one clock, to max_tokens."""
 from __future__ import annotations
 
 import asyncio
-import time
 from types import SimpleNamespace
 
 from shared.engine.fake import FakeEngine, token_at
@@ -19,25 +18,26 @@ async def outputs(engine: FakeEngine, p: SimpleNamespace) -> list:
 
 
 async def test_one_token_a_step_for_each_output_until_max_tokens():
-    engine = FakeEngine(0.001)
-    got = await outputs(engine, params(4, n=2))
-    engine.shutdown()
+    got = await outputs(FakeEngine(0.001), params(4, n=2))
     assert [[c.token_ids for c in o.outputs] for o in got] == [[[token_at(i)]] * 2 for i in range(4)]
     assert [o.finished for o in got] == [False, False, False, True]
     assert [c.finish_reason for c in got[-1].outputs] == ["length", "length"] and got[-1].outputs[0].finished()
 
 
 async def test_a_prefill_is_told_its_kv_went_nowhere():
-    engine = FakeEngine(0.001)
-    (only,) = await outputs(engine, params(1, kv={"kv_dest": "node-0"}))
-    engine.shutdown()
+    (only,) = await outputs(FakeEngine(0.001), params(1, kv={"kv_dest": "node-0"}))
     assert only.kv_transfer_params == {"kv_blocks": 0}
 
 
 async def test_requests_step_together_on_one_clock():
-    engine = FakeEngine(0.02)
-    started = time.monotonic()
-    results = await asyncio.gather(*(outputs(engine, params(5)) for _ in range(20)))
-    engine.shutdown()
-    assert all(len(r) == 5 for r in results)
-    assert time.monotonic() - started < 0.02 * 5 * 3  # 20 requests in parallel, not one after another
+    engine, loop = FakeEngine(0.02), asyncio.get_running_loop()
+
+    async def times() -> list[float]:
+        return [loop.time() async for _ in engine.generate({}, params(4), "r")]
+
+    first = asyncio.create_task(times())
+    await asyncio.sleep(0.007)  # started mid-step: its outputs still come on the batch's ticks
+    late = await times()
+    early = await first
+    assert all(min(abs(t - e) for e in early) < 0.003 for t in late[:3])
+    assert all(0.015 < b - a < 0.025 for a, b in zip(early, early[1:], strict=False))
