@@ -29,7 +29,7 @@ role's demand; on a plateau of splits that all serve it, nothing moves), and onl
   - the target has disagreed with the split `confirm` decisions in a row (no flapping
     on a burst),
   - each has kept its role `dwell_s` and is not still draining from a move,
-  - and at most `max_moves_per_min` moves in any minute.
+  - and at most `move_share_per_min` of the fleet moves in any minute.
 
 What it moves: the decode instance decoding the fewest requests, or the prefill
 instance with the shortest queue; both drain first: the Conductor sends it nothing
@@ -52,13 +52,17 @@ MINUTE_S = 60.0
 
 @dataclass(frozen=True)
 class PlannerParams:
-    window_s: float = 60.0  # the arrivals demand is judged on
+    # How fast it follows a shift: in the simulator's shifting trace (docs/simulator.md)
+    # a 60 s window, 3 confirmations and 4 moves a minute lost a third of what the
+    # planner gained; the dwell time and the confirmations still stop a burst.
+    window_s: float = 30.0  # the arrivals demand is judged on
     interval_s: float = 10.0  # between decisions
-    confirm: int = 3  # decisions in a row that must want the same move
+    confirm: int = 2  # decisions in a row that must want the same move
     dwell_s: float = 60.0  # an instance keeps a role at least this long
-    max_moves_per_min: int = 4
+    move_share_per_min: float = 0.5  # of the fleet, moved in any minute at most (at least one instance)
     prefill_utilization: float = 0.8  # the share of a prefill instance's time planned busy
     decode_utilization: float = 0.7  # the share of a decode instance's batch planned full (bursts need room)
+    decode_burst_z: float = 2.0  # decode room planned for bursts, in standard deviations of the requests decoding
     tbt_headroom: float = 0.9  # the share of the TBT SLO a decode batch is sized to
     max_batch: int = 128  # requests a decode instance holds at most (vLLM's max_num_seqs)
     refusal_share: float = 0.01  # decode refusals beyond this share of arrivals move an instance to decode
@@ -70,6 +74,8 @@ class PlannerParams:
     def __post_init__(self) -> None:
         if self.window_s <= 0 or self.interval_s <= 0 or self.dwell_s < 0 or self.confirm < 1:
             raise ValueError("planner: window and interval must be positive, confirm at least 1")
+        if not 0 < self.move_share_per_min <= 1 or self.decode_burst_z < 0:
+            raise ValueError("planner: move_share_per_min must be in (0, 1], decode_burst_z at least 0")
         if not all(0 < x <= 1 for x in (self.prefill_utilization, self.decode_utilization, self.tbt_headroom)):
             raise ValueError("planner: prefill_utilization, decode_utilization and tbt_headroom must be in (0, 1]")
 
@@ -149,7 +155,10 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
     batch = sized_batch(predictor, ctx, obs.slo_tbt_s * params.tbt_headroom / slow, params.max_batch)
     each_s = obs.decode_time_s if obs.decode_time_s is not None else \
         max(0.0, output - 1) * predictor.decode_step_s(batch, round(batch * ctx)) * slow
-    decode = rate * each_s / (batch * params.decode_utilization)
+    concurrent = max(0.0, rate * each_s)  # Little's law
+    # Square-root staffing: arrivals are bursty, and the fewer decode at once, the
+    # larger a burst is beside them (Poisson: its spread is the mean's square root).
+    decode = (concurrent + params.decode_burst_z * math.sqrt(concurrent)) / (batch * params.decode_utilization)
     n = len(obs.roles)
     share = prefill / (prefill + decode) if prefill + decode > 0 else 0.5
     # Decode gets at least what it needs: prefill's shortfall is shed by admission
@@ -199,7 +208,7 @@ class Planner:
         self.wanted = want
         if want is None or d is None or self.streak < self.params.confirm:
             return []
-        count = min(abs(d.target_prefill - prefills), self._budget(obs.now))
+        count = min(abs(d.target_prefill - prefills), self._budget(obs.now, len(obs.roles)))
         moves = [Move(iid, want, d.detail()) for iid in self._candidates(obs, want)[:count]]
         for m in moves:
             self.changed_at[m.instance_id] = obs.now
@@ -217,11 +226,12 @@ class Planner:
             return None
         return "prefill" if d.target_prefill > prefills else "decode"
 
-    def _budget(self, now: float) -> int:
+    def _budget(self, now: float, fleet: int) -> int:
         """Moves the last minute leaves room for."""
         while self.moves and self.moves[0] <= now - MINUTE_S:
             self.moves.popleft()
-        return max(0, self.params.max_moves_per_min - len(self.moves))
+        most = max(1, math.floor(self.params.move_share_per_min * fleet))
+        return max(0, most - len(self.moves))
 
     def _candidates(self, obs: Observation, to: Role) -> list[str]:
         """The instances that may move, cheapest first (see the module's text): of the

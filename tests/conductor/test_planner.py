@@ -10,7 +10,8 @@ from shared.predictor import Predictor
 
 # ms: prefill 10 + 0.02/token (linear only); decode step 10 + 0.1/sequence + 0.00002/context token
 PREDICTOR = Predictor((10.0, 0.02, 0.0, 0.0), (10.0, 0.1, 0.00002))
-PARAMS = PlannerParams(window_s=10.0, interval_s=1.0, confirm=2, dwell_s=5.0, max_moves_per_min=2)
+PARAMS = PlannerParams(window_s=10.0, interval_s=1.0, confirm=2, dwell_s=5.0, move_share_per_min=0.25,
+                       decode_burst_z=0.0)  # fleets of 8 here: 2 moves a minute
 
 
 def roles(prefill: int, decode: int) -> dict[str, str]:
@@ -114,3 +115,27 @@ def test_in_adaptive_mode_a_prefill_role_that_needs_under_half_an_instance_is_em
     assert demand(obs(100.0, 1, 1, prompt=200, output=2000), PREDICTOR, fixed).target_prefill == 1
     back = demand(obs(100.0, 0, 2, prompt=20000, output=40), PREDICTOR, adaptive)  # long prompts: prefill again
     assert back.target_prefill == 1
+
+
+def test_decode_plans_room_for_bursts_relatively_more_where_few_decode():
+    from dataclasses import replace
+
+    bursty = replace(PARAMS, decode_burst_z=2.0)
+    extra = []
+    for per_s in (0.5, 20.0):  # few requests decoding at once, then many
+        plain = demand(obs(100.0, 4, 4, prompt=200, output=400, per_s=per_s), PREDICTOR, PARAMS)
+        room = demand(obs(100.0, 4, 4, prompt=200, output=400, per_s=per_s), PREDICTOR, bursty)
+        concurrent = plain.decode * PARAMS.decode_utilization * sized_batch(PREDICTOR, 400, 0.045, PARAMS.max_batch)
+        assert room.decode == pytest.approx(plain.decode * (1 + 2 / concurrent ** 0.5))
+        extra.append(room.decode / plain.decode)
+    assert extra[0] > 1.5 > 1.2 > extra[1]
+
+
+def test_a_minute_moves_at_most_a_share_of_the_fleet():
+    from dataclasses import replace
+
+    big = Planner(PREDICTOR, replace(PARAMS, move_share_per_min=0.5))
+    moves = [big.decide(obs(t, 2, 14, prompt=40000, output=40)) for t in (100.0, 101.0)]
+    assert moves[0] == [] and len(moves[1]) == 8  # half of 16 at once: a shift is followed within a minute
+    with pytest.raises(ValueError):
+        PlannerParams(move_share_per_min=0.0)

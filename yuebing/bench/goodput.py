@@ -37,7 +37,7 @@ from msgspec import Meta
 
 from yuebing.bench.soak import Slo
 from yuebing.lab.outcome import Outcome
-from yuebing.lab.trace import TRACE_BLOCK_TOKENS, TraceRequest, base_rate, load_trace, rescale, shifting
+from yuebing.lab.trace import TRACE_BLOCK_TOKENS, Mix, TraceRequest, base_rate, load_trace, rescale, shifting
 
 if TYPE_CHECKING:
     from yuebing.lab.replay import ReplayOptions
@@ -90,7 +90,8 @@ class GoodputSpec:
     warmup: Annotated[int, Meta(description="requests sent (and not counted) before a server's first probe")] = 4
     prompt_seed: Annotated[int, Meta(description="salt of the prompt tokens (each probe adds its number)")] = 0
     shift: Annotated[str, Meta(description="a mix that shifts: the middle third's input,output length factors "
-                                           "(e.g. 3,0.125: long prompts, short answers; empty: none)")] = ""
+                                           "and optional appended document tokens (e.g. 3,0.125: long prompts, "
+                                           "short answers; empty: none)")] = ""
     up_flags: Annotated[str, Meta(description="more `yuebing up` flags for every mode's cluster")] = ""
     plain_vllm: Annotated[bool, Meta(description="also measure 2 plain vLLM servers, round-robin from the client")] = (
         False)
@@ -117,15 +118,11 @@ class GoodputSpec:
             raise ValueError(f"--rates takes distinct positive rates, comma-separated; got {self.rates!r}")
         if self.trace and not Path(self.trace).is_file():
             raise ValueError(f"--trace: no such file: {self.trace}")
-        if self.shift and (len(self.shift_factors) != 2 or min(self.shift_factors) <= 0):
-            raise ValueError(f"--shift takes two positive factors, input,output; got {self.shift!r}")
-
-    @property
-    def shift_factors(self) -> tuple[float, ...]:
-        try:
-            return tuple(float(f) for f in self.shift.split(","))
-        except ValueError:
-            raise ValueError(f"--shift takes two numbers, input,output; got {self.shift!r}") from None
+        if self.shift:
+            try:
+                Mix.parse(self.shift)
+            except ValueError as e:
+                raise ValueError(f"--shift: {e}") from None
 
     @property
     def mode_list(self) -> tuple[str, ...]:
@@ -366,7 +363,7 @@ def load_slice(spec: GoodputSpec) -> list[TraceRequest]:
 
     raw = load_trace(spec.trace or data.CONVERSATION_TRACE, spec.requests)
     if spec.shift:
-        raw = shifting(raw, middle=(spec.shift_factors[0], spec.shift_factors[1]))
+        raw = shifting(raw, middle=Mix.parse(spec.shift))
     return spread(raw) if spec.spread else raw
 
 

@@ -6,6 +6,7 @@ and the planner's, and with --plot-dir draws the planner's split over time."""
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,12 +21,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               "shifting and a steady trace")
     p.add_argument("--profile", default=str(data.GPU_PROFILE), help="timing profile (default: an H100's, shipped)")
     p.add_argument("--instances", type=int, default=16, help="the fleet: prefill plus decode instances")
-    p.add_argument("--limit", type=int, default=6000, help="requests of the conversation trace (its first N)")
+    p.add_argument("--limit", type=int, default=None, help="requests of the conversation trace (its first N; "
+                   "default: all)")
+    p.add_argument("--copies", type=int, default=3, help="users: the trace tiled this many times, interleaved")
     p.add_argument("--speed", type=float, default=3.0, help="replay speed factor")
     p.add_argument("--slo-ttft", type=float, default=10.0, help="TTFT SLO, s")
     p.add_argument("--slo-tbt", type=float, default=0.1, help="TBT SLO, s")
-    p.add_argument("--middle", default="3,0.125", help="the shifting trace's middle third: input,output factors")
-    p.add_argument("--outer", default="1,1", help="... and its outer thirds' (1,1: the trace as it is)")
+    p.add_argument("--middle", default="0.5,0.0625,8000", help="the shifting trace's middle third: input,output "
+                   "length factors[,document tokens appended to each prompt] (default: a long document and a short "
+                   "answer each)")
+    p.add_argument("--outer", default="0.25,6", help="... and its outer thirds' (default: short prompts, long "
+                   "answers; 1,1: the trace as it is); the steady trace is the outer mix throughout")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulations run at once (processes)")
     p.add_argument("--mode", choices=("disaggregated", "adaptive"), default="disaggregated",
                    help="serving mode of every run (adaptive: what a split cannot serve in time spills onto decode "
                         "instances)")
@@ -37,18 +44,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from shared.predictor import load_predictor
     from yuebing.lab.sim_config import SimConfig
-    from yuebing.lab.trace import load_trace, shifting
+    from yuebing.lab.trace import Mix, load_trace, shifting, tiled
 
-    if args.instances < 2:
-        raise ValueError("--instances: at least one prefill and one decode instance")
+    if args.instances < 2 or args.copies < 1 or args.jobs < 1:
+        raise ValueError("--instances: at least one prefill and one decode instance; --copies and --jobs at least 1")
+    middle, outer = Mix.parse(args.middle), Mix.parse(args.outer)
     predictor = load_predictor(args.profile, None)
-    trace = load_trace(data.CONVERSATION_TRACE, args.limit)
+    trace = tiled(load_trace(data.CONVERSATION_TRACE, args.limit), args.copies)
     base = SimConfig(speed=args.speed, admission="predictive", slo_ttft_s=args.slo_ttft, slo_tbt_s=args.slo_tbt,
                      learn_decode_time=True, mode=args.mode)
-    traces = {"shifting": shifting(trace, _factors(args.middle), _factors(args.outer)), "steady": trace}
+    traces = {"shifting": shifting(trace, middle, outer), "steady": shifting(trace, outer, outer)}
     out, plans = {}, {}
     for name, t in traces.items():
-        out[name], plans[name] = _compare(t, base, args.instances, predictor)
+        out[name], plans[name] = _compare(name, t, base, args, predictor)
     print(_table(out, args))
     if args.plot_dir:
         print("plot:", _plot(plans, Path(args.plot_dir) / "planner_split.png", args.instances))
@@ -56,28 +64,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _factors(text: str) -> tuple[float, float]:
-    try:
-        a, b = (float(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"length factors are two numbers, input,output: got {text!r}") from None
-    return a, b
-
-
-def _compare(trace, base, n: int, predictor) -> tuple[dict, list[tuple[float, int]]]:
+def _compare(name: str, trace, base, args: argparse.Namespace, predictor) -> tuple[dict, list[tuple[float, int]]]:
     """Goodput of each static split, of the planner (started from the best one), and
     the oracle's (`_oracle`)."""
     from yuebing.lab.sim import simulate
 
-    runs = {p: simulate(trace, replace(base, prefill=p, decode=n - p), predictor) for p in range(1, n)}
+    n = args.instances
+    runs = _simulate_all(name, trace, {p: replace(base, prefill=p, decode=n - p) for p in range(1, n)}, predictor,
+                         args.jobs)
     static = {p: run.result["goodput_rps"] for p, run in runs.items()}
     best = max(static, key=lambda p: (static[p], -abs(p - n / 2)))
     run = simulate(trace, replace(base, prefill=best, decode=n - best, planner=True), predictor)
+    print(f"{name}: planner from {best}P: {run.result['goodput_rps']:.2f} req/s", flush=True)
     planned, oracle = run.result["goodput_rps"], _oracle(runs, runs[best].result["duration_s"])
     return {"static_goodput_rps": static, "best_static": best, "planner_goodput_rps": planned,
             "planner_over_best": planned / static[best] if static[best] else 0.0, "oracle_goodput_rps": oracle,
             "oracle_over_best": oracle / static[best] if static[best] else 0.0,
             "planner_moves": run.result["planner_moves"]}, run.result["planner_split"]
+
+
+def _simulate_all(name: str, trace, configs: dict, predictor, jobs: int) -> dict:
+    """Each configuration's run, `jobs` at once (forked: the trace is not copied
+    twice), a line as each ends."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from yuebing.lab.sim import simulate
+
+    runs = {}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {pool.submit(simulate, trace, config, predictor): key for key, config in configs.items()}
+        for future in as_completed(futures):
+            key = futures[future]
+            runs[key] = future.result()
+            print(f"{name}: {key}P {runs[key].result['goodput_rps']:.2f} req/s ({len(runs)}/{len(configs)})",
+                  flush=True)
+    return dict(sorted(runs.items()))
 
 
 def _oracle(runs: dict, seconds: float) -> float:
@@ -100,7 +122,7 @@ def _table(out: dict, args: argparse.Namespace) -> str:
     splits = sorted(next(iter(out.values()))["static_goodput_rps"])
     header = ["trace", *(f"{p}P" for p in splits), "planner", "vs best static", "moves", "oracle"]
     return text_table(f"goodput, req/s within both SLOs (TTFT {args.slo_ttft:g} s, TBT {args.slo_tbt * 1e3:g} ms), "
-                      f"{args.instances} instances, {args.limit} requests at speed {args.speed:g}", header, rows)
+                      f"{args.instances} instances, the trace ({args.limit or 'all'} requests) x{args.copies} at speed {args.speed:g}", header, rows)
 
 
 def _plot(plans: dict[str, list[tuple[float, int]]], path: Path, n: int) -> str:

@@ -139,27 +139,50 @@ def rescale(trace: Sequence[TraceRequest], speed: float = 1.0, length_factor: fl
     return out
 
 
-def shifting(trace: Sequence[TraceRequest], middle: tuple[float, float] = (3.0, 0.125),
-             outer: tuple[float, float] = (1.0, 1.0)) -> list[TraceRequest]:
+@dataclass(frozen=True)
+class Mix:
+    """How a part of a trace is reshaped: prompts and outputs scaled, and a document
+    of `document_tokens` appended to every prompt (unshared: a file each user pastes),
+    which makes every prompt long where scaling keeps the short ones short."""
+
+    input_factor: float = 1.0
+    output_factor: float = 1.0
+    document_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.input_factor, self.output_factor) <= 0 or self.document_tokens < 0:
+            raise ValueError("a mix's length factors must be positive and its document at least 0 tokens")
+
+    @classmethod
+    def parse(cls, text: str) -> Mix:
+        """'IN,OUT' or 'IN,OUT,DOC' (factors, then document tokens)."""
+        try:
+            numbers = [float(x) for x in text.split(",")]
+            if len(numbers) not in (2, 3):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"a mix is input,output[,document tokens]: got {text!r}") from None
+        return cls(numbers[0], numbers[1], round(numbers[2]) if len(numbers) == 3 else 0)
+
+
+def shifting(trace: Sequence[TraceRequest], middle: Mix = Mix(3.0, 0.125), outer: Mix = Mix()) -> list[TraceRequest]:
     """A mix that shifts and comes back: the trace in thirds, the middle third's
-    prompts and outputs scaled by `middle` (input factor, output factor) and the
-    outer thirds' by `outer`, at the same arrival times; blocks a longer prompt
-    adds are unshared. The default: the trace, then long prompts with short
-    answers, then the trace again (docs/simulator.md, "Roles that follow the load")."""
-    if min(*middle, *outer) <= 0:
-        raise ValueError("shifting: length factors must be positive")
+    requests reshaped by `middle` and the outer thirds' by `outer`, at the same
+    arrival times; blocks a longer prompt adds are unshared. The default: the trace,
+    then long prompts with short answers, then the trace again (docs/simulator.md,
+    "Roles that follow the load")."""
     third = len(trace) // 3
     fresh = itertools.count(max((h for r in trace for h in r.hash_ids), default=0) + 1)
-    return [_scaled(r, *(middle if third <= i < 2 * third else outer), fresh) for i, r in enumerate(trace)]
+    return [_reshaped(r, middle if third <= i < 2 * third else outer, fresh) for i, r in enumerate(trace)]
 
 
-def _scaled(r: TraceRequest, input_factor: float, output_factor: float, fresh: Iterator[int]) -> TraceRequest:
-    if input_factor == output_factor == 1.0:
+def _reshaped(r: TraceRequest, mix: Mix, fresh: Iterator[int]) -> TraceRequest:
+    if mix == Mix():
         return r
-    n_in = max(1, round(r.input_length * input_factor))
+    n_in = max(1, round(r.input_length * mix.input_factor)) + mix.document_tokens
     blocks = math.ceil(n_in / TRACE_BLOCK_TOKENS)
     ids = r.hash_ids[:blocks] + tuple(next(fresh) for _ in range(blocks - len(r.hash_ids)))
-    return TraceRequest(r.timestamp_ms, n_in, max(1, round(r.output_length * output_factor)), ids)
+    return TraceRequest(r.timestamp_ms, n_in, max(1, round(r.output_length * mix.output_factor)), ids)
 
 
 def tiled(trace: Sequence[TraceRequest], copies: int) -> list[TraceRequest]:

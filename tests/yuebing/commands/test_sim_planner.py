@@ -18,7 +18,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_it_prints_each_split_the_planner_and_the_oracle_and_plots_the_split(tmp_path, capsys):
     out = tmp_path / "planner.json"
-    args = parse("--instances", "4", "--limit", "600", "--speed", "1.5", "--plot-dir", str(tmp_path), "--json", str(out))
+    args = parse("--instances", "4", "--limit", "600", "--copies", "1", "--speed", "1.5", "--jobs", "2", "--plot-dir", str(tmp_path), "--json", str(out))
     assert args.func(args) == 0
     printed = capsys.readouterr().out
     assert "1P" in printed and "3P" in printed and "planner" in printed and "oracle" in printed

@@ -9,6 +9,7 @@ import pytest
 from yuebing.lab.data import CONVERSATION_TRACE
 from yuebing.lab.trace import (
     TRACE_BLOCK_TOKENS,
+    Mix,
     SyntheticSpec,
     TraceError,
     TraceRequest,
@@ -64,7 +65,7 @@ def test_a_shifting_trace_changes_its_middle_third_and_keeps_arrivals():
     from yuebing.lab.trace import shifting
 
     trace = [TraceRequest(i * 100.0, 1000 + i, 50, (i * 10, i * 10 + 1)) for i in range(9)]
-    out = shifting(trace, middle=(3.0, 0.1), outer=(1.0, 1.0))
+    out = shifting(trace, middle=Mix(3.0, 0.1), outer=Mix(1.0, 1.0))
     assert out[:3] == trace[:3] and out[6:] == trace[6:]
     for before, after in zip(trace[3:6], out[3:6]):
         assert after.timestamp_ms == before.timestamp_ms and after.output_length == 5
@@ -72,10 +73,21 @@ def test_a_shifting_trace_changes_its_middle_third_and_keeps_arrivals():
         assert after.hash_ids[:2] == before.hash_ids and len(after.hash_ids) == -(-after.input_length // 512)
     added = [h for r in out[3:6] for h in r.hash_ids[2:]]
     assert len(set(added)) == len(added) and not set(added) & {h for r in trace for h in r.hash_ids}  # unshared
-    shorter = shifting(trace, outer=(0.25, 4.0))[0]
+    shorter = shifting(trace, outer=Mix(0.25, 4.0))[0]
     assert (shorter.input_length, shorter.output_length, shorter.hash_ids) == (250, 200, (0,))
-    with pytest.raises(ValueError):
-        shifting(trace, middle=(0.0, 1.0))
+
+
+def test_a_mix_appends_an_unshared_document_to_every_prompt():
+    from yuebing.lab.trace import shifting
+
+    trace = [TraceRequest(i * 100.0, 100 * (i + 1), 64, (i,)) for i in range(3)]
+    out = shifting(trace, middle=Mix(1.0, 0.25, document_tokens=1000), outer=Mix(1.0, 0.25, document_tokens=1000))
+    assert [r.input_length for r in out] == [1100, 1200, 1300]  # short prompts become long ones
+    assert all(r.output_length == 16 and r.hash_ids[0] == i and len(r.hash_ids) == 3 for i, r in enumerate(out))
+    assert Mix.parse("0.5,0.0625,8000") == Mix(0.5, 0.0625, 8000) and Mix.parse("3,0.125") == Mix(3.0, 0.125)
+    for bad in ("3", "1,2,3,4", "a,b", "0,1", "1,1,-5"):
+        with pytest.raises(ValueError):
+            Mix.parse(bad)
 
 
 def test_a_tiled_trace_multiplies_users_interleaved_with_their_own_prompts():
