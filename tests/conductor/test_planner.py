@@ -115,6 +115,11 @@ def test_in_adaptive_mode_a_prefill_role_that_needs_under_half_an_instance_is_em
     assert demand(obs(100.0, 1, 1, prompt=200, output=2000), PREDICTOR, fixed).target_prefill == 1
     back = demand(obs(100.0, 0, 2, prompt=20000, output=40), PREDICTOR, adaptive)  # long prompts: prefill again
     assert back.target_prefill == 1
+    # Decode refusing under long prompts does not empty the prefill role: decode would
+    # then prefill them all itself.
+    refusing = obs(100.0, 1, 1, prompt=20000, output=40, decode_refusals=50)
+    assert demand(refusing, PREDICTOR, adaptive).target_prefill == 1
+    assert Planner(PREDICTOR, adaptive).decide(refusing) == []
 
 
 def test_decode_plans_room_for_bursts_relatively_more_where_few_decode():
