@@ -171,10 +171,10 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
     if forced:
         # Decode is refusing what prefill computed: a prefill instance more would only
         # waste more. Whatever the time models say, the split moves toward decode, but
-        # never to no prefill instance: decode instances would then prefill it all
-        # themselves, more work for the role that is refusing (measured live: 38 good
-        # requests against 97 kept at 1P+1D, past capacity).
-        target = max(1, min(target, sum(1 for r in obs.roles.values() if r == "prefill") - 1))
+        # not to no prefill instance where the demand wants prefill: decode instances
+        # would then prefill it all themselves, more work for the role that is refusing
+        # (measured live: 38 good requests against 97 kept at 1P+1D, past capacity).
+        target = min(target, max(1, sum(1 for r in obs.roles.values() if r == "prefill") - 1))
     return Demand(prefill, decode, min(n - 1, max(0 if params.empty_prefill else 1, target)), forced)
 
 

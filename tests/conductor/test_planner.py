@@ -120,6 +120,9 @@ def test_in_adaptive_mode_a_prefill_role_that_needs_under_half_an_instance_is_em
     refusing = obs(100.0, 1, 1, prompt=20000, output=40, decode_refusals=50)
     assert demand(refusing, PREDICTOR, adaptive).target_prefill == 1
     assert Planner(PREDICTOR, adaptive).decide(refusing) == []
+    # Where prefill needs a sliver, refusals do not keep it either.
+    sliver = obs(100.0, 1, 1, prompt=200, output=2000, decode_refusals=50)
+    assert demand(sliver, PREDICTOR, adaptive).target_prefill == 0
 
 
 def test_decode_plans_room_for_bursts_relatively_more_where_few_decode():
