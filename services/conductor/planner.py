@@ -156,7 +156,7 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
     batch = sized_batch(predictor, ctx, obs.slo_tbt_s * params.tbt_headroom / slow, params.max_batch)
     each_s = obs.decode_time_s if obs.decode_time_s is not None else \
         max(0.0, output - 1) * predictor.decode_step_s(batch, round(batch * ctx)) * slow
-    concurrent = max(0.0, rate * each_s)  # Little's law
+    concurrent = rate * each_s  # Little's law
     # Square-root staffing: arrivals are bursty, and the fewer decode at once, the
     # larger a burst is beside them (Poisson: its spread is the mean's square root).
     decode = (concurrent + params.decode_burst_z * math.sqrt(concurrent)) / (batch * params.decode_utilization)

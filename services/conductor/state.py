@@ -287,8 +287,9 @@ class ClusterState:
         self._off_local(request_id)
         _, decode_id = self.placed.pop(request_id, ("", ""))
         item = self._unbook(decode_id, request_id)
-        if completed and item is not None and self.params.learn_decode_time:
-            # item.start: when its prefill_done said decoding began
+        if completed and item is not None and self.params.learn_decode_time and item.start <= now:
+            # item.start: when its prefill_done said decoding began. Still in the future:
+            # that never came, and the span says nothing (it would teach a negative t_d).
             self.decode_time_s += DECODE_TIME_WEIGHT * (now - item.start - self.decode_time_s)
 
     def _off_local(self, request_id: str) -> None:

@@ -210,3 +210,16 @@ def test_queue_ranking_follows_busy_until():
     assert s.queues.key("p0") == pytest.approx(0.25)
     s.remove_instance("p0")
     assert list(s.queues) == ["p1"]
+
+
+def test_a_decode_finished_before_its_prefill_was_reported_teaches_no_decode_time():
+    s = ClusterState(PRED, Params(block_size=4, decode_time_s=5.0, learn_decode_time=True), PrefixIndex(1000))
+    s.add_instance("prefill", "p0")
+    s.add_instance("decode", "d0")
+    assign(s, "r1", now=0.0, ttft=2.0)  # decoding predicted from 2.0 on
+    s.finished("r1", now=0.5, completed=True)  # no prefill_done came: the span is not a decode's
+    assert s.decode_time_s == 5.0
+    assign(s, "r2", now=1.0, ttft=0.5)
+    s.prefill_done("r2", now=1.5)
+    s.finished("r2", now=3.5, completed=True)
+    assert s.decode_time_s == pytest.approx(5.0 + 0.05 * (2.0 - 5.0))
