@@ -26,7 +26,7 @@ from services.gateway.text import Tokenizer
 from services.gateway.tool_parser import ToolParsing
 from shared.config import ClusterConfig
 from shared.liveness import Registry
-from shared.messages import Sampling, TokenChunk
+from shared.messages import Sampling, TokenChunk, TokenLogprobs
 from tests.gateway.edge_cases import KEY, Case, cases, check, send, tool_bodies
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "yuebing-tiny"
@@ -44,8 +44,15 @@ class FakePipeline:
     async def run(self, request_id, prompt, sampling, deadline, slo, report) -> AsyncIterator[TokenChunk]:
         self.seen.append(sampling)
         for i in range(sampling.max_tokens):
-            last = i == sampling.max_tokens - 1
-            yield TokenChunk(request_id=request_id, seq=i, token_ids=[97 + i % 26], finish_reason="length" if last else None)
+            last, token = i == sampling.max_tokens - 1, 97 + i % 26
+            yield TokenChunk(request_id=request_id, seq=i, token_ids=[token], finish_reason="length" if last else None,
+                             logprobs=[] if sampling.logprobs is None else [self.row(token, sampling.logprobs)])
+
+    @staticmethod
+    def row(token: int, top: int) -> TokenLogprobs:
+        """As decode sends them: the sampled token first, then `top` alternatives."""
+        alternatives = [t for t in range(65, 65 + top + 1) if t != token][:top]
+        return TokenLogprobs([token, *alternatives], [-0.1, *(-1.0 - k for k in range(len(alternatives)))], 1)
 
 
 class Served:
@@ -144,6 +151,15 @@ def test_no_ops_and_supported_fields_pass_and_reach_the_engines(served):
     assert s.logit_bias == {65: 100.0, 66: -3.0}  # clamped, as vLLM does
     assert (s.stop_token_ids, s.min_tokens, s.bad_words, s.allowed_token_ids) == ([257], 1, ["ab"], [97, 98])
     assert s.json_object and s.history_dependent
+
+
+@pytest.mark.parametrize("top", [0, 2])
+def test_logprobs_come_back_for_each_token(served, top):
+    status, body = post(served, completion(logprobs=top))
+    assert status == 200
+    logprobs = orjson.loads(body)["choices"][0]["logprobs"]
+    # the sampled token and the top alternatives, as vLLM answers
+    assert len(logprobs["token_logprobs"]) == 2 and all(len(t) == top + 1 for t in logprobs["top_logprobs"])
 
 
 def test_json_schema_passes_through(served):
