@@ -47,9 +47,10 @@ def messenger_faults_subject(node: str) -> str:
     return f"{PREFIX}.messenger.{node}.faults"
 
 
-def stream_subject(request_id: str) -> str:
-    """Where a decode instance publishes the tokens of one request."""
-    return f"{PREFIX}.stream.{request_id}"
+def stream_subject(gateway: str) -> str:
+    """Where decode instances publish the tokens of one gateway's requests (TokenBatch):
+    each gateway listens on its own, named at random when it starts."""
+    return f"{PREFIX}.stream.{gateway}"
 
 
 Role = Literal["prefill", "decode", "messenger"]
@@ -287,7 +288,7 @@ class DecodeRequest(Message):
     first_token_id: int  # prefill's; NO_TOKEN: a local prefill (Placement.local_prefill)
     sampling: Sampling  # max_tokens counts the first token too
     deadline: float
-    stream_subject: str
+    stream_subject: str  # the gateway's: each step's chunks go there in a TokenBatch
     slo_tbt_ms: float = 0.0  # decode double-checks it on arrival; 0: no check
     block_hashes: list[str] = []  # the prompt's, as the gateway hashed them
     kv_blocks: int = 0  # the placement's, as prefill reported it: decode waits for these and computes the rest
@@ -322,6 +323,13 @@ class TokenChunk(Message):
     prompt_logprobs: list[TokenLogprobs] = []  # a local prefill's first chunk, when asked for
     # First chunk only: prompt tokens whose KV decode loaded instead of computing.
     kv_loaded_tokens: int = 0
+
+
+class TokenBatch(Message):
+    """One engine step's chunks for one gateway, from one instance: a message per step
+    rather than per token. Each chunk names its request (the gateway's attempt id)."""
+
+    chunks: list[TokenChunk]
 
 
 class Cancel(Message):

@@ -33,7 +33,7 @@ from services.gateway.retry import (
     continuation,
     with_decode,
 )
-from services.gateway.stream import StreamEnded, TokenStream
+from services.gateway.stream import Inbox, StreamEnded, TokenStream
 from shared import bus, tracing
 from shared.block_hash import hex_hashes
 from shared.config import ClusterConfig
@@ -58,10 +58,8 @@ from shared.messages import (
     ScheduleRequest,
     TokenChunk,
     TokenLogprobs,
-    decode,
     decode_subject,
     prefill_subject,
-    stream_subject,
 )
 
 log = structlog.get_logger(__name__)
@@ -143,6 +141,7 @@ class Job:
 class Pipeline:
     def __init__(self, nc: Client, config: ClusterConfig, registry: Registry) -> None:
         self.nc = nc
+        self.inbox = Inbox()  # where decode instances send this gateway's tokens
         self.config = config
         self.registry = registry
         self.started = time.monotonic()
@@ -427,20 +426,19 @@ class Pipeline:
     async def _start_decode(self, job: Job, attempt: Attempt, order: DecodeOrder) -> TokenStream:
         """Hand the request to its decode instance; returns the stream its tokens
         will arrive on (the caller closes it)."""
-        # Subscribe before asking, so no chunk can be published before we listen.
-        # The subject is the attempt's own: a dead attempt's late chunk never lands here.
-        subject = stream_subject(attempt.id)
+        # Open before asking, so no chunk can come before we listen. Chunks are routed by
+        # the attempt's own id: a dead attempt's late chunk never lands here.
         decode_id = attempt.placement.decode_id
         stream = TokenStream(decode_id, job.deadline, self.config.token_idle_timeout_s,
                              self.config.heartbeat_interval_s, self._check_alive)
-        await stream.open(self.nc, subject)
+        await stream.open(self.inbox, self.nc, attempt.id)
         ask = DecodeRequest(
             request_id=attempt.id,
             prompt_token_ids=order.prompt,
             first_token_id=order.first_token_id,
             sampling=order.sampling,
             deadline=job.deadline,
-            stream_subject=subject,
+            stream_subject=self.inbox.subject,
             slo_tbt_ms=job.slo.tbt_ms or self.config.slo_tbt_ms,
             block_hashes=order.block_hashes,
             kv_blocks=order.kv_blocks_on(attempt.placement.decode_node),
@@ -466,7 +464,7 @@ class Pipeline:
         of the `n` outputs has ended."""
         seq, ended = 0, set()
         while True:
-            chunk = await self._next_chunk(stream, decode_id)
+            chunk = await self._next_chunk(stream)
             if chunk.seq != seq:
                 raise UpstreamError(502, f"token stream out of order: got chunk {chunk.seq}, expected {seq}")
             seq += 1
@@ -481,13 +479,11 @@ class Pipeline:
                 return
 
     @staticmethod
-    async def _next_chunk(stream: TokenStream, instance_id: str) -> TokenChunk:
+    async def _next_chunk(stream: TokenStream) -> TokenChunk:
         try:
-            return decode(await stream.next(), TokenChunk)
+            return await stream.next()
         except StreamEnded as e:
             raise UpstreamError(e.status, str(e)) from e
-        except MessageError as e:
-            raise UpstreamError(502, f"bad token chunk from {instance_id}: {e}") from e
 
     async def _watch(self, instance_id: str, work: Awaitable[T], deadline: float) -> T:
         """Await `work`, giving up as soon as `instance_id` stops beating."""

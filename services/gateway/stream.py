@@ -1,21 +1,28 @@
-"""One decode attempt's token stream into the gateway.
+"""Decode attempts' token streams into the gateway.
 
-NATS hands each chunk to a callback that queues it, so waiting for the next token
-costs no task and no timer. What ends a stream other than its chunks (the
-request's deadline, a stream gone quiet, an instance that stopped beating) is
-watched by one task per stream, waking once per heartbeat interval."""
+The gateway listens on one stream subject, its inbox: decode instances send each
+engine step's chunks for this gateway there as one TokenBatch, and the inbox hands
+each chunk to its attempt's stream (by attempt id; a chunk of an attempt no longer
+open here is dropped). A stream queues its chunks, so waiting for the next token
+costs no task and no timer. What ends a stream other than its chunks (the request's
+deadline, a stream gone quiet, an instance that stopped beating) is watched by one
+task per stream, waking once per heartbeat interval."""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable
 
+import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
 from shared import bus
+from shared.messages import MessageError, TokenBatch, TokenChunk, decode, stream_subject
+
+log = structlog.get_logger(__name__)
 
 
 class StreamEnded(Exception):
@@ -27,7 +34,7 @@ class StreamEnded(Exception):
 
 
 class TokenStream:
-    """The raw chunks published on one stream subject, in arrival order."""
+    """One attempt's chunks, in arrival order."""
 
     def __init__(self, instance_id: str, deadline: float, idle_timeout_s: float, check_s: float,
                  check_alive: Callable[[str], None]) -> None:
@@ -36,17 +43,21 @@ class TokenStream:
         self.idle_timeout_s = idle_timeout_s
         self.check_s = check_s
         self.check_alive = check_alive  # raises when the instance stopped beating
-        self.queue: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
+        self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         self.last = time.monotonic()
-        self.sub: Subscription | None = None
         self.watchdog: asyncio.Task[None] | None = None
+        self.inbox: Inbox | None = None
+        self.attempt_id = ""
 
-    async def open(self, nc: Client, subject: str) -> None:
-        self.sub = await nc.subscribe(subject, cb=self._arrived)
-        self.watchdog = asyncio.create_task(self._watch(), name=f"stream watchdog {subject}")
+    async def open(self, inbox: Inbox, nc: Client | bus.Link, attempt_id: str) -> None:
+        """Take the chunks of `attempt_id` from now on (the inbox listening on `nc`)."""
+        await inbox.listen(nc)
+        self.inbox, self.attempt_id = inbox, attempt_id
+        inbox.streams[attempt_id] = self
+        self.watchdog = asyncio.create_task(self._watch(), name=f"stream watchdog {attempt_id}")
 
-    async def next(self) -> bytes:
-        """The next chunk's bytes; raises what the watchdog found instead."""
+    async def next(self) -> TokenChunk:
+        """The next chunk; raises what the watchdog found instead."""
         item = await self.queue.get()
         if isinstance(item, BaseException):
             raise item
@@ -55,12 +66,12 @@ class TokenStream:
     async def close(self) -> None:
         if self.watchdog is not None:
             self.watchdog.cancel()
-        if self.sub is not None:
-            await self.sub.unsubscribe()
+        if self.inbox is not None:
+            self.inbox.streams.pop(self.attempt_id, None)
 
-    async def _arrived(self, msg: Msg) -> None:
+    def arrived(self, chunk: TokenChunk) -> None:
         self.last = time.monotonic()
-        self.queue.put_nowait(msg.data)
+        self.queue.put_nowait(chunk)
 
     async def _watch(self) -> None:
         while True:
@@ -81,3 +92,35 @@ class TokenStream:
             raise StreamEnded(504, f"no token from {self.instance_id} for {self.idle_timeout_s:.0f} s")
         if quiet_s >= self.check_s:  # a stream still delivering is alive, beats or not
             self.check_alive(self.instance_id)
+
+
+class Inbox:
+    """The gateway's stream subject, and the streams open on it by attempt id."""
+
+    def __init__(self, name: str = "") -> None:
+        self.subject = stream_subject(name or secrets.token_hex(8))
+        self.streams: dict[str, TokenStream] = {}
+        self.client: Client | None = None  # the NATS client listening, once one is
+        self.dropped = 0  # chunks for no open stream: late ones of attempts given up
+
+    async def listen(self, nc: Client | bus.Link) -> None:
+        """Subscribe on `nc`'s current client, unless already: a Link that replaced its
+        client (services/gateway/app.py) gets the subscription again on the new one.
+        Subscribing before asking for a decode means no chunk comes before we listen."""
+        client = nc.client if isinstance(nc, bus.Link) else nc
+        if client is not self.client:
+            await client.subscribe(self.subject, cb=self._arrived)
+            self.client = client
+
+    async def _arrived(self, msg: Msg) -> None:
+        try:
+            batch = decode(msg.data, TokenBatch)
+        except MessageError as e:  # no attempt to blame: its streams end by the watchdog
+            log.warning("bad token batch", error=str(e))
+            return
+        for chunk in batch.chunks:
+            stream = self.streams.get(chunk.request_id)
+            if stream is None:
+                self.dropped += 1
+            else:
+                stream.arrived(chunk)

@@ -32,6 +32,7 @@ from shared.messages import (
     Sampling,
     ScheduleReply,
     ScheduleRequest,
+    TokenBatch,
     TokenChunk,
     decode_subject,
     encode,
@@ -107,7 +108,7 @@ class Cluster:
             last = seq == self.tokens - 1
             chunk = TokenChunk(request_id=ask.request_id, seq=seq, token_ids=[100 + seq],
                                finish_reason="length" if last else None, kv_loaded_tokens=256 if seq == 0 else 0)
-            await bus.publish(self.nc, ask.stream_subject, chunk)
+            await bus.publish(self.nc, ask.stream_subject, TokenBatch(chunks=[chunk]))
 
     async def on_published(self, message, _msg) -> None:
         self.published.append(message)

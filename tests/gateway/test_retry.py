@@ -45,6 +45,7 @@ from shared.messages import (
     Sampling,
     ScheduleReply,
     ScheduleRequest,
+    TokenBatch,
     TokenChunk,
     decode_subject,
     encode,
@@ -217,12 +218,12 @@ class Fleet:
                 self.beating.discard(iid)  # dead: its heartbeats stop
                 if behaviour[0] == "zombie":  # ... but a chunk of it still comes, late
                     await asyncio.sleep(1.0)
-                    await bus.publish(self.nc, ask.stream_subject, TokenChunk(request_id=ask.request_id, seq=seq,
-                                                                              token_ids=[666]))
+                    late = TokenChunk(request_id=ask.request_id, seq=seq, token_ids=[666])
+                    await bus.publish(self.nc, ask.stream_subject, TokenBatch(chunks=[late]))
                 return
             chunk = TokenChunk(request_id=ask.request_id, seq=seq, token_ids=[token],
                                finish_reason="length" if seq == n - 1 else None)
-            await bus.publish(self.nc, ask.stream_subject, chunk)
+            await bus.publish(self.nc, ask.stream_subject, TokenBatch(chunks=[chunk]))
             await asyncio.sleep(0.01)
 
     async def on_published(self, message, _msg) -> None:
@@ -295,7 +296,7 @@ async def test_a_refusing_decode_is_followed_by_another_decode_choice(nats_url):
         assert (second.stage, second.avoid, second.prompt_len, second.max_tokens) == ("decode", ["d0"], len(PROMPT), 12)
         assert len(f.asked_of("p0")) == 1  # prefill is not run again
         [refused], [taken] = f.asked_of("d0"), f.asked_of("d1")
-        assert (taken.request_id, taken.stream_subject.endswith(".r3-a2")) == ("r3-a2", True)
+        assert (taken.request_id, taken.stream_subject) == ("r3-a2", f.pipeline.inbox.subject)
         assert (taken.prompt_token_ids, taken.first_token_id) == (refused.prompt_token_ids, refused.first_token_id)
         assert taken.kv_blocks == 2  # same node: the blocks prefill sent are there
         assert (report.placement.prefill_id, report.placement.decode_id, report.attempts) == ("p0", "d1", 2)

@@ -1,16 +1,19 @@
-"""A decode attempt's token stream: chunks in arrival order, and the watchdog's
-verdicts (deadline, a quiet stream, an instance gone) in their place, on a real
-nats-server."""
+"""Decode attempts' token streams: the gateway's inbox routes each batch's chunks to
+their attempts, in arrival order; the watchdog's verdicts (deadline, a quiet stream,
+an instance gone) come in their place; on a real nats-server."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import msgspec
 import nats
 import pytest
 
-from services.gateway.stream import StreamEnded, TokenStream
+from services.decode.outbox import Outbox
+from services.gateway.stream import Inbox, StreamEnded, TokenStream
+from shared.messages import TokenBatch, TokenChunk
 from tests.gateway.served import NatsServer
 
 
@@ -40,20 +43,49 @@ def dead(iid: str) -> None:
     raise Gone(iid)
 
 
-async def opened(nc, deadline_s: float = 30.0, idle_s: float = 30.0, check=alive) -> TokenStream:
+async def opened(nc, deadline_s: float = 30.0, idle_s: float = 30.0, check=alive, inbox: Inbox | None = None,
+                 attempt: str = "a1") -> TokenStream:
     stream = TokenStream("decode-0", time.time() + deadline_s, idle_s, 0.05, check)
-    await stream.open(nc, "yb.test.stream.s1")
+    await stream.open(inbox or Inbox("g1"), nc, attempt)
     return stream
+
+
+def chunk(attempt: str, seq: int) -> TokenChunk:
+    return TokenChunk(request_id=attempt, seq=seq, token_ids=[seq])
 
 
 async def test_chunks_come_in_order_and_the_stream_closes(nats_client):
     stream = await opened(nats_client)
+    outbox = Outbox(nats_client)
     for i in range(5):
-        await nats_client.publish("yb.test.stream.s1", b"%d" % i)
-    assert [await asyncio.wait_for(stream.next(), 5) for _ in range(5)] == [b"0", b"1", b"2", b"3", b"4"]
+        outbox.send(stream.inbox.subject, chunk("a1", i))
+        if i % 2:
+            await outbox.flush()  # some in one batch, some in the next
+    assert [(await asyncio.wait_for(stream.next(), 5)).seq for _ in range(5)] == [0, 1, 2, 3, 4]
+    assert outbox.chunks == 5 and outbox.batches == 3
     await stream.close()
     await asyncio.sleep(0)
     assert stream.watchdog is not None and stream.watchdog.done()
+    assert not stream.inbox.streams
+
+
+async def test_one_batch_feeds_each_of_its_attempts_and_drops_the_chunks_of_attempts_not_open(nats_client):
+    inbox = Inbox("g2")
+    one, two = await opened(nats_client, inbox=inbox, attempt="a1"), await opened(nats_client, inbox=inbox, attempt="a2")
+    batch = TokenBatch(chunks=[chunk("a1", 0), chunk("gone", 3), chunk("a2", 0), chunk("a1", 1)])
+    await nats_client.publish(inbox.subject, msgspec.json.encode(batch))
+    assert [(await asyncio.wait_for(one.next(), 5)).seq for _ in range(2)] == [0, 1]
+    assert (await asyncio.wait_for(two.next(), 5)).request_id == "a2"
+    assert inbox.dropped == 1
+    for stream in (one, two):
+        await stream.close()
+
+
+async def test_the_inbox_subscribes_once_per_client(nats_client):
+    inbox = Inbox("g3")
+    await inbox.listen(nats_client)
+    await inbox.listen(nats_client)
+    assert inbox.client is nats_client and len(nats_client._subs) == 1
 
 
 @pytest.mark.parametrize("deadline_s, idle_s, check, error", [

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from yuebing.bench.control_plane import ControlPlaneBench, Stream, cpu_costs, cpu_s, role_of, window
+from yuebing.bench.control_plane import ControlPlaneBench, Stream, cluster_flags, cpu_costs, cpu_s, role_of, window
 
 
 def test_the_window_counts_requests_ended_and_tokens_received_inside_it():
@@ -39,4 +39,10 @@ def test_settings_are_checked():
     with pytest.raises(ValueError):
         ControlPlaneBench(gateways=(0,))
     with pytest.raises(ValueError):
-        ControlPlaneBench(step_ms=0)
+        ControlPlaneBench(step_ms=-1)
+
+
+def test_a_step_of_zero_runs_real_engines():
+    flags = cluster_flags(ControlPlaneBench(step_ms=0, decode=1), 1, 1)
+    assert "--fake-engine-step-ms" not in flags and flags[flags.index("--decode") + 1] == "1"
+    assert "--fake-engine-step-ms" in cluster_flags(ControlPlaneBench(), 1, 1)

@@ -43,15 +43,16 @@ class ControlPlaneBench:
     max_tokens: Annotated[int, Meta(description="tokens each completion streams")] = 256
     seconds: Annotated[float, Meta(description="the measured window of each layout, s")] = 20.0
     warmup_s: Annotated[float, Meta(description="load before the window, s")] = 5.0
-    step_ms: Annotated[float, Meta(description="the fake engine's step: one token per request this often")] = 20.0
+    step_ms: Annotated[float, Meta(description="the fake engine's step: one token per request this often; "
+                                         "0: real vLLM engines of the model, which then count too")] = 20.0
     prefill: Annotated[int, Meta(description="prefill instances")] = 1
     decode: Annotated[int, Meta(description="decode instances")] = 2
 
     def __post_init__(self) -> None:
         if min(self.gateways + self.conductors, default=0) < 1 or self.streams < 1 or self.max_tokens < 2:
             raise ValueError("gateways and conductors at least 1, streams at least 1, max_tokens at least 2")
-        if self.seconds <= 0 or self.warmup_s < 0 or self.step_ms <= 0:
-            raise ValueError("seconds and step_ms must be positive, warmup_s not negative")
+        if self.seconds <= 0 or self.warmup_s < 0 or self.step_ms < 0:
+            raise ValueError("seconds must be positive, warmup_s and step_ms not negative")
 
 
 @dataclass
@@ -156,7 +157,8 @@ async def measure(urls: list[str], model: str, pids: dict[str, int], spec: Contr
 
 
 def cluster_flags(spec: ControlPlaneBench, gateways: int, conductors: int) -> list[str]:
-    return ["--fake-engine-step-ms", str(spec.step_ms), "--prefill", str(spec.prefill), "--decode", str(spec.decode),
+    engines = ["--fake-engine-step-ms", str(spec.step_ms)] if spec.step_ms else []
+    return [*engines, "--prefill", str(spec.prefill), "--decode", str(spec.decode),
             "--gateways", str(gateways), "--conductors", str(conductors), "--gpus", "none"]
 
 
