@@ -18,6 +18,7 @@ from shared import bus
 from shared.calibration import Calibration, quantile_z
 from shared.config import ClusterConfig
 from shared.messages import CANCEL, HEARTBEAT, Cancel, Heartbeat, Role
+from shared.outbox import Outbox
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +53,7 @@ class Instance:
         self.served_total = 0
         self.aborted_total = 0
         self.endpoint = ""  # messengers: their transfer endpoint, announced in heartbeats
+        self.outbox = Outbox(nc)  # its requests' tokens, to the gateways
         self._seq = 0
         self._heartbeat: asyncio.Task[None] | None = None
 

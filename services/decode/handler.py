@@ -16,7 +16,6 @@ import structlog
 from nats.aio.msg import Msg
 
 from services.conductor.policy import decode_context, joining_tbt_s, tbt_exceeded
-from services.decode.outbox import Outbox
 from shared import bus, tracing
 from shared.config import profile_path
 from shared.engine.llm import Step, generate
@@ -63,7 +62,6 @@ class Decoder(Handler):
         self.predictor = load_predictor(profile_path(instance.config))
         self.context: dict[str, int] = {}  # request id → the context the books count it with
         self.context_tokens = 0  # their sum
-        self.outbox = Outbox(instance.nc)
 
     def refusal(self, req: DecodeRequest) -> tuple[str, bool]:
         """Why this request cannot start here ("" if it can), and whether for load."""
@@ -137,7 +135,7 @@ class Decoder(Handler):
         except Exception as e:
             reason = "deadline exceeded in decode" if isinstance(e, TimeoutError) else f"decode failed: {e}"
             log.warning("decode failed", error=reason)
-            self.outbox.send(req.stream_subject, TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason))
+            self.instance.outbox.send(req.stream_subject, TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason))
             return
         self.instance.load.calibration.add(pace.observed_s, pace.predicted_s, time.monotonic())
         log.info("decode done", chunks=seq)
@@ -160,5 +158,5 @@ class Decoder(Handler):
         chunk = TokenChunk(request_id=req.request_id, seq=seq, token_ids=step.token_ids,
                            finish_reason=step.finish_reason, kv_loaded_tokens=step.num_cached_tokens if seq == 0 else 0,
                            logprobs=step.logprobs or [], index=step.index, prompt_logprobs=step.prompt_logprobs or [])
-        self.outbox.send(req.stream_subject, chunk)
+        self.instance.outbox.send(req.stream_subject, chunk)
         return seq + 1

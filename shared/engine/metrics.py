@@ -50,8 +50,12 @@ class InstanceCollector:
             family = GaugeMetricFamily(name, doc, labels=labels)
             family.add_metric(values, value)
             yield family
-        for name, doc, value in (("yuebing_instance_served", "Requests it served to the end", i.served_total),
-                                 ("yuebing_instance_aborted", "Requests it stopped early", i.aborted_total)):
+        counters = (("yuebing_instance_served", "Requests it served to the end", i.served_total),
+                    ("yuebing_instance_aborted", "Requests it stopped early", i.aborted_total),
+                    ("yuebing_instance_token_chunks", "Token chunks it sent to gateways", i.outbox.chunks),
+                    ("yuebing_instance_token_batches", "Messages those chunks went in: one per gateway per step",
+                     i.outbox.batches))
+        for name, doc, value in counters:
             family = CounterMetricFamily(name, doc, labels=labels)
             family.add_metric(values, value)
             yield family

@@ -11,7 +11,7 @@ import msgspec
 import nats
 import pytest
 
-from services.decode.outbox import Outbox
+from shared.outbox import Outbox
 from services.gateway.stream import Inbox, StreamEnded, TokenStream
 from shared.messages import TokenBatch, TokenChunk
 from tests.gateway.served import NatsServer

@@ -19,10 +19,12 @@ def test_vllms_metrics_carry_the_instance_id_beside_the_instances_own_load():
     Counter("vllm:num_preemptions", "Preemptions", ["model_name", "engine"], registry=engine).labels("tiny", "0").inc(2)
     instance = Instance("decode", "decode-0", "node-1", ClusterConfig(calibrate_time_model=False), nc=None)
     instance.load.num_waiting, instance.load.kv_usage, instance.served_total = 3, 0.25, 7
+    instance.outbox.chunks, instance.outbox.batches = 40, 5
     got = samples(instance_registry(instance, engine))
     assert got["vllm:num_preemptions_total"] == ({"model_name": "tiny", "engine": "0", "instance_id": "decode-0"}, 2)
     who = {"instance_id": "decode-0", "role": "decode", "node": "node-1"}
     assert got["yuebing_instance_engine_waiting"] == (who, 3)
     assert got["yuebing_instance_kv_cache_usage_ratio"] == (who, 0.25)
     assert got["yuebing_instance_served_total"] == (who, 7)
+    assert got["yuebing_instance_token_chunks_total"] == (who, 40) and got["yuebing_instance_token_batches_total"] == (who, 5)
     assert got["yuebing_instance_requests"] == (who, 0) and got["yuebing_instance_slowdown"] == (who, 1.0)
