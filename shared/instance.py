@@ -132,3 +132,4 @@ class Instance:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.outbox.flush()  # the last steps' chunks, before the connection drains
