@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 from collections.abc import Callable, Coroutine
@@ -22,6 +23,15 @@ from shared.model_identity import fingerprint
 from shared.predictor import Predictor, default_decode_chunk_tokens, default_slos_ms, load_predictor
 
 Main = Callable[[ClusterConfig, argparse.Namespace, asyncio.Event], Coroutine[Any, Any, None]]
+
+
+def freeze_heap() -> None:
+    """Collect what start-up left and move every object alive now out of the cyclic
+    collector's way, for good: a service's big tables, made at start, are then never
+    walked by a full collection again, however they grow. The whole process's heap:
+    only a service's own process does it, never a test's."""
+    gc.collect()
+    gc.freeze()
 
 
 def parser(service: str, instance: bool) -> argparse.ArgumentParser:

@@ -646,6 +646,9 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     nc = await bus.connect(config.nats_url, args.instance_id, args.nats_credentials)
     wiring = Wiring(conductor, nc, metrics.decision)
     await wiring.start()
+    # The books' tables exist now: frozen, a full collection never walks their entries
+    # again (a million, in time: `yuebing bench conductor` times such a walk).
+    service.freeze_heap()
     log.info("conductor ready", policy=config.policy, admission=config.admission, profile=str(profile_path(config)))
     await stop.wait()
     log.info("conductor stopping", rejected=conductor.rejected, **conductor.counts)

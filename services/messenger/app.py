@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import itertools
 import os
 import time
@@ -57,6 +56,7 @@ from shared.messages import (
     messenger_subject,
 )
 from shared.private_file import private_dir
+from shared.service import freeze_heap
 
 log = structlog.get_logger(__name__)
 TICK_S = 0.25  # how often engines hear that we are alive
@@ -102,16 +102,6 @@ def cluster_keys(args: argparse.Namespace) -> ClusterKeys | None:
                          "--kv-insecure runs without one, letting anyone who reaches the port plant KV blocks")
     log.warning("kv plane unauthenticated (--kv-insecure): any peer may put blocks into this pool")
     return None
-
-
-def freeze_heap() -> None:
-    """Collect what start-up left and move every object alive now out of the cyclic
-    collector's way, for good: done once the pool is carved, whose slot objects (a
-    few tracked containers per block) made each full collection a pause of tens of
-    ms in the middle of transfers (one of 40-55 ms inside a GiB moved in 64 KiB
-    blocks). The whole process's heap: only a messenger's own process does it."""
-    gc.collect()
-    gc.freeze()
 
 
 class LocalSockets:
@@ -185,6 +175,9 @@ class MessengerService:
         carved = self.messenger.carved
         reply = self.messenger.control(message)
         if not carved and self.messenger.carved and self.owns_process:
+            # The pool's slot objects (a few tracked containers per block) made each full
+            # collection a pause of tens of ms in the middle of transfers (one of 40-55 ms
+            # inside a GiB moved in 64 KiB blocks).
             freeze_heap()
         return reply
 

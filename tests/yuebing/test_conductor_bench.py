@@ -7,6 +7,7 @@ def test_conductor_bench_reports_every_size():
     for r in result["results"]:
         assert r["indexed_blocks"] > 15_000 and r["accepted"] > 0
         assert 0 < r["p50_ms"] <= r["p99_ms"] and r["decisions_per_s"] > 0
+        assert r["gc_tracked"] > 0 and r["gc_full_ms"] > 0
     assert len(table(result).splitlines()) == 2 + 2
     # Each size again with every instance scored, on the same requests: the baseline.
     assert all(r["baseline"]["decisions"] == 300 and r["speedup"] > 0 for r in result["results"])

@@ -8,6 +8,7 @@ every instance scored.
 
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import time
@@ -78,6 +79,7 @@ def build(
 def measure(instances: int, cfg: ConductorBench, rng: random.Random, predictor: Predictor, show: bool) -> dict:
     """Time `cfg.decisions` decisions on a cluster of `instances`."""
     state, scheduler, chains = build(instances, cfg, rng, predictor)
+    tracked, pause_ms = collector_load()
     latencies = []
     now = 0.0
     accepted = 0
@@ -104,7 +106,18 @@ def measure(instances: int, cfg: ConductorBench, rng: random.Random, predictor: 
         "decisions_per_s": cfg.decisions / sum(latencies),
         "p50_ms": statistics.median(latencies) * 1e3,
         "p99_ms": latencies[int(0.99 * len(latencies)) - 1] * 1e3,
+        "gc_tracked": tracked,
+        "gc_full_ms": pause_ms,
     }
+
+
+def collector_load() -> tuple[int, float]:
+    """Objects the cyclic garbage collector tracks now (the index's among them, if it
+    keeps containers per block), and how long a full collection of them pauses the
+    process, ms: what a live Conductor stops for now and then."""
+    start = time.perf_counter()
+    gc.collect()
+    return len(gc.get_objects()), (time.perf_counter() - start) * 1e3
 
 
 def run(cfg: ConductorBench, show_progress: bool = True) -> dict:
@@ -127,11 +140,11 @@ def table(result: dict) -> str:
     k = result.get("shortlist", 0)
     scored = f"shortlist {k}" if k else "every instance scored"
     lines = [f"Conductor decision path ({result['policy']} + {result['admission']}, {scored}), one core:",
-             f"{'instances':>10} {'indexed':>10} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8}"
-             f" {'all scored/s':>13} {'p99 ms':>8} {'speed-up':>9}"]
+             f"{'instances':>10} {'indexed':>10} {'gc tracked':>11} {'full gc ms':>11} {'decisions/s':>12}"
+             f" {'p50 ms':>8} {'p99 ms':>8} {'all scored/s':>13} {'p99 ms':>8} {'speed-up':>9}"]
     for r in result["results"]:
-        line = (f"{r['instances']:>10} {r['indexed_blocks']:>10} {r['decisions_per_s']:>12.0f} "
-                f"{r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f}")
+        line = (f"{r['instances']:>10} {r['indexed_blocks']:>10} {r['gc_tracked']:>11} {r['gc_full_ms']:>11.0f} "
+                f"{r['decisions_per_s']:>12.0f} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f}")
         if "baseline" in r:
             b = r["baseline"]
             line += f" {b['decisions_per_s']:>13.0f} {b['p99_ms']:>8.3f} {r['speedup']:>8.1f}x"
