@@ -197,14 +197,13 @@ def _metrics_table(rows: list[tuple[str, str, list[str], str]]) -> str:
 
 
 def _gateway_metrics() -> str:
-    """What the gateway's page carries: its own metrics, the retry counters and the serving modes."""
+    """What the gateway's page carries: its own metrics and the pipeline's."""
     from services.gateway.metrics import GatewayMetrics
     from services.gateway.pipeline import Pipeline
 
     metrics = GatewayMetrics()
     pipeline = Pipeline(None, ClusterConfig(), None)  # only its counters are read
-    pipeline.retries.register(metrics.registry)
-    metrics.registry.register(pipeline.modes)
+    pipeline.register(metrics.registry)
     collectors = list(metrics.registry._collector_to_names)
     return _metrics_table([(c._name, c._type, list(c._labelnames), c._documentation) for c in collectors])
 

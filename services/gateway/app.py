@@ -687,8 +687,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     link = await connect_link(config, args, registry, metrics)
     gateway = Gateway(config, tokenizer, Pipeline(link, config, registry), api_key, args.metrics_require_key, metrics,
                       tools)
-    gateway.pipeline.retries.register(metrics.registry)  # yuebing_gateway_retries_total etc. on /metrics
-    metrics.registry.register(gateway.pipeline.modes)  # yuebing_gateway_serving_mode_total
+    gateway.pipeline.register(metrics.registry)  # retries, serving modes, late chunks on /metrics
     runner = server.GatewayRunner(gateway.app(), server.Guard(gateway.limits, metrics))
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

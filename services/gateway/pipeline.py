@@ -21,7 +21,7 @@ from typing import TypeVar
 import msgspec
 import structlog
 from nats.aio.client import Client
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from services.gateway.retry import (
     Attempt,
@@ -146,10 +146,16 @@ class Pipeline:
         self.registry = registry
         self.started = time.monotonic()
         self.retries = RetryMetrics()
-        # Registered on the gateway's page by the app, like the retry counters.
+        # On the gateway's page (register), like the retry counters.
         self.modes = Counter("yuebing_gateway_serving_mode", "Placements by the Conductor's serving-mode decision: "
                              "mode (disaggregated, local: prefilled on its decode, colocated), rule and reason",
                              ["mode", "rule", "reason"], registry=None)
+
+    def register(self, registry: CollectorRegistry) -> None:
+        """The pipeline's counters onto the gateway's page."""
+        self.retries.register(registry)
+        registry.register(self.modes)
+        registry.register(self.inbox.dropped)
 
     async def run(
         self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo = Slo(),

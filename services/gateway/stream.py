@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import structlog
 from nats.aio.client import Client
+from prometheus_client import Counter
 from nats.aio.msg import Msg
 
 from shared import bus
@@ -101,7 +102,8 @@ class Inbox:
         self.subject = stream_subject(name or secrets.token_hex(8))
         self.streams: dict[str, TokenStream] = {}
         self.client: Client | None = None  # the NATS client listening, once one is
-        self.dropped = 0  # chunks for no open stream: late ones of attempts given up
+        self.dropped = Counter("yuebing_gateway_late_chunks", "Token chunks for no attempt open here (late ones of "
+                               "attempts given up), dropped", registry=None)
 
     async def listen(self, nc: Client | bus.Link) -> None:
         """Subscribe on `nc`'s current client, unless already: a Link that replaced its
@@ -121,6 +123,6 @@ class Inbox:
         for chunk in batch.chunks:
             stream = self.streams.get(chunk.request_id)
             if stream is None:
-                self.dropped += 1
+                self.dropped.inc()
             else:
                 stream.arrived(chunk)
