@@ -30,7 +30,7 @@ class Outbox:
         """Queue `chunk` for the batch of `subject`'s gateway, sent on the loop's next turn."""
         self.pending.setdefault(subject, []).append(chunk)
         if self.sending is None:
-            self.sending = asyncio.get_running_loop().create_task(self._send(), name="outbox")
+            self._schedule()
 
     async def flush(self) -> None:
         """Wait until what is queued now has been handed to NATS."""
@@ -53,4 +53,7 @@ class Outbox:
         finally:
             self.sending = None
             if self.pending:  # queued while this batch was being sent
-                self.sending = asyncio.get_running_loop().create_task(self._send(), name="outbox")
+                self._schedule()
+
+    def _schedule(self) -> None:
+        self.sending = asyncio.get_running_loop().create_task(self._send(), name="outbox")

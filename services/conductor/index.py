@@ -55,6 +55,12 @@ def runs_by_depth(hashes: Sequence[BlockId], holders: Mapping[BlockId, Collectio
     return runs
 
 
+def without(items: tuple[str, ...], item: str) -> tuple[str, ...]:
+    """`items` less `item` (which it holds once): the indexes keep holders in tuples."""
+    i = items.index(item)
+    return items[:i] + items[i + 1:]
+
+
 class PrefixIndex:
     def __init__(self, capacity_blocks: int) -> None:
         if capacity_blocks <= 0:
@@ -111,8 +117,7 @@ class PrefixIndex:
     def _forget(self, h: BlockId, instance_id: str) -> None:
         held = self._holders.get(h, ())
         if instance_id in held:
-            i = held.index(instance_id)
-            rest = held[:i] + held[i + 1:]
+            rest = without(held, instance_id)
             if rest:
                 self._holders[h] = rest
             else:
@@ -157,7 +162,7 @@ class PoolIndex:
             nodes = self._tiers.get(h, {})
             tiers = nodes.get(node, ())
             if tier in tiers:
-                rest = tuple(t for t in tiers if t != tier)
+                rest = without(tiers, tier)
                 if rest:
                     nodes[node] = rest
                 else:

@@ -135,7 +135,8 @@ class Decoder(Handler):
         except Exception as e:
             reason = "deadline exceeded in decode" if isinstance(e, TimeoutError) else f"decode failed: {e}"
             log.warning("decode failed", error=reason)
-            self.instance.outbox.send(req.stream_subject, TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason))
+            failed = TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason)
+            self.instance.outbox.send(req.stream_subject, failed)
             return
         self.instance.load.calibration.add(pace.observed_s, pace.predicted_s, time.monotonic())
         log.info("decode done", chunks=seq)
