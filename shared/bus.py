@@ -43,12 +43,13 @@ OnEvent = Callable[[str], None]  # "disconnected" | "reconnected" | "closed" | "
 
 async def connect(
     url: str, name: str, credentials: NatsCredentials | None = None, *,
-    on_event: OnEvent | None = None, closed_cb: Callable[[], Awaitable[None]] | None = None,
+    on_event: OnEvent | None = None, closed_cb: Callable[[], Awaitable[None]] | None = None, no_echo: bool = False,
 ) -> Client:
     """Connect as `credentials`' identity (none: a server without authentication),
     with replies on that identity's own inbox, the only one it may read. The client
     reconnects by itself after a disconnect; it closes for good only on a server's
-    protocol error (or close()), when `closed_cb` runs."""
+    protocol error (or close()), when `closed_cb` runs. `no_echo`: the server does not
+    hand this connection what it published itself, on a subject it also listens to."""
     event = on_event or (lambda _kind: None)
 
     async def on_error(e: Exception) -> None:
@@ -75,7 +76,7 @@ async def connect(
     return await nats.connect(
         url, name=name, error_cb=on_error, disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
         closed_cb=on_closed, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
-        pending_size=PENDING_BYTES, flush_timeout=FLUSH_TIMEOUT_S, **auth,
+        pending_size=PENDING_BYTES, flush_timeout=FLUSH_TIMEOUT_S, no_echo=no_echo, **auth,
     )
 
 

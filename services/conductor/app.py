@@ -617,7 +617,8 @@ class Wiring:
         start = time.monotonic()
         with tracing.span("conductor.decide", ask.request_id, prompt_tokens=ask.prompt_len) as span:
             reply = self.conductor.schedule(ask, start)
-            span.set_attributes(decision_attributes(reply))
+            if span.is_recording():
+                span.set_attributes(decision_attributes(reply))
         if self.decision is not None:
             self.decision.observe(time.monotonic() - start)
         await self.send_bookings()
@@ -643,7 +644,8 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     conductor = Conductor(config, args.instance_id)
     metrics = ConductorMetrics(conductor)
     page = await metrics_page.serve_for(args, metrics.registry, "conductor")
-    nc = await bus.connect(config.nats_url, args.instance_id, args.nats_credentials)
+    # No echo: its own bookings (BOOKINGS, which it also listens to) never come back to it.
+    nc = await bus.connect(config.nats_url, args.instance_id, args.nats_credentials, no_echo=True)
     wiring = Wiring(conductor, nc, metrics.decision)
     await wiring.start()
     # The books' tables exist now: frozen, a full collection never walks their entries

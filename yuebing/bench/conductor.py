@@ -26,6 +26,7 @@ from yuebing.progress import progress
 
 BLOCK_TOKENS = 512
 IN_FLIGHT = 200  # requests kept in flight: each decision finishes the one this many before it
+WARMUP = 500  # decisions made before the timed ones: a live Conductor's code paths and caches are warm
 
 
 @dataclass(frozen=True)
@@ -81,21 +82,22 @@ def measure(instances: int, cfg: ConductorBench, rng: random.Random, predictor: 
     state, scheduler, chains = build(instances, cfg, rng, predictor)
     tracked, pause_ms = collector_load()
     latencies = []
-    now = 0.0
     accepted = 0
-    for k in progress(range(cfg.decisions), desc=f"{instances} instances", leave=False, enabled=show):
+    steps = progress(range(-WARMUP, cfg.decisions), desc=f"{instances} instances", leave=False, enabled=show)
+    for k in steps:
         hashes = rng.choice(chains)[: rng.randrange(cfg.chain_blocks)] + _hashes(rng, rng.randrange(1, 24))
         req = Request(f"r{k}", len(hashes) * BLOCK_TOKENS, len(hashes), BLOCK_TOKENS, slo_ttft_s=30.0, slo_tbt_s=0.1)
-        now += 0.05
+        now = (k + WARMUP) * 0.05
         start = time.perf_counter()
         short = scheduler.shortlist
         out = scheduler.schedule(req, state.prefill_loads(hashes, now, shortlist=short), state.decode_loads(now, short),
                                  now)
         if isinstance(out, Decision):
             state.assign(req, hashes, out, now)
-            accepted += 1
-        latencies.append(time.perf_counter() - start)
-        if k >= IN_FLIGHT:
+            accepted += k >= 0
+        if k >= 0:
+            latencies.append(time.perf_counter() - start)
+        if k + WARMUP >= IN_FLIGHT:
             state.finished(f"r{k - IN_FLIGHT}", now)
     latencies.sort()
     return {
