@@ -3,10 +3,13 @@ inside a request, its request id (bound with `structlog.contextvars`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+from typing import Any
 
+import orjson
 import structlog
 
 # The set-up, for the processes a service spawns (vLLM's engine and workers).
@@ -22,14 +25,23 @@ def setup_logging(service: str, instance_id: str = "", level: str = "info") -> N
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
+            structlog.processors.JSONRenderer(serializer=_json),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.BytesLoggerFactory(file=sys.stderr.buffer),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service, **({"instance": instance_id} if instance_id else {}))
+
+
+def _json(event: dict[str, Any], **kw: Any) -> bytes:
+    """A log line's JSON: orjson's, a quarter of the standard library's time on every
+    line; what it cannot write (an integer past 64 bits) by the standard library."""
+    try:
+        return orjson.dumps(event, option=orjson.OPT_NON_STR_KEYS, **kw)
+    except TypeError:
+        return json.dumps(event, **kw).encode()
 
 
 def inherit_logging() -> None:

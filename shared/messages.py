@@ -312,6 +312,14 @@ class RequestUpdate(Message):
     completed: bool = False
 
 
+class UpdateBatch(Message):
+    """The request updates one process had ready in one turn of its loop (a step's
+    prefills done, a step's streams closed): one message for the Conductors to take
+    rather than one per request."""
+
+    updates: list[RequestUpdate]
+
+
 class TokenChunk(Message):
     request_id: str
     seq: int

@@ -1,10 +1,13 @@
-"""Token chunks on their way to the gateways: one message per gateway per engine step.
+"""Token chunks on their way to the gateways, request updates on theirs to the
+Conductors: one message per subject per engine step.
 
 Each running request publishes its step's tokens from its own task. The engine wakes
 every request of a step in one turn of the event loop, so the chunks queued in that
 turn are one step's: the outbox sends them on the next turn, one TokenBatch per
 gateway, instead of one NATS message per token. A request's chunks keep their order:
-they join its gateway's batch in order, and batches leave in order on one connection."""
+they join its gateway's batch in order, and batches leave in order on one connection.
+Request updates (a step's prefills done, a step's streams closed) go the same way, as
+one UpdateBatch: each Conductor takes one message for them, not one per request."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import asyncio
 import structlog
 
 from shared import bus
-from shared.messages import TokenBatch, TokenChunk
+from shared.messages import Message, RequestUpdate, TokenBatch, TokenChunk, UpdateBatch
 
 log = structlog.get_logger(__name__)
 
@@ -21,14 +24,15 @@ log = structlog.get_logger(__name__)
 class Outbox:
     def __init__(self, nc: bus.Client | bus.Link) -> None:
         self.nc = nc
-        self.pending: dict[str, list[TokenChunk]] = {}  # stream subject → chunks, in order
+        self.pending: dict[str, list[TokenChunk | RequestUpdate]] = {}  # subject → its items, in order
         self.sending: asyncio.Task[None] | None = None
-        self.batches = 0  # messages sent, and the chunks in them: what batching saves
+        self.batches = 0  # token messages sent, and the chunks in them: what batching saves
         self.chunks = 0
 
-    def send(self, subject: str, chunk: TokenChunk) -> None:
-        """Queue `chunk` for the batch of `subject`'s gateway, sent on the loop's next turn."""
-        self.pending.setdefault(subject, []).append(chunk)
+    def send(self, subject: str, item: TokenChunk | RequestUpdate) -> None:
+        """Queue `item` for `subject`'s batch (chunks: its gateway's stream subject),
+        sent on the loop's next turn."""
+        self.pending.setdefault(subject, []).append(item)
         if self.sending is None:
             self._schedule()
 
@@ -43,13 +47,15 @@ class Outbox:
         await asyncio.sleep(0)
         pending, self.pending = self.pending, {}
         try:
-            for subject, chunks in pending.items():
-                await bus.publish(self.nc, subject, TokenBatch(chunks=chunks))
-                self.batches += 1
-                self.chunks += len(chunks)
+            for subject, items in pending.items():
+                batch = _batch(items)
+                await bus.publish(self.nc, subject, batch)
+                if isinstance(batch, TokenBatch):
+                    self.batches += 1
+                    self.chunks += len(items)
         except Exception as e:  # the connection closed: gateways time these streams out
-            log.warning("token batch not sent", error=str(e) or type(e).__name__,
-                        requests=sorted({c.request_id for chunks in pending.values() for c in chunks}))
+            log.warning("batch not sent", error=str(e) or type(e).__name__, subjects=len(pending),
+                        requests=sorted({x.request_id for items in pending.values() for x in items}))
         finally:
             self.sending = None
             if self.pending:  # queued while this batch was being sent
@@ -57,3 +63,10 @@ class Outbox:
 
     def _schedule(self) -> None:
         self.sending = asyncio.get_running_loop().create_task(self._send(), name="outbox")
+
+
+def _batch(items: list[TokenChunk | RequestUpdate]) -> Message:
+    """One subject's items as one message (a subject carries one kind)."""
+    if isinstance(items[0], RequestUpdate):
+        return UpdateBatch(updates=items)  # type: ignore[arg-type]
+    return TokenBatch(chunks=items)  # type: ignore[arg-type]

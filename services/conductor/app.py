@@ -76,6 +76,7 @@ from shared.messages import (
     RequestUpdate,
     ScheduleReply,
     ScheduleRequest,
+    UpdateBatch,
     encode,
     messenger_subject,
 )
@@ -552,7 +553,7 @@ class Wiring:
     async def start(self) -> None:
         await bus.subscribe(self.nc, HEARTBEAT, Heartbeat, self.on_heartbeat)
         self.conductor.listening(time.monotonic())
-        await bus.subscribe(self.nc, REQUEST_UPDATES, RequestUpdate, self.on_update)
+        await bus.subscribe(self.nc, REQUEST_UPDATES, UpdateBatch, self.on_updates)
         await bus.subscribe(self.nc, KV_EVENTS, KvEvent, self.on_kv_event)
         await bus.subscribe(self.nc, BOOKINGS, Booking, self.on_booking)
         await self.nc.subscribe(CONDUCTOR_STATS, cb=self.on_stats)
@@ -598,8 +599,10 @@ class Wiring:
     async def on_stats(self, msg: Msg) -> None:
         await msg.respond(encode(self.conductor.stats(time.monotonic())))
 
-    async def on_update(self, update: RequestUpdate, _msg: Any) -> None:
-        self.conductor.on_update(update, time.monotonic())
+    async def on_updates(self, batch: UpdateBatch, _msg: Any) -> None:
+        now = time.monotonic()
+        for update in batch.updates:
+            self.conductor.on_update(update, now)
 
     async def on_booking(self, b: Booking, _msg: Any) -> None:
         self.conductor.on_booking(b, time.monotonic())

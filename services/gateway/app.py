@@ -699,6 +699,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     lag.cancel()
     await runner.cleanup()
     gateway.executor.shutdown(wait=False, cancel_futures=True)
+    await gateway.pipeline.outbox.flush()  # the last streams' closing updates
     await link.close()
 
 

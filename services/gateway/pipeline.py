@@ -34,6 +34,7 @@ from services.gateway.retry import (
     with_decode,
 )
 from services.gateway.stream import Inbox, StreamEnded, TokenStream
+from shared.outbox import Outbox
 from shared import bus, tracing
 from shared.block_hash import hex_hashes
 from shared.config import ClusterConfig
@@ -142,6 +143,7 @@ class Pipeline:
     def __init__(self, nc: Client, config: ClusterConfig, registry: Registry) -> None:
         self.nc = nc
         self.inbox = Inbox()  # where decode instances send this gateway's tokens
+        self.outbox = Outbox(nc)  # its request updates, a turn's in one message
         self.config = config
         self.registry = registry
         self.started = time.monotonic()
@@ -297,7 +299,7 @@ class Pipeline:
         report.prompt_logprobs = chunk.prompt_logprobs
         report.prefills += 1
         update = RequestUpdate(request_id=attempt.id, kind="prefill_done", instance_id=attempt.placement.decode_id)
-        await self._publish(REQUEST_UPDATES, update)
+        self.outbox.send(REQUEST_UPDATES, update)
 
     @staticmethod
     def _current(tries: Tries) -> Attempt:
@@ -334,12 +336,13 @@ class Pipeline:
         # Closed first, so that the Conductor's books no longer count it when it places the next.
         tries.current = None
         await self._close(old, whole=False)
+        await self.outbox.flush()
         try:
             return await self._place(job, tries, order)
         except (Rejected, UpstreamError) as e:
             tries.give_up(stage, "no_instance", e)
             if wasted is not None:
-                await self._publish(REQUEST_UPDATES, wasted)
+                self.outbox.send(REQUEST_UPDATES, wasted)
             raise error from e
 
     async def _close(self, attempt: Attempt, whole: bool) -> None:
@@ -347,7 +350,7 @@ class Pipeline:
         let the Conductor close its books."""
         if not attempt.finished:  # cancelled, failed or abandoned
             await self._publish(CANCEL, Cancel(request_id=attempt.id, reason="abandoned by gateway"))
-        await self._publish(REQUEST_UPDATES, attempt.closing(whole))
+        self.outbox.send(REQUEST_UPDATES, attempt.closing(whole))
 
     async def _schedule(
         self, job: Job, attempt_id: str, avoid: list[str], order: DecodeOrder | None

@@ -70,7 +70,7 @@ class Prefiller(Handler):
                  error=result.error or None)
         await msg.respond(encode(result))
         update = RequestUpdate(request_id=req.request_id, kind="prefill_done", instance_id=self.instance.instance_id)
-        await bus.publish(self.instance.nc, REQUEST_UPDATES, update)
+        self.instance.outbox.send(REQUEST_UPDATES, update)  # with the step's other prefills, one message
 
     async def _pull(self, req: PrefillRequest) -> int:
         """Ask the messenger of the placement's `pull_from` node to send the prompt's

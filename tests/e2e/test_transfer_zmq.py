@@ -18,4 +18,4 @@ def cluster(launcher, tmp_path_factory):
 
 def test_the_messengers_run_zeromq(cluster):
     for node in ("0", "1"):
-        assert '"kv_transport": "zmq"' in cluster.log(f"messenger-{node}")
+        assert '"kv_transport":"zmq"' in cluster.log(f"messenger-{node}")

@@ -34,6 +34,7 @@ from shared.messages import (
     ScheduleRequest,
     TokenBatch,
     TokenChunk,
+    UpdateBatch,
     decode_subject,
     encode,
     prefill_subject,
@@ -81,7 +82,7 @@ class Cluster:
         await bus.subscribe(self.nc, SCHEDULE, ScheduleRequest, self.on_schedule)
         await bus.subscribe(self.nc, prefill_subject("p0"), PrefillRequest, self.on_prefill)
         await bus.subscribe(self.nc, decode_subject("d0"), DecodeRequest, self.on_decode)
-        await bus.subscribe(self.nc, REQUEST_UPDATES, RequestUpdate, self.on_published)
+        await bus.subscribe(self.nc, REQUEST_UPDATES, UpdateBatch, self.on_updates)
         await bus.subscribe(self.nc, CANCEL, Cancel, self.on_published)
 
     async def on_schedule(self, ask: ScheduleRequest, msg) -> None:
@@ -112,6 +113,9 @@ class Cluster:
 
     async def on_published(self, message, _msg) -> None:
         self.published.append(message)
+
+    async def on_updates(self, batch: UpdateBatch, _msg) -> None:
+        self.published.extend(batch.updates)
 
     async def updates(self, n: int) -> list[object]:
         """The first n updates and cancels, waiting for them (they are fire-and-forget)."""

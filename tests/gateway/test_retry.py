@@ -47,6 +47,7 @@ from shared.messages import (
     ScheduleRequest,
     TokenBatch,
     TokenChunk,
+    UpdateBatch,
     decode_subject,
     encode,
     prefill_subject,
@@ -156,7 +157,7 @@ class Fleet:
             await bus.subscribe(self.nc, prefill_subject(iid), PrefillRequest, self.prefill_handler(iid))
         for iid in self.decodes:
             await bus.subscribe(self.nc, decode_subject(iid), DecodeRequest, self.decode_handler(iid))
-        await bus.subscribe(self.nc, REQUEST_UPDATES, RequestUpdate, self.on_published)
+        await bus.subscribe(self.nc, REQUEST_UPDATES, UpdateBatch, self.on_updates)
         await bus.subscribe(self.nc, CANCEL, Cancel, self.on_published)
         self.spawn(self.beat())
 
@@ -228,6 +229,9 @@ class Fleet:
 
     async def on_published(self, message, _msg) -> None:
         self.published.append(message)
+
+    async def on_updates(self, batch: UpdateBatch, _msg) -> None:
+        self.published.extend(batch.updates)
 
     def asked_of(self, iid: str) -> list[object]:
         return [a for i, a in self.asked if i == iid]

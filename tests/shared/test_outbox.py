@@ -1,11 +1,12 @@
-"""Token chunks to the gateways: what one turn of the loop queues goes as one batch
-per gateway, in order; a lost connection costs a log line, not the request."""
+"""Token chunks to the gateways and request updates to the Conductors: what one turn
+of the loop queues goes as one batch per subject, in order; a lost connection costs a
+log line, not the request."""
 
 import asyncio
 
 import msgspec
 
-from shared.messages import TokenBatch, TokenChunk
+from shared.messages import REQUEST_UPDATES, RequestUpdate, TokenBatch, TokenChunk, UpdateBatch
 from shared.outbox import Outbox
 
 
@@ -21,6 +22,10 @@ class Recorder:
         self.publishing.set()
         if self.slow:  # a full buffer: nats-py waits for its flush
             await asyncio.sleep(0.05)
+        if subject == REQUEST_UPDATES:
+            updates = msgspec.json.decode(payload, type=UpdateBatch).updates
+            self.sent.append((subject, [(u.request_id, u.kind) for u in updates]))
+            return
         batch = msgspec.json.decode(payload, type=TokenBatch)
         self.sent.append((subject, [(c.request_id, c.seq) for c in batch.chunks]))
 
@@ -65,3 +70,14 @@ async def test_a_batch_that_cannot_be_sent_is_logged_and_the_outbox_goes_on():
     outbox.send("g1", chunk("a", 0))
     await asyncio.wait_for(outbox.flush(), 5)
     assert outbox.sending is None and outbox.batches == 0
+
+
+async def test_a_turns_request_updates_go_as_one_batch_beside_the_tokens():
+    nc = Recorder()
+    outbox = Outbox(nc)
+    outbox.send("g1", chunk("a", 3))
+    outbox.send(REQUEST_UPDATES, RequestUpdate(request_id="a", kind="finished", completed=True))
+    outbox.send(REQUEST_UPDATES, RequestUpdate(request_id="b", kind="prefill_done", instance_id="p0"))
+    await asyncio.wait_for(outbox.flush(), 5)
+    assert nc.sent == [("g1", [("a", 3)]), (REQUEST_UPDATES, [("a", "finished"), ("b", "prefill_done")])]
+    assert (outbox.batches, outbox.chunks) == (1, 1)  # the token figures count tokens only
