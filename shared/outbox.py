@@ -53,7 +53,7 @@ class Outbox:
                 if isinstance(batch, TokenBatch):
                     self.batches += 1
                     self.chunks += len(items)
-        except Exception as e:  # the connection closed: gateways time these streams out
+        except Exception as e:  # the connection closed: gateways time these streams out, deadlines close the books
             log.warning("batch not sent", error=str(e) or type(e).__name__, subjects=len(pending),
                         requests=sorted({x.request_id for items in pending.values() for x in items}))
         finally:

@@ -34,7 +34,6 @@ from services.gateway.retry import (
     with_decode,
 )
 from services.gateway.stream import Inbox, StreamEnded, TokenStream
-from shared.outbox import Outbox
 from shared import bus, tracing
 from shared.block_hash import hex_hashes
 from shared.config import ClusterConfig
@@ -62,6 +61,7 @@ from shared.messages import (
     decode_subject,
     prefill_subject,
 )
+from shared.outbox import Outbox
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
