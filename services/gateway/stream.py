@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import structlog
 from nats.aio.client import Client
-from prometheus_client import Counter
 from nats.aio.msg import Msg
+from prometheus_client import Counter
 
 from shared import bus
 from shared.messages import MessageError, TokenBatch, TokenChunk, decode, stream_subject

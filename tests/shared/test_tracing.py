@@ -16,6 +16,18 @@ def test_without_a_recording_span_no_header_is_added_and_none_is_needed():
     assert tracing.setup("gateway", "") is None  # no endpoint: nothing set up
 
 
+def test_an_untraced_span_is_the_shared_non_recording_one_but_a_trace_arriving_still_passes_through():
+    # No provider set up in this process, as with no collector configured.
+    with tracing.span("conductor.decide", "r1", prompt_tokens=3) as untraced:
+        assert untraced is trace.INVALID_SPAN and tracing.headers() is None
+    sent = TracerProvider().get_tracer("gateway").start_span("gateway.request")
+    with trace.use_span(sent):
+        carrier = tracing.headers()
+    with tracing.continued(carrier), tracing.span("conductor.decide", "r1") as passing:
+        assert passing.get_span_context().trace_id == sent.get_span_context().trace_id
+        assert tracing.headers()["traceparent"] == carrier["traceparent"]  # onward to the next process
+
+
 def test_a_spans_context_crosses_in_the_headers_and_parents_what_the_handler_does():
     tracer = TracerProvider().get_tracer("test")
     with tracer.start_as_current_span("gateway.schedule") as sent:

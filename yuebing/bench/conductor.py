@@ -81,25 +81,29 @@ def measure(instances: int, cfg: ConductorBench, rng: random.Random, predictor: 
     """Time `cfg.decisions` decisions on a cluster of `instances`."""
     state, scheduler, chains = build(instances, cfg, rng, predictor)
     tracked, pause_ms = collector_load()
-    latencies = []
-    accepted = 0
-    steps = progress(range(-WARMUP, cfg.decisions), desc=f"{instances} instances", leave=False, enabled=show)
-    for k in steps:
+
+    def decide(k: int) -> tuple[bool, float]:
+        """Request k placed (accepted?, seconds taken); the one IN_FLIGHT before it finishes."""
         hashes = rng.choice(chains)[: rng.randrange(cfg.chain_blocks)] + _hashes(rng, rng.randrange(1, 24))
         req = Request(f"r{k}", len(hashes) * BLOCK_TOKENS, len(hashes), BLOCK_TOKENS, slo_ttft_s=30.0, slo_tbt_s=0.1)
-        now = (k + WARMUP) * 0.05
+        now = k * 0.05
         start = time.perf_counter()
         short = scheduler.shortlist
         out = scheduler.schedule(req, state.prefill_loads(hashes, now, shortlist=short), state.decode_loads(now, short),
                                  now)
         if isinstance(out, Decision):
             state.assign(req, hashes, out, now)
-            accepted += k >= 0
-        if k >= 0:
-            latencies.append(time.perf_counter() - start)
-        if k + WARMUP >= IN_FLIGHT:
+        taken = time.perf_counter() - start
+        if k >= IN_FLIGHT:
             state.finished(f"r{k - IN_FLIGHT}", now)
-    latencies.sort()
+        return isinstance(out, Decision), taken
+
+    for k in range(WARMUP):
+        decide(k)
+    timed = [decide(k) for k in progress(range(WARMUP, WARMUP + cfg.decisions), desc=f"{instances} instances",
+                                         leave=False, enabled=show)]
+    accepted = sum(ok for ok, _ in timed)
+    latencies = sorted(taken for _, taken in timed)
     return {
         "instances": instances,
         "indexed_blocks": len(state.index),
