@@ -127,6 +127,29 @@ def kv_expected(planned: int, sent: int) -> int:
     return planned if sent < 0 else min(planned, sent)
 
 
+class ChunkCheck:
+    """A decode's chunks checked as they come: in order, each of the request's `n`
+    outputs, no error; `done` once every output has ended."""
+
+    def __init__(self, decode_id: str, n: int) -> None:
+        self.decode_id, self.n = decode_id, n
+        self.seq = 0
+        self.ended: set[int] = set()
+        self.done = False
+
+    def take(self, chunk: TokenChunk) -> None:
+        if chunk.seq != self.seq:
+            raise UpstreamError(502, f"token stream out of order: got chunk {chunk.seq}, expected {self.seq}")
+        self.seq += 1
+        if chunk.error:
+            raise UpstreamError(502, f"decode on {self.decode_id} failed: {chunk.error}")
+        if not 0 <= chunk.index < self.n:
+            raise UpstreamError(502, f"decode on {self.decode_id} sent output {chunk.index} of a request of {self.n}")
+        if chunk.finish_reason is not None:
+            self.ended.add(chunk.index)
+            self.done = len(self.ended) == self.n
+
+
 @dataclass(frozen=True)
 class Job:
     """One request as the pipeline carries it from step to step."""
@@ -280,14 +303,17 @@ class Pipeline:
             if first is not None and not streamed and not job.sampling.history_dependent:
                 streamed.extend(first.token_ids)
                 yield first
-            async for chunk, last in self._tokens(stream, attempt.placement.decode_id, job.sampling.n):
+            checked = ChunkCheck(attempt.placement.decode_id, job.sampling.n)
+            while not checked.done:  # a loop, not a generator: every token passes here
+                chunk = await self._next_chunk(stream)
+                checked.take(chunk)
                 if order.continued:  # it loaded (or computed) KV for a prompt that holds output: not prefill's
                     chunk = msgspec.structs.replace(chunk, kv_loaded_tokens=0)
                 if order.first_token_id == NO_TOKEN and chunk.seq == 0:
                     await self._prefilled_locally(attempt, chunk, report)
                 report.kv_loaded_tokens = report.kv_loaded_tokens or chunk.kv_loaded_tokens
                 streamed.extend(chunk.token_ids)
-                attempt.finished = last
+                attempt.finished = checked.done
                 yield chunk
         finally:
             await stream.close()
@@ -467,25 +493,6 @@ class Pipeline:
             await stream.close()
             raise
         return stream
-
-    async def _tokens(self, stream: TokenStream, decode_id: str, n: int) -> AsyncIterator[tuple[TokenChunk, bool]]:
-        """The decode's chunks in order, each with whether it is the last: until each
-        of the `n` outputs has ended."""
-        seq, ended = 0, set()
-        while True:
-            chunk = await self._next_chunk(stream)
-            if chunk.seq != seq:
-                raise UpstreamError(502, f"token stream out of order: got chunk {chunk.seq}, expected {seq}")
-            seq += 1
-            if chunk.error:
-                raise UpstreamError(502, f"decode on {decode_id} failed: {chunk.error}")
-            if not 0 <= chunk.index < n:
-                raise UpstreamError(502, f"decode on {decode_id} sent output {chunk.index} of a request of {n}")
-            if chunk.finish_reason is not None:
-                ended.add(chunk.index)
-            yield chunk, len(ended) == n
-            if len(ended) == n:
-                return
 
     @staticmethod
     async def _next_chunk(stream: TokenStream) -> TokenChunk:

@@ -6,13 +6,18 @@ each chunk to its attempt's stream (by attempt id; a chunk of an attempt no long
 open here is dropped). A stream queues its chunks, so waiting for the next token
 costs no task and no timer. What ends a stream other than its chunks (the request's
 deadline, a stream gone quiet, an instance that stopped beating) is watched by one
-task per stream, waking once per heartbeat interval."""
+task per stream, waking once per heartbeat interval.
+
+A token costs the gateway a wake of its request's task and little else: the queue
+is a deque and at most one waiting future, not an asyncio.Queue with its loop checks
+and waiter lists."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
 
 import structlog
@@ -44,7 +49,8 @@ class TokenStream:
         self.idle_timeout_s = idle_timeout_s
         self.check_s = check_s
         self.check_alive = check_alive  # raises when the instance stopped beating
-        self.queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
+        self.queue: deque[TokenChunk | BaseException] = deque()
+        self.waiter: asyncio.Future[None] | None = None  # the request's task, while the queue is empty
         self.last = time.monotonic()
         self.watchdog: asyncio.Task[None] | None = None
         self.inbox: Inbox | None = None
@@ -59,7 +65,13 @@ class TokenStream:
 
     async def next(self) -> TokenChunk:
         """The next chunk; raises what the watchdog found instead."""
-        item = await self.queue.get()
+        while not self.queue:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        item = self.queue.popleft()
         if isinstance(item, BaseException):
             raise item
         return item
@@ -72,7 +84,12 @@ class TokenStream:
 
     def arrived(self, chunk: TokenChunk) -> None:
         self.last = time.monotonic()
-        self.queue.put_nowait(chunk)
+        self._put(chunk)
+
+    def _put(self, item: TokenChunk | BaseException) -> None:
+        self.queue.append(item)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     async def _watch(self) -> None:
         while True:
@@ -81,7 +98,7 @@ class TokenStream:
             try:
                 self._check()
             except BaseException as e:
-                self.queue.put_nowait(e)
+                self._put(e)
                 return
 
     def _check(self) -> None:

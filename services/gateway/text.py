@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tokenizers.decoders import DecodeStream
+
 from services.gateway.errors import invalid
 from services.gateway.stops import StopMatcher
 
@@ -90,9 +92,8 @@ class TextStream:
         self, tokenizer: Tokenizer, stop: Sequence[str] = (), include_stop: bool = False, skip_special_tokens: bool = True,
         prompt: Sequence[int] = (),
     ) -> None:
-        from tokenizers.decoders import DecodeStream
-
         self.tokenizer = tokenizer
+        self._backend = tokenizer.hf._tokenizer  # the Rust tokenizer each step decodes with
         self.stop = tuple(stop)
         self.include_stop = include_stop
         self.skip_special_tokens = skip_special_tokens
@@ -122,8 +123,6 @@ class TextStream:
         self._pending.append(token_id)
         if len(self._pending) <= MAX_PENDING_TOKENS:
             return ""
-        from tokenizers.decoders import DecodeStream
-
         stuck = self.tokenizer.decode(self._pending, skip_special_tokens=self.skip_special_tokens)
         self._pending.clear()
         self._stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
@@ -133,17 +132,15 @@ class TextStream:
         """One token through the stream decoder, recovering as vLLM's detokenizer does:
         a token id it cannot decode gives nothing, and a decoder whose prefix no longer
         decodes the same (non-monotonic UTF-8 output) starts afresh."""
-        from tokenizers.decoders import DecodeStream
-
         try:
-            return self._stream.step(self.tokenizer.hf._tokenizer, token_id)
+            return self._stream.step(self._backend, token_id)
         except (OverflowError, TypeError):
             return None
         except Exception as e:  # tokenizers raises a plain Exception for this one
             if not str(e).startswith(INVALID_PREFIX):
                 raise
             self._stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
-            return self._stream.step(self.tokenizer.hf._tokenizer, token_id)
+            return self._stream.step(self._backend, token_id)
 
     def flush(self) -> str:
         """At the end of generation: the text held back for stop strings (bytes that

@@ -23,7 +23,7 @@ from shared.config import ClusterConfig
 from shared.engine.metrics import instance_registry
 from shared.instance import EngineLoad, Instance
 from shared.messages import Role
-from shared.service import Main
+from shared.service import Main, freeze_heap
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +74,9 @@ async def serve(handlers: Sequence[type[Handler]], config: ClusterConfig, args: 
     instance = Instance(role, instance_id, node, config, nc, load, stages)
     for handler in handlers:
         await bus.subscribe(nc, handler.subject(instance_id), handler.REQUEST, handler(instance, engine).on_request)
+    # vLLM and torch leave hundreds of thousands of objects: frozen before the heartbeats
+    # start, a full collection never pauses the engine's outputs to walk them.
+    freeze_heap()
     await instance.start()
     page = await metrics_page.serve_for(args, instance_registry(instance), role)
     log.info(f"{role} ready", model=config.model, node=node, serves=[h.ROLE for h in handlers])
