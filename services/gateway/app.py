@@ -695,7 +695,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     lag = asyncio.create_task(server.LagMonitor(metrics).run())
-    # The tokenizer and the tool parsers bring transformers and vLLM in: some 700,000
+    # The tokenizer and the tool parsers bring transformers and vLLM in: some 680,000
     # objects a full collection would walk, in a pause of 0.3-0.4 s for every stream.
     service.freeze_heap()
     log.info("gateway ready", url=f"http://{args.host}:{args.port}", model=config.served_model_name)

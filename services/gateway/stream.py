@@ -8,8 +8,8 @@ costs no task and no timer. What ends a stream other than its chunks (the reques
 deadline, a stream gone quiet, an instance that stopped beating) is watched by one
 task per stream, waking once per heartbeat interval.
 
-A token costs the gateway a wake of its request's task and little else: the queue
-is a deque and at most one waiting future, not an asyncio.Queue with its loop checks
+Handing a token to its request costs one wake of the request's task: the queue is
+a deque and at most one waiting future, not an asyncio.Queue with its loop checks
 and waiter lists."""
 
 from __future__ import annotations
