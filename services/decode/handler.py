@@ -62,7 +62,6 @@ class Decoder(Handler):
         self.predictor = load_predictor(profile_path(instance.config))
         self.context: dict[str, int] = {}  # request id → the context the books count it with
         self.context_tokens = 0  # their sum
-        self.step_s = 0.0  # a step of that batch, predicted: read at every request's every step
 
     def refusal(self, req: DecodeRequest) -> tuple[str, bool]:
         """Why this request cannot start here ("" if it can), and whether for load."""
@@ -94,19 +93,18 @@ class Decoder(Handler):
         structlog.contextvars.bind_contextvars(request_id=req.request_id)
         context = decode_context(len(req.prompt_token_ids), req.sampling.max_tokens)
         self.context[req.request_id] = context
-        self._rebatch(context)
+        self.context_tokens += context
         try:
             with tracing.span("decode", req.request_id, instance=self.instance.instance_id,
                               kv_blocks=req.kv_blocks):
                 await self._generate(req)
         finally:
             del self.context[req.request_id]
-            self._rebatch(-context)
+            self.context_tokens -= context
 
-    def _rebatch(self, tokens: int) -> None:
-        """A request joined the batch (its context `tokens`) or left it (negative)."""
-        self.context_tokens += tokens
-        self.step_s = self.predictor.decode_step_s(len(self.context), self.context_tokens)
+    def predicted_step_s(self) -> float:
+        """A step of the batch as the books hold it now."""
+        return self.predictor.decode_step_s(len(self.context), self.context_tokens)
 
     async def _generate(self, req: DecodeRequest) -> None:
         # The engine runs prompt + first token. The connector loads the prompt's blocks
@@ -157,7 +155,7 @@ class Decoder(Handler):
     async def _send(self, req: DecodeRequest, step: Step, seq: int, pace: Pace) -> int:
         """One step's tokens onto the request's stream; the next chunk's number."""
         if step.index == 0:  # the outputs step together: one paces the request
-            pace.step(len(step.token_ids), self.step_s, first=not pace.last, now=time.monotonic())
+            pace.step(len(step.token_ids), self.predicted_step_s(), first=not pace.last, now=time.monotonic())
         chunk = TokenChunk(request_id=req.request_id, seq=seq, token_ids=step.token_ids,
                            finish_reason=step.finish_reason, kv_loaded_tokens=step.num_cached_tokens if seq == 0 else 0,
                            logprobs=step.logprobs or [], index=step.index, prompt_logprobs=step.prompt_logprobs or [])

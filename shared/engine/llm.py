@@ -206,8 +206,7 @@ def generate(
 async def _steps(outputs: AsyncIterator[Any], params: Any) -> AsyncIterator[Step]:
     async for out in outputs:
         # Only the first output carries them: the prompt's, for every choice.
-        prompt_rows = [token_logprobs(d, params.prompt_logprobs) for d in out.prompt_logprobs if d is not None] \
-            if out.prompt_logprobs else None
+        prompt_rows = [token_logprobs(d, params.prompt_logprobs) for d in out.prompt_logprobs or () if d is not None]
         for completion in out.outputs:
             yield Step(
                 token_ids=list(completion.token_ids),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.pipeline import Pipeline, Rejected, Report, UpstreamError, kv_expected
+from services.gateway.pipeline import ChunkCheck, Pipeline, Rejected, Report, UpstreamError, kv_expected
 from shared import bus
 from shared.config import ClusterConfig
 from shared.liveness import Registry
@@ -249,3 +249,23 @@ async def test_a_request_the_engine_refuses_as_invalid_is_a_400_and_not_retried(
         await run(pipeline, "r9")
     assert failed.value.status == 400 and "schema" in str(failed.value)
     assert asked == ["r9"]  # nobody else was asked
+
+
+def test_a_decodes_chunks_are_checked_in_order_and_done_once_every_output_ended():
+    check = ChunkCheck("decode-0", n=2)
+    check.take(TokenChunk(request_id="a", seq=0, token_ids=[1], index=0))
+    check.take(TokenChunk(request_id="a", seq=1, token_ids=[2], index=1, finish_reason="stop"))
+    assert not check.done  # output 0 goes on
+    check.take(TokenChunk(request_id="a", seq=2, token_ids=[3], index=0, finish_reason="length"))
+    assert check.done
+
+
+@pytest.mark.parametrize("chunk, says", [
+    (TokenChunk(request_id="a", seq=1, token_ids=[1]), "out of order: got chunk 1, expected 0"),
+    (TokenChunk(request_id="a", seq=0, token_ids=[], error="engine died"), "decode on decode-0 failed: engine died"),
+    (TokenChunk(request_id="a", seq=0, token_ids=[1], index=1), "sent output 1 of a request of 1"),
+])
+def test_a_chunk_out_of_order_failed_or_of_no_output_asked_for_is_a_502(chunk, says):
+    with pytest.raises(UpstreamError) as failed:
+        ChunkCheck("decode-0", n=1).take(chunk)
+    assert failed.value.status == 502 and says in str(failed.value)
