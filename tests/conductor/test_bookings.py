@@ -43,7 +43,10 @@ def test_the_other_conductor_books_each_placement_and_both_close_it():
     cross(b, a, 0.0)
     assert a.stats(0.0).booked == b.stats(0.0).booked and sum(a.stats(0.0).booked.values()) == 4
     assert (a.peer_bookings, b.peer_bookings) == (1, 1)
-    # What a placed is a prefix b now routes to its holder.
+    # What a placed is a prefix b now routes to its holder (r2's prefill reported done:
+    # what is still outstanding there counts as queued, however long ago it was booked).
+    for c in (a, b):
+        c.on_update(RequestUpdate(request_id="r2", kind="prefill_done"), now=0.05)
     again = b.schedule(ask("r3", ["h1", "h2", "h3", "h4"]), now=0.1)
     assert again.placement.prefill_id == a.state.placed["r1"][0]
     cross(b, a, 0.1)

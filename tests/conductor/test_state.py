@@ -34,6 +34,29 @@ def test_queue_grows_with_assignments_and_drains_with_events():
     assert load.queue_s == 0.0 and load.active_blocks == 0  # idle once nothing is outstanding
 
 
+def test_prompts_still_outstanding_stay_queued_after_their_predicted_end():
+    # An engine slower than its time model: three 1 s prompts booked at 0, the first
+    # reported done only at 4.0, though the booked queue ran out at 3.0. Until then the
+    # two behind it are still ahead of a new prompt, which queues behind them.
+    s = state()
+    for rid in ("r1", "r2", "r3"):
+        assign(s, rid, now=0.0)
+    (load,) = s.prefill_loads([], now=0.5)
+    assert load.queue_s == pytest.approx(2.5)  # busy until 3.0 as booked
+    (load,) = s.prefill_loads([], now=4.0)
+    assert load.queue_s == pytest.approx(2.0)  # not 0: r2 and r3 have not begun
+    s.prefill_done("r1", now=4.0)
+    (load,) = s.prefill_loads([], now=4.0)
+    assert load.queue_s == pytest.approx(1.0)  # r3 behind r2
+    assign(s, "r4", now=4.0)
+    assert s.prefill["p0"].busy_until == pytest.approx(6.0)  # after r3's second, r4's own
+    s.prefill_done("r2", now=6.0)
+    s.prefill_done("r3", now=7.0)
+    s.prefill_done("r4", now=8.0)
+    (load,) = s.prefill_loads([], now=8.0)
+    assert load.queue_s == 0.0 and s.prefill["p0"].outstanding_s == 0.0
+
+
 def test_decode_items_start_at_prefill_end_and_leave_when_finished():
     s = state()
     assign(s, "r1", now=0.0, ttft=2.0)
