@@ -236,6 +236,7 @@ class ColocatedLoad:
     slowdown: float = 1.0
     queue_s: float = 0.0  # predicted work ahead besides `queued_tokens` (a prefill instance's own queue)
     decode_chunk_tokens: int = 0  # its engine's cap on one prompt's tokens per step (0: none)
+    prefill_role: bool = False  # a prefill instance: its role's prompts keep coming, whatever it decodes
 
     def cached_tokens(self, req: Request, block_size: int) -> int:
         """Prompt tokens of `req` it would not compute (at least one token always is)."""
@@ -300,18 +301,15 @@ def fullest_step_s(load: ColocatedLoad, req: Request, predictor: Predictor, bloc
     A short prompt's one step costs far less than a full chunk's (on the development
     machine's CPU profile, 256 tokens 22 ms beside a batch of 4, 2,048 tokens 259 ms).
 
-    Behind another prompt there, a step is as vLLM's scheduler fills it: a chunk of
-    every waiting prompt, up to the engine's token budget. Priced as one SLO-sized
-    chunk instead, spills queued behind another were admitted live (2 CPU engines,
-    conversation trace, 12 req/s) and had mean token gaps of 60-440 ms; most lone
-    ones, under 35 ms."""
+    On a prefill instance the request then decodes beside its role's prompts, which
+    keep coming: any of its steps may carry a full budget of them. Priced as its own
+    prompt's chunk instead, spills onto a prefill instance were admitted live (2 CPU
+    engines, conversation trace at 12 req/s) and 15 of 18 missed the TBT SLO, mean
+    token gaps up to 436 ms; all 22 spilled onto the decode instance kept it."""
     cached = load.cached_tokens(req, block_size)
     joined = (load.batch + 1, load.ctx_tokens + req.prompt_len)
-    if load.queued_tokens:
-        budget = step_tokens - joined[0]
-    else:
-        budget = max(0, _capped(load, step_budget(predictor, step_tokens, *joined, 0, req.slo_tbt_s)))
-    chunk = min(budget, load.queued_tokens + req.prompt_len - cached)
+    budget = max(0, _capped(load, step_budget(predictor, step_tokens, *joined, 0, req.slo_tbt_s)))
+    chunk = budget if load.prefill_role else min(budget, load.queued_tokens + req.prompt_len - cached)
     return load.slowdown * mixed_step_s(predictor, *joined, [(chunk, 0)])
 
 

@@ -181,7 +181,7 @@ def test_a_spill_must_take_a_step_or_two_within_the_tbt_slo_there_and_beat_disag
     assert better_both(capped, refused, req)  # each of its many steps is sized to the SLO
 
 
-def test_a_prompt_behind_another_is_priced_on_a_step_as_the_engine_fills_it():
+def test_a_spill_is_priced_on_the_steps_the_engine_will_fill_beside_it():
     # vLLM steps a chunk of every waiting prompt together, up to its token budget:
     # behind 1,500 queued tokens, the fullest step holds 2,043 (a token to each decode).
     from services.conductor.modes import fullest_step_s
@@ -192,6 +192,10 @@ def test_a_prompt_behind_another_is_priced_on_a_step_as_the_engine_fills_it():
     assert fullest_step_s(behind, prompt, PRED, BS, 2048) == pytest.approx(
         mixed_step_s(PRED, 5, 4_000 + 1_000, [(2_043, 0)]))
     assert fullest_step_s(alone, prompt, PRED, BS, 2048) == pytest.approx(mixed_step_s(PRED, 5, 5_000, [(256, 0)]))
+    # On a prefill instance it decodes beside the role's prompts, which keep coming.
+    prefill = ColocatedLoad("p0", 0, 0, batch=4, ctx_tokens=4_000, prefill_role=True)
+    assert fullest_step_s(prefill, prompt, PRED, BS, 2048) == pytest.approx(
+        mixed_step_s(PRED, 5, 5_000, [(2_043, 0)]))
 
 
 def test_an_engine_that_caps_a_prompts_chunk_prefills_a_long_spill_in_slo_sized_steps():
