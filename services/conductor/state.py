@@ -84,11 +84,10 @@ class PrefillBook:
         those prompts after it. Without this floor the books drained while the engine
         did not: measured live, a queue of ten long prompts (3 s) booked as nearly
         empty, and admission took short prompts that then waited seconds."""
-        ahead = self.busy_until - now
-        if len(self.outstanding) > 1:
-            head = next(iter(self.outstanding.values()))
-            ahead = max(ahead, self.outstanding_s - head.prefill_s)
-        return max(0.0, ahead)
+        if not self.outstanding:
+            return max(0.0, self.busy_until - now)
+        head = next(iter(self.outstanding.values()))
+        return max(0.0, self.busy_until - now, self.outstanding_s - head.prefill_s)
 
     def trim(self, now: float) -> None:
         while self.window and self.window[0].at < now - WINDOW_S:
