@@ -54,6 +54,13 @@ def test_attainment_judges_the_tail_gaps_as_the_simulator_and_meets_at_the_thres
     assert attainment([], SLO) == Attainment(0, 0.0, 0.0, 0.0)
 
 
+def test_a_shifting_runs_good_requests_are_also_counted_by_third():
+    good, late = outcome(), outcome(ttft=1.5)
+    got = attainment([good, late, good, good, good, late, late], SLO, thirds=True)
+    assert got.thirds == (1, 2, 1)  # 7 // 3 = 2 a third, the last third takes the rest
+    assert attainment([good, late, good], SLO).thirds == ()
+
+
 # --- the search ------------------------------------------------------------------
 
 
@@ -180,6 +187,14 @@ def test_a_shifting_slice_scales_its_middle_third_only():
     assert all(s.input_length == round(3 * r.input_length) for s, r in zip(shifted[10:20], steady[10:20]))
 
 
+def test_outer_reshapes_the_thirds_around_the_shifted_one():
+    steady = goodput.load_slice(GoodputSpec(requests=30, spread=False))
+    shifted = goodput.load_slice(GoodputSpec(requests=30, spread=False, shift="3,0.125", outer="1,4"))
+    assert all(s.output_length == 4 * r.output_length for s, r in zip(shifted[:10] + shifted[20:],
+                                                                      steady[:10] + steady[20:]))
+    assert all(s.input_length == round(3 * r.input_length) for s, r in zip(shifted[10:20], steady[10:20]))
+
+
 def test_warmup_requests_come_half_a_second_apart():
     assert [r.timestamp_ms for r in goodput.warmup_trace([req(0)] * 5, 3)] == [0, 500, 1000]
 
@@ -274,7 +289,17 @@ def goodput_spec(args) -> GoodputSpec:
 @pytest.mark.parametrize("bad", [{"modes": "colocated,pd"}, {"min_rate": 2.0, "max_rate": 1.0}, {"probes": 0},
                                  {"max_output": 4096}, {"target": 1.5}, {"client": "curl"}, {"tbt_stat": "p99"},
                                  {"rates": "4,x"}, {"rates": "4,4"}, {"rates": "0"}, {"trace": "/no/such.jsonl"},
-                                 {"shift": "3"}, {"shift": "3,0"}, {"shift": "a,b"}])
+                                 {"shift": "3"}, {"shift": "3,0"}, {"shift": "a,b"},
+                                 {"outer": "1,4"}, {"shift": "3,1", "outer": "1"}])
 def test_the_spec_refuses_what_cannot_be_measured(bad):
     with pytest.raises(ValueError):
         GoodputSpec(**bad)
+
+
+def test_the_planners_moves_are_read_from_its_conductors_log(tmp_path):
+    log = tmp_path / "conductor.log"
+    log.write_text('{"event":"scheduled","request_id":"r1"}\nnot json "role change"\n'
+                   '{"instance_id":"prefill-0","to":"decode","reason":"needs 0.16 prefill","event":"role change",'
+                   '"timestamp":"2026-11-29T01:44:38.792094Z"}\n')
+    assert goodput.role_changes(log) == ["01:44:38 prefill-0 → decode (needs 0.16 prefill)"]
+    assert goodput.role_changes(tmp_path / "absent.log") == []

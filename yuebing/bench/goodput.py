@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import json
 import math
 import os
 import shlex
@@ -92,6 +93,8 @@ class GoodputSpec:
     shift: Annotated[str, Meta(description="a mix that shifts: the middle third's input,output length factors "
                                            "and optional appended document tokens (e.g. 3,0.125: long prompts, "
                                            "short answers; empty: none)")] = ""
+    outer: Annotated[str, Meta(description="with --shift: the outer thirds' input,output length factors and "
+                                           "optional document tokens (empty: the trace as it is)")] = ""
     up_flags: Annotated[str, Meta(description="more `yuebing up` flags for every mode's cluster")] = ""
     plain_vllm: Annotated[bool, Meta(description="also measure 2 plain vLLM servers, round-robin from the client")] = (
         False)
@@ -118,11 +121,13 @@ class GoodputSpec:
             raise ValueError(f"--rates takes distinct positive rates, comma-separated; got {self.rates!r}")
         if self.trace and not Path(self.trace).is_file():
             raise ValueError(f"--trace: no such file: {self.trace}")
-        if self.shift:
+        for flag, mix in (("--shift", self.shift), ("--outer", self.outer)):
             try:
-                Mix.parse(self.shift)
+                Mix.parse(mix) if mix else None
             except ValueError as e:
-                raise ValueError(f"--shift: {e}") from None
+                raise ValueError(f"{flag}: {e}") from None
+        if self.outer and not self.shift:
+            raise ValueError("--outer reshapes the thirds around --shift's: give --shift too")
 
     @property
     def mode_list(self) -> tuple[str, ...]:
@@ -150,6 +155,7 @@ class Attainment:
     tbt: float
     rejected: int = 0  # 429s: admission turned them away
     failed: int = 0
+    thirds: tuple[int, ...] = ()  # with --shift: requests within both SLOs in each third of the trace
 
 
 @dataclass(frozen=True)
@@ -184,17 +190,19 @@ class ModeResult:
     deaths: int = 0  # processes the launcher reported dead during the mode's run
     notes: list[str] = field(default_factory=list)  # what went wrong: any makes the command fail
     spans: int | None = None  # the traced setup: spans its receiver took
+    role_changes: list[str] = field(default_factory=list)  # the planner's moves, as its Conductor logged them
 
 
 # --- pure: attainment, the search, the ratios, the table -------------------------
 
 
-def attainment(outcomes: Sequence[Outcome], slo: Slo, tbt_stat: str = "tail") -> Attainment:
+def attainment(outcomes: Sequence[Outcome], slo: Slo, tbt_stat: str = "tail", thirds: bool = False) -> Attainment:
     """Who met the TTFT SLO, the TBT SLO, and both, among every request sent. TBT is
     by default the mean of a request's longest 10 % of gaps (`Outcome.tbt_tail_s`), as
     Mooncake measures it and as the simulator judges it (`Outcome.within_slo`): a mean
     over all gaps (`tbt_stat="mean"`, AIPerf's inter-token latency) would hide a
-    prefill chunk's stall among many short steps."""
+    prefill chunk's stall among many short steps. `thirds`: also count the good
+    requests of each third (a shifting mix's parts, as `shifting` cuts them)."""
     n = len(outcomes)
     ttft = [o.completed and o.ttft_s <= slo.ttft_s for o in outcomes]
     tbt = [o.completed and (o.tbt_tail_s if tbt_stat == "tail" else o.tbt_mean_s) <= slo.tbt_s for o in outcomes]
@@ -202,8 +210,11 @@ def attainment(outcomes: Sequence[Outcome], slo: Slo, tbt_stat: str = "tail") ->
     def share(flags: Sequence[bool]) -> float:
         return sum(flags) / n if n else 0.0
 
-    return Attainment(n, share([a and b for a, b in zip(ttft, tbt)]), share(ttft), share(tbt),
-                      sum(o.rejected for o in outcomes), sum(o.failed for o in outcomes))
+    both = [a and b for a, b in zip(ttft, tbt)]
+    cuts = (0, n // 3, 2 * (n // 3), n)
+    parts = tuple(sum(both[lo:hi]) for lo, hi in itertools.pairwise(cuts)) if thirds else ()
+    return Attainment(n, share(both), share(ttft), share(tbt), sum(o.rejected for o in outcomes),
+                      sum(o.failed for o in outcomes), parts)
 
 
 def search(measure: Callable[[float], Attainment], lo: float, hi: float, probes: int, target: float) -> Search:
@@ -304,7 +315,7 @@ def to_json(results: Sequence[ModeResult], spec: GoodputSpec, base_rps: float) -
         "modes": [{"name": r.name, "capacity_rps": r.search.capacity_rps,
                    "capacity_speed": r.search.capacity_rps / base_rps if base_rps else 0.0,
                    "ratio_to_colocated": ratio(r.search.capacity_rps, colocated), "deaths": r.deaths,
-                   "notes": r.notes, "spans": r.spans, "at_capacity": dataclasses.asdict(r.search.at_capacity)
+                   "notes": r.notes, "spans": r.spans, "role_changes": r.role_changes, "at_capacity": dataclasses.asdict(r.search.at_capacity)
                    if r.search.at_capacity else None,
                    "probes": [dataclasses.asdict(p) for p in r.search.probes]} for r in results],
     }
@@ -363,7 +374,7 @@ def load_slice(spec: GoodputSpec) -> list[TraceRequest]:
 
     raw = load_trace(spec.trace or data.CONVERSATION_TRACE, spec.requests)
     if spec.shift:
-        raw = shifting(raw, middle=Mix.parse(spec.shift))
+        raw = shifting(raw, middle=Mix.parse(spec.shift), outer=Mix.parse(spec.outer) if spec.outer else Mix())
     return spread(raw) if spec.spread else raw
 
 
@@ -480,12 +491,13 @@ class Driver:
             outcomes = aiperf.replay(run, trace, self.model, f"{slug}-{number}", s.slo_ttft_ms / 1e3, s.slo_tbt_ms / 1e3)
         else:
             outcomes = asyncio.run(replay_over(urls, trace, dataclasses.replace(options, salt=options.salt + number)))
-        return attainment(outcomes, Slo(s.slo_ttft_ms / 1e3, s.slo_tbt_ms / 1e3), s.tbt_stat)
+        return attainment(outcomes, Slo(s.slo_ttft_ms / 1e3, s.slo_tbt_ms / 1e3), s.tbt_stat, thirds=bool(s.shift))
 
 
 def probe_line(name: str, rate: float, a: Attainment) -> str:
     return (f"  {name}: {rate:.2f} req/s → both SLOs {a.both:.0%} (TTFT {a.ttft:.0%}, TBT {a.tbt:.0%}; "
-            f"{a.rejected} rejected, {a.failed} failed of {a.requests})")
+            f"{a.rejected} rejected, {a.failed} failed of {a.requests})"
+            + (f"; good by third {'/'.join(map(str, a.thirds))}" if a.thirds else ""))
 
 
 def run_mode(driver: Driver, work: Path, model: Path, mode: str) -> ModeResult:
@@ -502,7 +514,26 @@ def run_mode(driver: Driver, work: Path, model: Path, mode: str) -> ModeResult:
             found = driver.measure(name, [url])
     died = deaths(work / f"{mode}.log")
     notes = [f"{died} processes died (see {work / mode}.log)"] if died else []
-    return ModeResult(name, found, died, notes, spans.count if spans is not None else None)
+    moves = role_changes(work / mode / "conductor.log")
+    for m in moves:
+        driver.say(f"  {name}: role change {m}")
+    return ModeResult(name, found, died, notes, spans.count if spans is not None else None, moves)
+
+
+def role_changes(conductor_log: Path) -> list[str]:
+    """The planner's moves in a Conductor's log: when, which instance, to what, why."""
+    if not conductor_log.is_file():
+        return []
+    moves = []
+    for line in conductor_log.read_text(errors="replace").splitlines():
+        if '"role change"' not in line:
+            continue
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        moves.append(f"{e.get('timestamp', '?')[11:19]} {e.get('instance_id')} → {e.get('to')} ({e.get('reason')})")
+    return moves
 
 
 @contextmanager
