@@ -33,7 +33,7 @@ from services.gateway.retry import (
     continuation,
     with_decode,
 )
-from services.gateway.stream import Inbox, StreamEnded, TokenStream
+from services.gateway.stream import Inbox, StreamEnded, TokenStream, woke_late
 from shared import bus, tracing
 from shared.block_hash import hex_hashes
 from shared.config import ClusterConfig
@@ -504,9 +504,11 @@ class Pipeline:
     async def _watch(self, instance_id: str, work: Awaitable[T], deadline: float) -> T:
         """Await `work`, giving up as soon as `instance_id` stops beating."""
         task = asyncio.ensure_future(work)
+        interval = self.config.heartbeat_interval_s
         try:
             while True:
-                done, _ = await asyncio.wait({task}, timeout=self.config.heartbeat_interval_s)
+                waited_from = time.monotonic()
+                done, _ = await asyncio.wait({task}, timeout=interval)
                 if done:
                     try:
                         return task.result()
@@ -515,7 +517,8 @@ class Pipeline:
                         raise UpstreamError(status, f"{instance_id}: {e}") from e
                     except MessageError as e:
                         raise UpstreamError(502, f"bad reply from {instance_id}: {e}") from e
-                self._check_alive(instance_id)
+                if not woke_late(waited_from, interval, interval):  # else: heartbeats still unread
+                    self._check_alive(instance_id)
         finally:
             task.cancel()
 

@@ -207,6 +207,33 @@ async def test_an_instance_that_stops_beating_fails_the_request_fast(connected):
     assert time.monotonic() - started < 2.0  # one heartbeat interval, not the deadline
 
 
+async def test_a_gateway_that_stalled_reads_the_heartbeats_it_missed_before_judging_silence(connected):
+    # Heartbeats every 0.6 s, judged silent after 1 s; then the gateway's own event
+    # loop blocks for 1.6 s. The watcher wakes first, late: the instance was beating
+    # all along, and the heartbeat it missed is read before anyone is judged.
+    _nc, pipeline = connected
+    pipeline.started -= 10
+    pipeline.registry = Registry(timeout_s=1.0)
+    beat = Heartbeat(instance_id="p0", role="prefill", node="node-0", pid=1, seq=1, sent_at=0.0)
+
+    async def beating() -> None:
+        while True:
+            pipeline.registry.observe(beat, time.monotonic())
+            await asyncio.sleep(0.6)
+
+    async def work() -> str:
+        await asyncio.sleep(0.3)
+        time.sleep(1.6)  # blocks the loop, as a starved or busy gateway does
+        await asyncio.sleep(1.0)
+        return "answered"
+
+    beats = asyncio.create_task(beating())
+    try:
+        assert await pipeline._watch("p0", work(), time.time() + 10) == "answered"
+    finally:
+        beats.cancel()
+
+
 def test_decode_waits_for_no_more_blocks_than_prefill_sent():
     assert kv_expected(planned=7, sent=4) == 4  # the pool had no room for the rest
     assert kv_expected(planned=7, sent=7) == 7

@@ -13,8 +13,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from shared.outbox import Outbox
-from services.gateway.stream import Inbox, StreamEnded, TokenStream
-from shared.messages import TokenBatch, TokenChunk
+from services.gateway.stream import Inbox, StreamEnded, TokenStream, woke_late
+from shared.liveness import Registry
+from shared.messages import Heartbeat, TokenBatch, TokenChunk
 from tests.gateway.served import NatsServer
 
 
@@ -109,3 +110,38 @@ async def test_a_quiet_stream_whose_instance_stopped_beating_ends_with_the_liven
     with pytest.raises(Gone, match="decode-0"):
         await asyncio.wait_for(stream.next(), 5)
     await stream.close()
+
+
+async def test_a_stream_outlives_a_stall_of_its_own_gateway():
+    # The instance beats every 0.6 s and is judged silent after 1 s; the gateway's
+    # event loop then blocks for 1.6 s, and the watchdog wakes before the heartbeat
+    # that came meanwhile is read. It judges on its next wake: the stream goes on.
+    registry = Registry(timeout_s=1.0)
+    beat = Heartbeat(instance_id="decode-0", role="decode", node="node-0", pid=1, seq=1, sent_at=0.0)
+
+    def check(iid: str) -> None:
+        if not registry.is_alive(iid, time.monotonic()):
+            raise Gone(iid)
+
+    async def beating() -> None:
+        while True:
+            registry.observe(beat, time.monotonic())
+            await asyncio.sleep(0.6)
+
+    beats = asyncio.create_task(beating())
+    stream = TokenStream("decode-0", time.time() + 30, 30.0, 0.5, check)
+    stream.watchdog = asyncio.create_task(stream._watch())
+    try:
+        await asyncio.sleep(0.3)
+        time.sleep(1.6)  # blocks the loop, as a starved or busy gateway does
+        await asyncio.sleep(1.2)
+        assert not stream.queue and not stream.watchdog.done()
+    finally:
+        beats.cancel()
+        await stream.close()
+
+
+def test_a_wait_is_late_only_past_its_grace():
+    now = time.monotonic()
+    assert not woke_late(now - 0.6, 0.5, 0.5)
+    assert woke_late(now - 1.2, 0.5, 0.5)

@@ -315,8 +315,8 @@ def to_json(results: Sequence[ModeResult], spec: GoodputSpec, base_rps: float) -
         "modes": [{"name": r.name, "capacity_rps": r.search.capacity_rps,
                    "capacity_speed": r.search.capacity_rps / base_rps if base_rps else 0.0,
                    "ratio_to_colocated": ratio(r.search.capacity_rps, colocated), "deaths": r.deaths,
-                   "notes": r.notes, "spans": r.spans, "role_changes": r.role_changes, "at_capacity": dataclasses.asdict(r.search.at_capacity)
-                   if r.search.at_capacity else None,
+                   "notes": r.notes, "spans": r.spans, "role_changes": r.role_changes,
+                   "at_capacity": dataclasses.asdict(r.search.at_capacity) if r.search.at_capacity else None,
                    "probes": [dataclasses.asdict(p) for p in r.search.probes]} for r in results],
     }
 
