@@ -47,13 +47,13 @@ def _matching(log: Path, request_id: str) -> Iterator[Entry]:
         for line in lines:
             if request_id not in line:  # cheap, before parsing
                 continue
-            record = _record(line)
+            record = log_record(line)
             if record is not None and any(str(record.get(f, "")).startswith(request_id) for f in ID_FIELDS):
                 yield Entry(datetime.fromisoformat(record["timestamp"]), log.stem, str(record.get("event", "")),
                             str(record.get("level", "info")), {k: v for k, v in record.items() if k not in LEFT_OUT})
 
 
-def _record(line: str) -> dict | None:
+def log_record(line: str) -> dict | None:
     """A JSON log line with a timestamp, or None (vLLM's own plain lines, a torn line)."""
     try:
         record = json.loads(line)

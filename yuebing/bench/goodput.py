@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import json
 import math
 import os
 import shlex
@@ -38,7 +37,8 @@ from msgspec import Meta
 
 from yuebing.bench.soak import Slo
 from yuebing.lab.outcome import Outcome
-from yuebing.lab.trace import TRACE_BLOCK_TOKENS, Mix, TraceRequest, base_rate, load_trace, rescale, shifting
+from yuebing.lab.trace import (TRACE_BLOCK_TOKENS, Mix, TraceRequest, base_rate, load_trace, rescale, shifting,
+                               third_cuts)
 
 if TYPE_CHECKING:
     from yuebing.lab.replay import ReplayOptions
@@ -123,7 +123,8 @@ class GoodputSpec:
             raise ValueError(f"--trace: no such file: {self.trace}")
         for flag, mix in (("--shift", self.shift), ("--outer", self.outer)):
             try:
-                Mix.parse(mix) if mix else None
+                if mix:
+                    Mix.parse(mix)
             except ValueError as e:
                 raise ValueError(f"{flag}: {e}") from None
         if self.outer and not self.shift:
@@ -211,8 +212,7 @@ def attainment(outcomes: Sequence[Outcome], slo: Slo, tbt_stat: str = "tail", th
         return sum(flags) / n if n else 0.0
 
     both = [a and b for a, b in zip(ttft, tbt)]
-    cuts = (0, n // 3, 2 * (n // 3), n)
-    parts = tuple(sum(both[lo:hi]) for lo, hi in itertools.pairwise(cuts)) if thirds else ()
+    parts = tuple(sum(both[lo:hi]) for lo, hi in itertools.pairwise(third_cuts(n))) if thirds else ()
     return Attainment(n, share(both), share(ttft), share(tbt), sum(o.rejected for o in outcomes),
                       sum(o.failed for o in outcomes), parts)
 
@@ -522,18 +522,14 @@ def run_mode(driver: Driver, work: Path, model: Path, mode: str) -> ModeResult:
 
 def role_changes(conductor_log: Path) -> list[str]:
     """The planner's moves in a Conductor's log: when, which instance, to what, why."""
+    from yuebing.timeline import log_record
+
     if not conductor_log.is_file():
         return []
-    moves = []
-    for line in conductor_log.read_text(errors="replace").splitlines():
-        if '"role change"' not in line:
-            continue
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        moves.append(f"{e.get('timestamp', '?')[11:19]} {e.get('instance_id')} → {e.get('to')} ({e.get('reason')})")
-    return moves
+    records = (log_record(line) for line in conductor_log.read_text(errors="replace").splitlines()
+               if '"role change"' in line)  # cheap, before parsing
+    return [f"{e['timestamp'][11:19]} {e.get('instance_id')} → {e.get('to')} ({e.get('reason')})"
+            for e in records if e is not None and e.get("event") == "role change"]
 
 
 @contextmanager

@@ -171,9 +171,14 @@ def shifting(trace: Sequence[TraceRequest], middle: Mix = Mix(3.0, 0.125), outer
     arrival times; blocks a longer prompt adds are unshared. The default: the trace,
     then long prompts with short answers, then the trace again (docs/simulator.md,
     "Roles that follow the load")."""
-    third = len(trace) // 3
+    _, lo, hi, _ = third_cuts(len(trace))
     fresh = itertools.count(max((h for r in trace for h in r.hash_ids), default=0) + 1)
-    return [_reshaped(r, middle if third <= i < 2 * third else outer, fresh) for i, r in enumerate(trace)]
+    return [_reshaped(r, middle if lo <= i < hi else outer, fresh) for i, r in enumerate(trace)]
+
+
+def third_cuts(n: int) -> tuple[int, int, int, int]:
+    """Where `shifting` cuts n requests into thirds (the last takes the remainder)."""
+    return 0, n // 3, 2 * (n // 3), n
 
 
 def _reshaped(r: TraceRequest, mix: Mix, fresh: Iterator[int]) -> TraceRequest:
