@@ -14,18 +14,24 @@ admission uses (shared/predictor.py):
            instance may hold (the largest whose predicted step keeps `tbt_headroom`
            of the TBT SLO), planned `decode_utilization` full.
 
-The fleet is split in proportion to the two (at least one instance of each; in
-adaptive mode, where decode instances prefill what no prefill instance takes, the
-prefill role may be emptied when it needs less than half an instance), decode
+The fleet is split in proportion to the two (at least one instance of each), decode
 never given fewer than it needs (prefill's shortfall is shed by admission before
-any work is done; decode's breaks the TBT of a whole batch); and
-while decode refuses requests for want of room (more than `refusal_share` of the
+any work is done; decode's breaks the TBT of a whole batch). In adaptive mode, where
+decode instances prefill what no prefill instance takes, the fleet may instead be
+pooled (no prefill instance: every engine prefills and decodes), where prefill needs
+less than half an instance or pooled instances have more room than the split. A
+pooled instance prefills only in the room its own decode steps leave: a step that
+carries a prompt chunk is held to the TBT SLO, so the more it decodes, the less
+prompt each step takes (the interference disaggregation avoids; Demand.headroom).
+
+While decode refuses requests for want of room (more than `refusal_share` of the
 window's arrivals: admission's TBT rejections, decodes refusing what prefill
 computed, whose prefill is then wasted), the split moves toward decode whatever
-the time models say: the cost of too few decode instances is work already done. Instances
-are moved toward that split only when it serves `min_gain` more of the demand than
+the time models say: the cost of too few decode instances is work already done.
+Instances are moved toward that split only when it serves `min_gain` more of the demand than
 the split as it is (the share a split serves: its busier role's capacity over that
-role's demand; on a plateau of splits that all serve it, nothing moves), and only when:
+role's demand; on a plateau of splits that all serve it, nothing moves; between pooled
+and split, `min_gain` more room), and only when:
   - the target has disagreed with the split `confirm` decisions in a row (no flapping
     on a burst),
   - each has kept its role `dwell_s` and is not still draining from a move,
@@ -41,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from shared.predictor import Predictor
@@ -119,18 +125,31 @@ class Observation:
 class Demand:
     prefill: float  # instances needed, fractional
     decode: float
-    target_prefill: int  # the split it asks for (the rest decode)
+    target_prefill: int  # the split it asks for (the rest decode; none: pooled)
     forced: bool = False  # decode is refusing: the move is due whatever it gains
+    # The share of a pooled instance's time its own decode steps leave to prefill
+    # chunks: a step carrying a chunk is held to the TBT SLO, so the busier its batch,
+    # the less prompt each step can take (the interference a split avoids).
+    pooled_free: float = 1.0
+
+    def headroom(self, prefills: int, decodes: int) -> float:
+        """How many times over a split can serve the demand, its busier role the bound.
+        With no prefill instance the fleet is pooled: every instance's time serves both
+        roles, its prefill only in the room its decode steps leave (`pooled_free`)."""
+        if not prefills:
+            return min(_times(decodes, self.prefill + self.decode), _times(decodes * self.pooled_free, self.prefill))
+        return min(_times(prefills, self.prefill), _times(decodes, self.decode))
 
     def served(self, prefills: int, decodes: int) -> float:
-        """The share of the demand a split can serve, the busier role its bound; with no
-        prefill instance, the decode instances' time serves both."""
-        if not prefills:
-            return min(1.0, decodes / (self.prefill + self.decode)) if self.prefill + self.decode else 1.0
-        return min(1.0, prefills / self.prefill if self.prefill else 1.0, decodes / self.decode if self.decode else 1.0)
+        """The share of the demand a split can serve."""
+        return min(1.0, self.headroom(prefills, decodes))
 
     def detail(self) -> str:
         return f"needs {self.prefill:.2f} prefill and {self.decode:.2f} decode instances: {self.target_prefill} prefill"
+
+
+def _times(capacity: float, need: float) -> float:
+    return capacity / need if need > 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -153,29 +172,46 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
     prefill = rate * prefill_s / params.prefill_utilization
     ctx = prompt + output / 2  # a decoding request's mean context over its output
     slow = max(1.0, obs.decode_slowdown)
-    batch = sized_batch(predictor, ctx, obs.slo_tbt_s * params.tbt_headroom / slow, params.max_batch)
+    step_cap_s = obs.slo_tbt_s * params.tbt_headroom
+    batch = sized_batch(predictor, ctx, step_cap_s / slow, params.max_batch)
     each_s = obs.decode_time_s if obs.decode_time_s is not None else \
         max(0.0, output - 1) * predictor.decode_step_s(batch, round(batch * ctx)) * slow
     concurrent = rate * each_s  # Little's law
     # Square-root staffing: arrivals are bursty, and the fewer decode at once, the
     # larger a burst is beside them (Poisson: its spread is the mean's square root).
     decode = (concurrent + params.decode_burst_z * math.sqrt(concurrent)) / (batch * params.decode_utilization)
+    # Pooled, each instance decodes its share of the requests in steps held to the cap.
+    each = math.ceil(concurrent / len(obs.roles))
+    free = max(0.0, 1 - predictor.decode_step_s(each, round(each * ctx)) * slow / step_cap_s) if each else 1.0
+    return _split(Demand(prefill, decode, 0, obs.decode_refusals > params.refusal_share * len(recent), free),
+                  obs, params)
+
+
+def _split(d: Demand, obs: Observation, params: PlannerParams) -> Demand:
+    """The split `d` asks for: in proportion to the two roles' needs, decode never
+    short; in adaptive mode pooled (no prefill instance) where that has more room."""
     n = len(obs.roles)
-    share = prefill / (prefill + decode) if prefill + decode > 0 else 0.5
+    share = d.prefill / (d.prefill + d.decode) if d.prefill + d.decode > 0 else 0.5
     # Decode gets at least what it needs: prefill's shortfall is shed by admission
     # before any work, decode's breaks the TBT of a whole batch or wastes a prefill.
     # (unless decode alone needs the whole fleet: then the proportional split).
-    room = n - math.ceil(decode)
+    room = n - math.ceil(d.decode)
     target = min(round(n * share), room) if room >= 1 else round(n * share)
-    forced = obs.decode_refusals > params.refusal_share * len(recent)
-    if forced:
+    if d.forced:
         # Decode is refusing what prefill computed: a prefill instance more would only
         # waste more. Whatever the time models say, the split moves toward decode, but
         # not to no prefill instance where the demand wants prefill: decode instances
         # would then prefill it all themselves, more work for the role that is refusing
         # (measured live: 38 good requests against 97 kept at 1P+1D, past capacity).
         target = min(target, max(1, sum(1 for r in obs.roles.values() if r == "prefill") - 1))
-    return Demand(prefill, decode, min(n - 1, max(0 if params.empty_prefill else 1, target)), forced)
+    split = min(n - 1, max(1, target))
+    if not params.empty_prefill:
+        return replace(d, target_prefill=split)
+    # Adaptive mode may pool the fleet: where prefill needs under half an instance,
+    # or (decode not refusing: its steps then have the room the models say) where
+    # pooled instances serve the demand with more room than the split.
+    pooled = target == 0 or (not d.forced and d.headroom(0, n) >= d.headroom(split, n - split))
+    return replace(d, target_prefill=0 if pooled else split)
 
 
 def sized_batch(predictor: Predictor, ctx_tokens: float, step_s: float, most: int) -> int:
@@ -225,10 +261,19 @@ class Planner:
         or moving would not serve `min_gain` more of the demand)."""
         if d is None or d.target_prefill == prefills:
             return None
-        gain = d.served(d.target_prefill, n - d.target_prefill) - d.served(prefills, n - prefills)
-        if not d.forced and gain <= self.params.min_gain:
+        to, now = (d.target_prefill, n - d.target_prefill), (prefills, n - prefills)
+        if not d.forced and not self._gains(d, to, now):
             return None
         return "prefill" if d.target_prefill > prefills else "decode"
+
+    def _gains(self, d: Demand, to: tuple[int, int], now: tuple[int, int]) -> bool:
+        """Whether the split `to` serves `min_gain` more of the demand than `now`. Between
+        pooled and split, by room (`min_gain` more of it), not by share served: on a
+        plateau where both serve the load, pooled instances still start prompts on
+        every engine, with no transfer, and a split keeps decode from prefill's chunks."""
+        if 0 in (to[0], now[0]):
+            return d.headroom(*to) > d.headroom(*now) * (1 + self.params.min_gain)
+        return d.served(*to) - d.served(*now) > self.params.min_gain
 
     def _budget(self, now: float, fleet: int) -> int:
         """Moves the last minute leaves room for."""

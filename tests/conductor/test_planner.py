@@ -3,6 +3,8 @@ models, a split in proportion (decode never short), and moves with hysteresis.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from services.conductor.planner import Arrival, Observation, Planner, PlannerParams, demand, sized_batch
@@ -105,29 +107,52 @@ def test_bad_parameters_are_refused():
         PlannerParams(decode_utilization=0)
 
 
+ADAPTIVE = PlannerParams(window_s=10.0, interval_s=1.0, confirm=1, dwell_s=0.0, empty_prefill=True)
+
+
 def test_in_adaptive_mode_a_prefill_role_that_needs_under_half_an_instance_is_emptied():
     # Two instances, long outputs of short prompts: prefill needs a sliver of one.
-    adaptive = PlannerParams(window_s=10.0, interval_s=1.0, confirm=1, dwell_s=0.0, empty_prefill=True)
-    d = demand(obs(100.0, 1, 1, prompt=200, output=2000), PREDICTOR, adaptive)
+    d = demand(obs(100.0, 1, 1, prompt=200, output=2000), PREDICTOR, ADAPTIVE)
     assert d.target_prefill == 0 and d.served(0, 2) > d.served(1, 1)
-    assert Planner(PREDICTOR, adaptive).decide(obs(100.0, 1, 1, prompt=200, output=2000))[0].to == "decode"
+    assert Planner(PREDICTOR, ADAPTIVE).decide(obs(100.0, 1, 1, prompt=200, output=2000))[0].to == "decode"
     fixed = PlannerParams(window_s=10.0, interval_s=1.0, confirm=1, dwell_s=0.0)  # disaggregated: one of each
     assert demand(obs(100.0, 1, 1, prompt=200, output=2000), PREDICTOR, fixed).target_prefill == 1
-    back = demand(obs(100.0, 0, 2, prompt=20000, output=40), PREDICTOR, adaptive)  # long prompts: prefill again
-    assert back.target_prefill == 1
     # Decode refusing under long prompts does not empty the prefill role: decode would
     # then prefill them all itself.
     refusing = obs(100.0, 1, 1, prompt=20000, output=40, decode_refusals=50)
-    assert demand(refusing, PREDICTOR, adaptive).target_prefill == 1
-    assert Planner(PREDICTOR, adaptive).decide(refusing) == []
+    assert demand(refusing, PREDICTOR, ADAPTIVE).target_prefill == 1
+    assert Planner(PREDICTOR, ADAPTIVE).decide(refusing) == []
     # Where prefill needs a sliver, refusals do not keep it either.
     sliver = obs(100.0, 1, 1, prompt=200, output=2000, decode_refusals=50)
-    assert demand(sliver, PREDICTOR, adaptive).target_prefill == 0
+    assert demand(sliver, PREDICTOR, ADAPTIVE).target_prefill == 0
+
+
+def test_in_adaptive_mode_the_fleet_pools_where_decode_steps_leave_prefill_room():
+    # Both serve the load: pooled, each engine's 10 ms decode steps leave 70 % of a
+    # 45 ms step to prompt chunks, and two engines take prompts where one did.
+    plateau = demand(obs(100.0, 1, 1, prompt=4000, output=400, per_s=2.0), PREDICTOR, ADAPTIVE)
+    assert plateau.served(0, 2) == plateau.served(1, 1) == 1.0 and plateau.target_prefill == 0
+    assert plateau.pooled_free == pytest.approx(0.72, abs=0.01)
+    assert plateau.headroom(0, 2) > 1.05 * plateau.headroom(1, 1)
+    assert Planner(PREDICTOR, ADAPTIVE).decide(obs(100.0, 1, 1, prompt=4000, output=400, per_s=2.0))[0].to == "decode"
+    # Long prompts, light decode: two prefilling engines beat one, however overloaded.
+    assert demand(obs(100.0, 0, 2, prompt=20000, output=40), PREDICTOR, ADAPTIVE).target_prefill == 0
+    # A tight TBT SLO leaves a decode step little room for chunks: split again.
+    tight = replace(obs(100.0, 0, 2, prompt=8000, output=100, per_s=3.0), slo_tbt_s=0.02)
+    back = demand(tight, PREDICTOR, ADAPTIVE)
+    assert back.pooled_free < 0.5 and back.target_prefill == 1 and back.headroom(1, 1) > back.headroom(0, 2)
+    assert Planner(PREDICTOR, ADAPTIVE).decide(tight)[0].to == "prefill"
+
+
+def test_pooled_and_split_within_min_gain_of_each_other_move_nothing():
+    # Pooled has 2 % more room than 1P+1D here: neither way is worth a move.
+    near = obs(100.0, 1, 1, prompt=8000, output=300, per_s=2.0)
+    d = demand(near, PREDICTOR, ADAPTIVE)
+    assert d.target_prefill == 0 and d.headroom(1, 1) < d.headroom(0, 2) < 1.05 * d.headroom(1, 1)
+    assert Planner(PREDICTOR, ADAPTIVE).decide(near) == []
 
 
 def test_decode_plans_room_for_bursts_relatively_more_where_few_decode():
-    from dataclasses import replace
-
     bursty = replace(PARAMS, decode_burst_z=2.0)
     extra = []
     for per_s in (0.5, 20.0):  # few requests decoding at once, then many
@@ -140,8 +165,6 @@ def test_decode_plans_room_for_bursts_relatively_more_where_few_decode():
 
 
 def test_a_minute_moves_at_most_a_share_of_the_fleet():
-    from dataclasses import replace
-
     big = Planner(PREDICTOR, replace(PARAMS, move_share_per_min=0.5))
     moves = [big.decide(obs(t, 2, 14, prompt=40000, output=40)) for t in (100.0, 101.0)]
     assert moves[0] == [] and len(moves[1]) == 8  # half of 16 at once: a shift is followed within a minute

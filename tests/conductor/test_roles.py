@@ -42,7 +42,8 @@ def test_a_restarted_instance_comes_back_in_its_launch_role():
 
 
 def test_the_planner_moves_a_decode_to_prefill_under_long_prompts():
-    c = cluster(planner=True, slo_tbt_ms=1000.0)
+    # Disaggregated: adaptive mode would pool these light decodes' engines instead.
+    c = cluster(planner=True, slo_tbt_ms=1000.0, mode="disaggregated")
     for i in range(400):  # long prompts, few tokens out: prefill-bound
         t = i * 0.1
         for iid, role in ROSTER:

@@ -23,7 +23,8 @@ LOAD_S = 150  # the planner decides every 10 s on a minute's window, 3 times in 
 
 @pytest.fixture(scope="module")
 def planned(launcher, tmp_path_factory):
-    started = launcher(tmp_path_factory.mktemp("roles"), "--prefill", "1", "--decode", "2", "--planner")
+    started = launcher(tmp_path_factory.mktemp("roles"), "--prefill", "1", "--decode", "2", "--planner",
+                       "--mode", "disaggregated")
     yield started.wait()
     started.stop()
 
