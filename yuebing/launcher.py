@@ -232,6 +232,7 @@ class Cluster:
         self.run_lock = lock_run_dir(run_dir)
         if not devices and (warning := memory_warning(*sizes, memory_available())):
             say(f"warning: {warning}")  # after every refusal: a mistake is still one line
+        clear_last_run(run_dir, o.ready_file)
         nats_port = o.nats_port or free_port()
         self.secrets = make_secrets(run_dir / "secrets", o, nats_port)
         config = self.config(run_dir, self.secrets.nats_url)
@@ -394,6 +395,19 @@ def gateway_sees(url: str) -> set[str] | None:
     return {iid for ids in body.get("instances", {}).values() for iid in ids}
 
 
+def clear_last_run(run_dir: Path, ready_file: Path | None) -> None:
+    """A run folder used before holds its last run's secrets (never overwritten, so
+    made anew) and maybe its ready file, which would name a cluster no longer there.
+    Called with the folder's lock held: no other launcher is using them."""
+    if ready_file is not None:
+        ready_file.unlink(missing_ok=True)
+    old = run_dir / "secrets"
+    if old.is_symlink():
+        raise ValueError(f"{old} is a symbolic link: refusing to use it for this run's secrets")
+    if old.exists():
+        shutil.rmtree(old)
+
+
 def secrets_layout(o: UpOptions) -> Layout:
     return Layout(*o.instances, o.nodes, conductors=o.config.conductors)
 
@@ -489,6 +503,7 @@ def up_launcher(work: Path, name: str, *flags: str, timeout_s: float = 600.0) ->
     argv = [sys.executable, "-m", "yuebing", "up", "--port", str(free_port()), "--run-dir", str(work / name),
             "--ready-file", str(ready), *flags]
     log = work / f"{name}.log"
+    ready.unlink(missing_ok=True)  # a last run's would read as this one ready
     proc = process.spawn(argv, log, {**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         yield process.wait_until(lambda: _ready_url(ready), proc, timeout_s, f"yuebing up (see {log})"), proc

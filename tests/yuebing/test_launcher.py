@@ -223,6 +223,24 @@ def test_a_second_launcher_on_a_run_folder_in_use_is_refused_naming_the_first(tm
     os.close(lock_run_dir(tmp_path))
 
 
+def test_a_run_folder_used_before_gets_new_secrets_and_loses_its_stale_ready_file(tmp_path):
+    from yuebing.launcher import clear_last_run
+
+    options = UpOptions(config=ClusterConfig())
+    first = make_secrets(tmp_path / "secrets", options, nats_port=4333).kv_key.read_bytes()
+    ready = tmp_path / "ready.json"
+    ready.write_text('{"url": "http://127.0.0.1:1/v1"}')  # the last run's, its cluster gone
+    clear_last_run(tmp_path, ready)
+    second = make_secrets(tmp_path / "secrets", options, nats_port=4333)  # refused before: the files existed
+    assert not ready.exists() and second.kv_key.read_bytes() != first
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "secrets").rename(tmp_path / "elsewhere" / "secrets")
+    (tmp_path / "secrets").symlink_to(tmp_path / "elsewhere" / "secrets")
+    with pytest.raises(ValueError, match="symbolic link"):
+        clear_last_run(tmp_path, None)
+    assert (tmp_path / "elsewhere" / "secrets").is_dir()
+
+
 def test_gateways_serve_side_by_side_on_consecutive_ports_logged_in_as_the_gateway(tmp_path):
     options = UpOptions(config=ClusterConfig(), gateways=3, port=8100)
     c = Cluster(options)
