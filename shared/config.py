@@ -154,11 +154,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         float, Meta(description="share of admitted requests that calibrated predictions aim to keep within their SLOs")
     ] = 0.95
     # services/conductor/planner.py; off: every instance keeps the role it was launched in.
-    # It runs where roles mean something and one Conductor holds them (roles_follow_load).
     planner: Annotated[
-        bool, Meta(description="move engine instances between prefill and decode as the load shifts (the planner; "
-                               "adaptive and disaggregated modes, one Conductor)")
-    ] = True
+        bool, Meta(description="move engine instances between prefill and decode as the load shifts (the planner)")
+    ] = False
     shortlist: Annotated[int, Meta(description=SHORTLIST_DESCRIPTION)] = SHORTLIST
     # Several share the schedule requests (services/conductor/bookings.py); one sends
     # its placements to the others only where there are others.
@@ -284,6 +282,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("conductors must be at least 1")
         if self.fake_engine_step_ms < 0:
             raise ValueError("fake_engine_step_ms cannot be negative (0: the real engine)")
+        if self.conductors > 1 and self.planner:
+            raise ValueError("the planner moves instances from one Conductor: run it with conductors 1")
         if self.index_capacity_blocks <= 0:
             raise ValueError("index_capacity_blocks must be positive")
         if self.pool_bytes <= 0 or self.ssd_bytes < 0:
@@ -353,13 +353,6 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         its streams no step over the TBT SLO; prefill engines serve their queue whole
         prompt after whole prompt, and colocated engines chunk as vLLM does by default."""
         return self.decode_chunk_tokens if role == "decode" and self.mode != "colocated" else 0
-
-    @property
-    def roles_follow_load(self) -> bool:
-        """Whether the planner runs: asked for, in a mode whose instances have roles it
-        may change (colocated's have none; conditional's rule is sized to its split),
-        and with one Conductor (each holds the roles it sets: several would disagree)."""
-        return self.planner and self.mode in ("adaptive", "disaggregated") and self.conductors == 1
 
     @property
     def served_model_name(self) -> str:

@@ -117,8 +117,7 @@ class UpOptions:
             return f"{decode} colocated, {nodes}"
         rule = f" ({self.config.conditional_rule} rule)" if self.config.mode == "conditional" else ""
         cpp = f" ({self.cpp_groups} as CPP groups of {self.cpp_stages} stages)" if self.cpp_groups else ""
-        start = " to start (the planner moves them)" if self.config.roles_follow_load else ""
-        return f"{self.config.mode}{rule}: {prefill} prefill{cpp}, {decode} decode{start}, {nodes}"
+        return f"{self.config.mode}{rule}: {prefill} prefill{cpp}, {decode} decode, {nodes}"
 
     def stages(self, prefill: int) -> int:
         """Pipeline stages of prefill instance `prefill`: CPP groups come after the singles."""

@@ -133,7 +133,7 @@ class Conductor:
         self.modes: dict[str, int] = {}  # serving-mode decisions, by ModeChoice.key
         self.routes: dict[str, int] = {}  # CPP group or single instance, by Route.key
         params = PlannerParams(empty_prefill=config.mode == "adaptive")
-        self.roles = Roles(Planner(predictor, params) if config.roles_follow_load else None)
+        self.roles = Roles(Planner(predictor, params) if config.planner else None)
         self.outbox: list[Booking] = []  # its own placements, for the other Conductors if any (Wiring publishes them)
         self.mine: set[str] = set()  # requests it placed itself, until they finish
         self.peer_bookings = 0  # placements booked from the other Conductors
@@ -503,7 +503,7 @@ class Conductor:
         self.state.finished(request_id, now, completed)
 
     def plan(self, now: float) -> None:
-        """The planner's turn (config.roles_follow_load): finished drains take their new role,
+        """The planner's turn (config.planner): finished drains take their new role,
         and it may start moves."""
         engines = self.engines(now)
         decodes = [hb for hb in engines if self.roles.of(hb) == "decode"]
@@ -561,9 +561,6 @@ class Wiring:
         if self.conductor.roles.planner is not None:
             self.planning = asyncio.create_task(self.plan_forever(self.conductor.roles.planner.params.interval_s),
                                                 name="planner")
-        config = self.conductor.config
-        log.info("planner " + ("on" if self.planning else "off: roles stay as launched"), asked=config.planner,
-                 mode=config.mode, conductors=config.conductors)
 
     async def plan_forever(self, interval_s: float) -> None:
         while True:

@@ -96,10 +96,9 @@ def test_a_request_booked_again_keeps_only_its_latest_booking():
 
 
 def test_a_lone_conductor_sends_no_bookings_and_a_planner_needs_it_alone():
+    import pytest
+
     lone = conductor("conductor", conductors=1)
     assert lone.schedule(ask("r1", ["h1"]), now=0.0).accepted and lone.outbox == []
-    assert lone.roles.planner is not None  # on by default
-    # Each Conductor holds the roles it sets: with two, the planner stays off.
-    assert conductor("conductor").roles.planner is None
-    assert not ClusterConfig(model="/m/tiny", conductors=2, planner=True).roles_follow_load
-    assert not ClusterConfig(model="/m/tiny", mode="colocated").roles_follow_load  # no roles to move
+    with pytest.raises(ValueError, match="planner"):
+        ClusterConfig(model="/m/tiny", conductors=2, planner=True)

@@ -119,9 +119,6 @@ def launch(model_dir: Path, tmp: Path, *flags: str) -> Launch:
         "--request-timeout", "60",
         # Loose SLOs: only requests that ask for tight ones in their headers are rejected.
         "--slo-ttft-ms", "10000", "--slo-tbt-ms", "1000",
-        # Roles stay as launched, so that a test knows where each request's phases run;
-        # the planner's own tests turn it back on (--planner, later on the line, wins).
-        "--no-planner",
         # Each node's pool is resident (shared memory): a few clusters and the
         # reference engine share this 24 GiB machine at once. A test may ask for more.
         "--pool-mib", str(POOL_MIB),

@@ -217,8 +217,8 @@ def test_each_modes_cluster_gets_the_mode_the_slos_and_the_same_engines():
 def test_the_default_mode_is_a_cluster_with_no_mode_flag():
     flags = goodput.cluster_flags(GoodputSpec(modes="default"), Path("/m/tiny"), "default")
     assert "--mode" not in flags and flags[flags.index("--prefill") + 1] == "1"
-    fixed = goodput.cluster_flags(GoodputSpec(modes="fixed"), Path("/m/tiny"), "fixed")
-    assert "--mode" not in fixed and "--no-planner" in fixed
+    planner = goodput.cluster_flags(GoodputSpec(modes="planner"), Path("/m/tiny"), "planner")
+    assert "--mode" not in planner and "--planner" in planner
     traced = goodput.cluster_flags(GoodputSpec(modes="traced"), Path("/m/tiny"), "traced", "http://127.0.0.1:4318")
     assert "--mode" not in traced and traced[traced.index("--otlp-endpoint") + 1] == "http://127.0.0.1:4318"
     assert "--otlp-endpoint" not in flags  # only the traced setups send spans anywhere

@@ -43,11 +43,11 @@ from yuebing.lab.trace import (TRACE_BLOCK_TOKENS, Mix, TraceRequest, base_rate,
 if TYPE_CHECKING:
     from yuebing.lab.replay import ReplayOptions
 
-# "default": `yuebing up` with no --mode flag, as a new user runs it (roles that follow
-# the load); "fixed": the same with --no-planner (roles as launched); "traced": the same with every
+# "default": `yuebing up` with no --mode flag, as a new user runs it; "planner": the
+# same with --planner (roles that follow the load); "traced": the same with every
 # process sending its spans to a receiver the bench runs (what tracing costs);
 # "sampled": the same tracing a tenth of the requests (--otlp-sample 0.1).
-MODES = ("default", "fixed", "traced", "sampled", "colocated", "disaggregated", "conditional")
+MODES = ("default", "planner", "traced", "sampled", "colocated", "disaggregated", "conditional")
 TRACED = {"traced": ["--otlp-sample", "1"], "sampled": ["--otlp-sample", "0.1"]}  # setups that send spans
 DEFAULT_MODES = ("colocated", "disaggregated", "conditional")
 CLIENTS = ("yuebing", "aiperf")
@@ -395,7 +395,7 @@ def cluster_flags(spec: GoodputSpec, model: Path, mode: str, otlp_endpoint: str 
     """`yuebing up`'s flags for one mode: one prefill + one decode (colocated: as many
     colocated instances), the bench's SLOs, then `up_flags`."""
     rule = ["--conditional-rule", spec.conditional_rule] if mode == "conditional" else []
-    chosen = {"default": [], "fixed": ["--no-planner"]}.get(mode, ["--mode", mode])
+    chosen = {"default": [], "planner": ["--planner"]}.get(mode, ["--mode", mode])
     if mode in TRACED:
         chosen = ["--otlp-endpoint", otlp_endpoint, *TRACED[mode]]
     return ["--model", str(model), "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype,

@@ -121,10 +121,8 @@ def _answers(url: str) -> str | None:
 
 
 def cluster_flags(spec: LiveBench, *flags: str) -> list[str]:
-    """`yuebing up`'s flags for serving `spec`'s model, and `flags`. Roles stay as
-    launched: these benchmarks measure the disaggregated path itself."""
-    return ["--model", str(spec.model), "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype,
-            "--no-planner", *flags]
+    """`yuebing up`'s flags for serving `spec`'s model, and `flags`."""
+    return ["--model", str(spec.model), "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype, *flags]
 
 
 def summarize(mode: str, samples: list[Sample], base: tuple[float, float] | None) -> ModeResult:
