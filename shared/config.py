@@ -284,6 +284,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("fake_engine_step_ms cannot be negative (0: the real engine)")
         if self.conductors > 1 and self.planner:
             raise ValueError("the planner moves instances from one Conductor: run it with conductors 1")
+        if self.planner and self.mode not in ("adaptive", "disaggregated"):
+            raise ValueError(f"the planner moves instances between prefill and decode: mode {self.mode} has no roles "
+                             "it may change (run it in adaptive or disaggregated mode)")
         if self.index_capacity_blocks <= 0:
             raise ValueError("index_capacity_blocks must be positive")
         if self.pool_bytes <= 0 or self.ssd_bytes < 0:

@@ -76,8 +76,9 @@ class Roles:
         """The live Conductor's turn: finished drains settle, then the planner may
         start moves on the books (outputs unknown at arrival: decode priced by t_d)."""
         self.settle(state)
+        # A CPP group (several stages) prefills as one pipeline: it keeps its role.
         roles: dict[str, Role] = {hb.instance_id: self.assigned.get(hb.instance_id, hb.role)  # type: ignore[misc]
-                                  for hb in engines if hb.role in ENGINE_ROLES}
+                                  for hb in engines if hb.role in ENGINE_ROLES and hb.stages <= 1}
         batches = {iid: len(state.decode.get(iid, {})) for iid, r in roles.items() if r == "decode"}
         queues = {x.instance_id: x.queue_s for x in state.prefill_loads([], now) if roles.get(x.instance_id) == "prefill"}
         return self.decide(now, roles, slo_tbt_s, batches, queues, slowdown, state.decode_time_s,

@@ -76,3 +76,11 @@ def test_decode_engines_cap_a_prompts_chunk_to_the_tbt_slo_unless_told_otherwise
         ClusterConfig(decode_chunk_tokens=2048, max_model_len=1024)  # vLLM refuses a chunk past the context
     loose = resolved(ClusterConfig(max_model_len=1024, slo_tbt_ms=1000.0))  # any chunk keeps a loose SLO
     assert loose.decode_chunk_tokens == 1024
+
+
+def test_the_planner_runs_only_where_instances_have_roles_it_may_change():
+    for mode in ("colocated", "conditional"):
+        with pytest.raises(ValueError, match=f"mode {mode} has no roles"):
+            ClusterConfig(model="/m/tiny", mode=mode, planner=True)
+    for mode in ("adaptive", "disaggregated"):
+        assert ClusterConfig(model="/m/tiny", mode=mode, planner=True).planner
