@@ -1,4 +1,4 @@
-"""The planner live (`--planner`), on one prefill and two decode instances: under a
+"""The planner live (`--planner`, disaggregated mode), on one prefill and two decode instances: under a
 prefill-bound load (long prompts, a token or two out) it moves a decode instance to
 prefill without restarting its engine, that instance then prefills requests, and
 greedy outputs stay equal to the reference engine's across the change."""
