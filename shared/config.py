@@ -260,6 +260,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         self._check_sizes()
+        self._check_planner()
         self._check_engine()
         self._check_times()
         self._check_store()
@@ -282,15 +283,17 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("conductors must be at least 1")
         if self.fake_engine_step_ms < 0:
             raise ValueError("fake_engine_step_ms cannot be negative (0: the real engine)")
+        if self.index_capacity_blocks <= 0:
+            raise ValueError("index_capacity_blocks must be positive")
+        if self.pool_bytes <= 0 or self.ssd_bytes < 0:
+            raise ValueError("pool_bytes must be positive, ssd_bytes not negative")
+
+    def _check_planner(self) -> None:
         if self.conductors > 1 and self.planner:
             raise ValueError("the planner moves instances from one Conductor: run it with conductors 1")
         if self.planner and self.mode not in ("adaptive", "disaggregated"):
             raise ValueError(f"the planner moves instances between prefill and decode: mode {self.mode} has no roles "
                              "it may change (run it in adaptive or disaggregated mode)")
-        if self.index_capacity_blocks <= 0:
-            raise ValueError("index_capacity_blocks must be positive")
-        if self.pool_bytes <= 0 or self.ssd_bytes < 0:
-            raise ValueError("pool_bytes must be positive, ssd_bytes not negative")
 
     def _check_engine(self) -> None:
         if self.dtype not in DTYPES:
