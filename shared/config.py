@@ -25,6 +25,11 @@ SHORTLIST_DESCRIPTION = ("instances the policy scores per role beyond the prefix
                          "(0: every instance)")
 
 
+# Serving modes whose instances have roles the planner may change: colocated
+# instances have none, and conditional's rule is sized to its split.
+PLANNER_MODES = ("adaptive", "disaggregated")
+
+
 class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Every setting carries its description (`Annotated[T, Meta(description=...)]`):
     `yuebing up` turns them into its flags and their help (yuebing/flags.py)."""
@@ -291,7 +296,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def _check_planner(self) -> None:
         if self.conductors > 1 and self.planner:
             raise ValueError("the planner moves instances from one Conductor: run it with conductors 1")
-        if self.planner and self.mode not in ("adaptive", "disaggregated"):
+        if self.planner and self.mode not in PLANNER_MODES:
             raise ValueError(f"the planner moves instances between prefill and decode: mode {self.mode} has no roles "
                              "it may change (run it in adaptive or disaggregated mode)")
 

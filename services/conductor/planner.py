@@ -28,8 +28,8 @@ While decode refuses requests for want of room (more than `refusal_share` of the
 window's arrivals: admission's TBT rejections, decodes refusing what prefill
 computed, whose prefill is then wasted), the split moves toward decode whatever
 the time models say: the cost of too few decode instances is work already done.
-Instances are moved toward that split only when it serves `min_gain` more of the demand than
-the split as it is (the share a split serves: its busier role's capacity over that
+Instances are moved toward that split only when it serves `min_gain` more of the
+demand than the split as it is (the share a split serves: its busier role's capacity over that
 role's demand; on a plateau of splits that all serve it, nothing moves; between pooled
 and split, `min_gain` more room), and only when:
   - the target has disagreed with the split `confirm` decisions in a row (no flapping

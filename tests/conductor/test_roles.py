@@ -18,7 +18,7 @@ def cluster(**kw) -> Conductor:
 
 
 def test_a_moving_instance_drains_then_serves_its_new_role():
-    c = cluster(planner=False)  # moved by hand: no planner's moves beside it
+    c = cluster()
     first = c.schedule(ask("r1", ["a"]), now=0.0)
     busy = first.placement.decode_id
     c.roles.draining[busy] = "prefill"  # as the planner's move does

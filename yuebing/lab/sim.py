@@ -50,6 +50,7 @@ from services.conductor.index import PrefixIndex
 from services.conductor.planner import Arrival
 from services.conductor.policy import Decision, DecodeLoad, Params, Rejection, Request, Scheduler
 from services.conductor.state import ClusterState
+from shared.config import PLANNER_MODES
 from shared.predictor import MOST_STEP_TOKENS, Predictor, default_decode_chunk_tokens, mixed_step_s
 from yuebing.lab.outcome import Outcome, segment_stats, summarize
 from yuebing.lab.roles import DRAIN_POLL_S, RolePlan
@@ -157,7 +158,7 @@ class Simulation:
         self.unsettled = 0  # requests whose outcome is not final yet (arrived or not)
         self.max_model_len = 0
         self.decode_chunk_tokens = 0  # decode engines' cap on one prompt's chunk, as ClusterConfig.prompt_chunk_tokens
-        if config.planner and config.mode not in ("disaggregated", "adaptive"):
+        if config.planner and config.mode not in PLANNER_MODES:
             raise ValueError("the planner moves instances between prefill and decode: adaptive or disaggregated mode")
         self.plan = (RolePlan.of(self.predictor, config.max_batch, empty_prefill=config.mode == "adaptive")
                      if config.planner else None)
