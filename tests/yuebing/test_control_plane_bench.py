@@ -4,11 +4,23 @@ tests/e2e/test_gateways.py runs the same fake-engine layout.)"""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
+from typing import Any
 
 import pytest
 
-from yuebing.bench.control_plane import ControlPlaneBench, Stream, cluster_flags, cpu_costs, cpu_s, role_of, window
+from yuebing.bench.control_plane import (
+    Clients,
+    ControlPlaneBench,
+    Stream,
+    cluster_flags,
+    cpu_costs,
+    cpu_s,
+    role_of,
+    window,
+)
 
 
 def test_the_window_counts_requests_ended_and_tokens_received_inside_it():
@@ -40,6 +52,29 @@ def test_settings_are_checked():
         ControlPlaneBench(gateways=(0,))
     with pytest.raises(ValueError):
         ControlPlaneBench(step_ms=-1)
+    with pytest.raises(ValueError):
+        ControlPlaneBench(rate_per_conductor=-1)
+
+
+class SlowClients(Clients):
+    """Requests that take `hold_s` each, without a cluster: the arrival schedule alone."""
+
+    hold_s = 0.25
+
+    async def _one(self, session: Any, i: int) -> None:
+        self.open += 1
+        await asyncio.sleep(self.hold_s)
+        self.open -= 1
+        self.done.append(Stream(started=0.0, ended=time.monotonic(), ok=True))
+
+
+def test_an_open_loop_starts_requests_on_schedule_and_sheds_what_finds_every_stream_busy():
+    clients = SlowClients(["http://unused"], "m", ControlPlaneBench(streams=2), rate=20.0)
+    asyncio.run(clients._arrivals(None, until=time.monotonic() + 0.5))
+    # 10 arrivals, 50 ms apart; each request holds a stream 250 ms, and 2 streams hold
+    # the first two until the sixth arrival: 2 run, 3 shed, and so on.
+    assert len(clients.done) + clients.shed == 10
+    assert 3 <= len(clients.done) <= 5 and clients.shed >= 5
 
 
 def test_a_step_of_zero_runs_real_engines():

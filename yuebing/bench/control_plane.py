@@ -5,14 +5,20 @@ Each layout (gateways × Conductors) is a real `yuebing up` cluster whose prefil
 decode instances run the fake engine (shared/engine/fake.py: no model, a fixed token
 stream, one token per request a step): the gateway, the Conductor, NATS and the
 instances' services are the real processes. Clients hold `streams` streaming
-completions open, spread over the gateways. After a warm-up, a window of `seconds`
-is measured: requests and tokens the clients received, their inter-token gaps, and
-each process's CPU time from /proc, per request and per streamed token.
+completions open, spread over the gateways; or, with `rate_per_conductor`, start
+requests on a fixed schedule (open loop), that rate for each Conductor of the layout.
+After a warm-up, a window of `seconds` is measured: requests and tokens the clients
+received, their inter-token gaps, and each process's CPU time from /proc, per request
+and per streamed token.
 
 A Conductor's capacity is read from its CPU: the decisions of the window over the
 CPU seconds of the busiest Conductor, i.e. decisions per second with a core each.
 On a machine whose cores the whole cluster shares, that is the figure to compare
 across Conductor counts; the requests per second measured are the machine's.
+A Conductor's CPU per decision falls as its load rises (more messages per wake of its
+loop), so compare Conductor counts at the same load on each Conductor: that is what
+`rate_per_conductor` offers. Back-to-back clients give every layout the same total
+load, which the machine's cores bound, and so half as much to each of two Conductors.
 """
 
 from __future__ import annotations
@@ -47,12 +53,16 @@ class ControlPlaneBench:
                                          "0: real vLLM engines of the model, which then count too")] = 20.0
     prefill: Annotated[int, Meta(description="prefill instances")] = 1
     decode: Annotated[int, Meta(description="decode instances")] = 2
+    rate_per_conductor: Annotated[
+        float, Meta(description="open loop: requests/s started for each Conductor of a layout, at most `streams` "
+                                "at once (an arrival finding them all busy is shed); 0: `streams` back to back")
+    ] = 0.0
 
     def __post_init__(self) -> None:
         if min(self.gateways + self.conductors, default=0) < 1 or self.streams < 1 or self.max_tokens < 2:
             raise ValueError("gateways and conductors at least 1, streams at least 1, max_tokens at least 2")
-        if self.seconds <= 0 or self.warmup_s < 0 or self.step_ms < 0:
-            raise ValueError("seconds must be positive, warmup_s and step_ms not negative")
+        if self.seconds <= 0 or self.warmup_s < 0 or self.step_ms < 0 or self.rate_per_conductor < 0:
+            raise ValueError("seconds must be positive, warmup_s, step_ms and rate_per_conductor not negative")
 
 
 @dataclass
@@ -67,40 +77,68 @@ class Stream:
 
 @dataclass
 class Clients:
-    """Clients streaming completions back to back, over the gateways in turn."""
+    """Clients streaming completions over the gateways in turn: `streams` of them back
+    to back, or, at a `rate` (requests/s), one started on each tick of a fixed schedule
+    while fewer than `streams` are open."""
 
     urls: list[str]
     model: str
     spec: ControlPlaneBench
+    rate: float = 0.0
     done: list[Stream] = field(default_factory=list)
     errors: int = 0
+    shed: int = 0  # open loop: arrivals that found `streams` requests open
+    open: int = 0
 
     async def run(self, until: float) -> None:
         import aiohttp
 
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-            await asyncio.gather(*(self._client(session, i, until) for i in range(self.spec.streams)))
+            if self.rate:
+                await self._arrivals(session, until)
+            else:
+                await asyncio.gather(*(self._client(session, i, until) for i in range(self.spec.streams)))
 
     async def _client(self, session: Any, i: int, until: float) -> None:
+        while time.monotonic() < until:
+            await self._one(session, i)
+
+    async def _arrivals(self, session: Any, until: float) -> None:
+        """Open loop: a request every 1/rate s, whatever the ones before are doing."""
+        started, first = 0, time.monotonic()
+        tasks: set[asyncio.Task[None]] = set()
+        while (due := first + started / self.rate) < until:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            if self.open < self.spec.streams:
+                task = asyncio.create_task(self._one(session, started))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            else:
+                self.shed += 1
+            started += 1
+        await asyncio.gather(*tasks)
+
+    async def _one(self, session: Any, i: int) -> None:
         body = {"model": self.model, "prompt": PROMPT, "max_tokens": self.spec.max_tokens, "stream": True,
                 "temperature": 0}
-        url = f"{self.urls[i % len(self.urls)]}/v1/completions"
-        while time.monotonic() < until:
-            s = Stream(time.monotonic())
-            try:
-                async with session.post(url, json=body) as r:
-                    async for line in r.content:
-                        if line.startswith(b"data: {"):
-                            s.token_times.append(time.monotonic())
-                    s.ok = r.status == 200
-            except Exception:  # counted, not fatal: the figures say how many failed
-                s.ok = False
-            s.ended = time.monotonic()
-            if s.ok:
-                self.done.append(s)
-            else:
-                self.errors += 1
+        s = Stream(time.monotonic())
+        self.open += 1
+        try:
+            async with session.post(f"{self.urls[i % len(self.urls)]}/v1/completions", json=body) as r:
+                async for line in r.content:
+                    if line.startswith(b"data: {"):
+                        s.token_times.append(time.monotonic())
+                s.ok = r.status == 200
+        except Exception:  # counted, not fatal: the figures say how many failed
+            s.ok = False
+        finally:
+            self.open -= 1
+        s.ended = time.monotonic()
+        if s.ok:
+            self.done.append(s)
+        else:
+            self.errors += 1
 
 
 def cpu_s(pid: int) -> float:
@@ -138,9 +176,10 @@ def cpu_costs(before: dict[str, float], after: dict[str, float], requests: int, 
                    "busiest_s": max(used), "processes": len(used)} for role, used in sorted(roles.items())}
 
 
-async def measure(urls: list[str], model: str, pids: dict[str, int], spec: ControlPlaneBench) -> dict[str, Any]:
+async def measure(urls: list[str], model: str, pids: dict[str, int], spec: ControlPlaneBench,
+                  conductors: int = 1) -> dict[str, Any]:
     """Load the cluster, and measure one window after the warm-up."""
-    clients = Clients(urls, model, spec)
+    clients = Clients(urls, model, spec, rate=spec.rate_per_conductor * conductors)
     start = time.monotonic() + spec.warmup_s
     end = start + spec.seconds
     load = asyncio.create_task(clients.run(end))
@@ -152,7 +191,7 @@ async def measure(urls: list[str], model: str, pids: dict[str, int], spec: Contr
     seen = window(clients.done, start, end)
     costs = cpu_costs(before, after, seen["requests"], seen["tokens"])
     busiest = costs.get("conductor", {}).get("busiest_s", 0.0)
-    return {**seen, "errors": clients.errors, "cpu": costs,
+    return {**seen, "errors": clients.errors, "shed": clients.shed, "cpu": costs,
             "conductor_decisions_per_core_s": seen["requests"] / busiest if busiest else 0.0}
 
 
@@ -174,7 +213,7 @@ def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], N
             with up_launcher(work, name, "--model", str(model), *cluster_flags(spec, gateways, conductors)):
                 ready = json.loads((work / f"{name}.ready.json").read_text())
                 pids = {n: p for n, p in ready["pids"].items() if not n.startswith("messenger")}
-                result = asyncio.run(measure(ready["urls"], model.name, pids, spec))
+                result = asyncio.run(measure(ready["urls"], model.name, pids, spec, conductors))
             results.append({"gateways": gateways, "conductors": conductors, **result})
             say(line(results[-1]))
     return results
@@ -185,14 +224,15 @@ def line(r: dict[str, Any]) -> str:
     return (f"{r['gateways']}G {r['conductors']}C: {r['requests_per_s']:.1f} req/s, {r['tokens_per_s']:.0f} tokens/s, "
             f"ITL p50 {r['itl_p50_ms']:.1f} ms p99 {r['itl_p99_ms']:.1f} ms, gateway {cpu['gateway']['us_per_token']:.0f} "
             f"µs/token, decode {cpu['decode']['us_per_token']:.0f} µs/token, Conductor "
-            f"{cpu['conductor']['us_per_request']:.0f} µs/request, {r['errors']} failed")
+            f"{cpu['conductor']['us_per_request']:.0f} µs/request, {r['errors']} failed, {r.get('shed', 0)} shed")
 
 
 def table(results: list[dict[str, Any]]) -> str:
     """Markdown: one row per layout, CPU per token and per request by process."""
     head = ("| gateways | Conductors | req/s | tokens/s | ITL p50 / p99 ms | gateway µs/token | decode µs/token "
-            "| nats µs/token | Conductor µs/request | prefill µs/request | Conductor decisions/s (a core each) | failed |")
-    rows = [head, "|" + "---|" * 12]
+            "| nats µs/token | Conductor µs/request | prefill µs/request | Conductor decisions/s (a core each) | failed "
+            "| shed |")
+    rows = [head, "|" + "---|" * 13]
     for r in results:
         c = r["cpu"]
         rows.append(
@@ -200,5 +240,5 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | {c['gateway']['us_per_token']:.0f} "
             f"| {c['decode']['us_per_token']:.0f} | {c['nats']['us_per_token']:.0f} "
             f"| {c['conductor']['us_per_request']:.0f} | {c['prefill']['us_per_request']:.0f} "
-            f"| {r['conductor_decisions_per_core_s']:.0f} | {r['errors']} |")
+            f"| {r['conductor_decisions_per_core_s']:.0f} | {r['errors']} | {r.get('shed', 0)} |")
     return "\n".join(rows)
