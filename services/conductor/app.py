@@ -55,7 +55,7 @@ from services.conductor.state import ClusterState
 from shared import bus, metrics_page, service, tracing
 from shared.calibration import quantile_z
 from shared.config import ClusterConfig, profile_path
-from shared.liveness import Registry
+from shared.liveness import Deafness, Registry
 from shared.messages import (
     BOOKINGS,
     CONDUCTOR_QUEUE,
@@ -123,6 +123,7 @@ class Conductor:
         self.state = ClusterState(predictor, params, PrefixIndex(config.index_capacity_blocks),
                                   calibration_z=quantile_z(config.slo_attainment) if config.calibrate_time_model else None)
         self.registry = Registry(timeout_s=config.liveness_timeout_s)
+        self.deafness = Deafness(tick_s=config.heartbeat_interval_s / 2, grace_s=config.heartbeat_interval_s)
         self.pools = PoolIndex(config.pool_index_node_blocks)
         self.messenger_nodes: dict[str, str] = {}  # messenger instance → its node
         self.deadlines: dict[str, float] = {}
@@ -150,6 +151,15 @@ class Conductor:
             return False
         roles = ("decode",) if self.config.mode == "colocated" else ("prefill", "decode")
         return not all(self.registry.alive(role, now) for role in roles)
+
+    def heard(self, now: float) -> None:
+        """This Conductor is listening now (its wiring says so before each message it
+        hands on, and between them): a stall since it last was (its loop blocked,
+        heartbeats unread) is not counted as the instances' silence."""
+        deaf_s = self.deafness.since_last(now)
+        if deaf_s:
+            self.registry.unheard(deaf_s, now)
+            log.warning("conductor loop stalled: instances' silence meanwhile not counted", stalled_ms=round(deaf_s * 1e3))
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> bool:
         """True when `hb` is a messenger this Conductor has not heard from (it just
@@ -549,6 +559,7 @@ class Wiring:
         self.decision = decision  # each decision's time, for /metrics
         self.snapshots: set[asyncio.Task[None]] = set()
         self.planning: asyncio.Task[None] | None = None
+        self.listening: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await bus.subscribe(self.nc, HEARTBEAT, Heartbeat, self.on_heartbeat)
@@ -558,6 +569,7 @@ class Wiring:
         await bus.subscribe(self.nc, BOOKINGS, Booking, self.on_booking)
         await self.nc.subscribe(CONDUCTOR_STATS, cb=self.on_stats)
         await bus.subscribe(self.nc, SCHEDULE, ScheduleRequest, self.on_schedule, queue=CONDUCTOR_QUEUE)
+        self.listening = asyncio.create_task(self.listen_forever(self.conductor.deafness.tick_s), name="listening")
         if self.conductor.roles.planner is not None:
             self.planning = asyncio.create_task(self.plan_forever(self.conductor.roles.planner.params.interval_s),
                                                 name="planner")
@@ -566,12 +578,20 @@ class Wiring:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                self.conductor.plan(time.monotonic())
+                now = time.monotonic()
+                self.conductor.heard(now)
+                self.conductor.plan(now)
             except Exception:  # a bug in one turn must not stop the planner for good
                 log.exception("planner failed")
 
+    async def listen_forever(self, tick_s: float) -> None:
+        """Ticks between messages, so that a quiet cluster's gaps are not taken for stalls."""
+        while True:
+            await asyncio.sleep(tick_s)
+            self.conductor.heard(time.monotonic())
+
     async def close(self) -> None:
-        tasks = [*self.snapshots, *([self.planning] if self.planning else [])]
+        tasks = [*self.snapshots, *(t for t in (self.planning, self.listening) if t)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -588,7 +608,9 @@ class Wiring:
                 log.warning("pool snapshot failed", node=node, attempt=attempt, error=str(e))
 
     async def on_heartbeat(self, hb: Heartbeat, _msg: Any) -> None:
-        if self.conductor.on_heartbeat(hb, time.monotonic()):
+        now = time.monotonic()
+        self.conductor.heard(now)
+        if self.conductor.on_heartbeat(hb, now):
             task = asyncio.create_task(self.fetch_snapshot(hb.node), name=f"snapshot-{hb.node}")
             self.snapshots.add(task)
             task.add_done_callback(self.snapshots.discard)
@@ -618,6 +640,7 @@ class Wiring:
         while self.conductor.hearing_instances(time.monotonic()):
             await asyncio.sleep(HEARING_POLL_S)
         start = time.monotonic()
+        self.conductor.heard(start)
         with tracing.span("conductor.decide", ask.request_id, prompt_tokens=ask.prompt_len) as span:
             reply = self.conductor.schedule(ask, start)
             if span.is_recording():

@@ -72,6 +72,22 @@ def test_admission_rejects_with_retry_after_and_dead_instances_are_unavailable()
     assert not late.accepted and late.rejection == "unavailable"
 
 
+def test_a_stall_of_the_conductor_s_own_loop_drops_no_instance_whose_heartbeat_waits_unread():
+    c = conductor()
+    c.heard(0.0)
+    # Its loop blocks for 3 s (a liveness timeout is 2 s); the first message read after
+    # is p0's heartbeat, while p1's and d0's, sent meanwhile, are still queued.
+    c.heard(3.0)
+    c.on_heartbeat(hb("p0", "prefill"), now=3.0)
+    assert sorted(c.registry.latest) == ["d0", "p0", "p1"]
+    assert c.schedule(ask("r1", ["a"]), now=3.0).accepted
+    # Silence heard while listening still counts: ticks up to 5.5 s, and only p0 beats.
+    for i in range(1, 11):
+        c.heard(3.0 + 0.25 * i)
+    c.on_heartbeat(hb("p0", "prefill"), now=5.5)
+    assert sorted(c.registry.latest) == ["p0"]
+
+
 def test_decode_refusal_counts_as_wasted_prefill_and_frees_the_books():
     c = conductor()
     assert c.schedule(ask("r1", ["a"]), now=0.0).accepted

@@ -1,4 +1,6 @@
-from shared.liveness import Registry
+import pytest
+
+from shared.liveness import Deafness, Registry
 from shared.messages import Heartbeat
 
 
@@ -50,3 +52,21 @@ def test_forgetting_never_comes_before_the_timeout():
     r.observe(hb("p1"), now=0.0)
     r.observe(hb("p2"), now=4.0)
     assert r.is_alive("p1", now=4.0)
+
+
+def test_time_this_process_could_not_listen_is_no_instance_s_silence():
+    r = Registry(timeout_s=2.0)
+    r.observe(hb("p1"), now=0.0)
+    r.observe(hb("p2"), now=0.9)
+    r.unheard(3.0, now=3.5)  # deaf from 0.5 to 3.5: p1 beat 0.5 s before, p2 not while deaf
+    assert r.expire(now=3.5) == [] and r.is_alive("p1", now=3.5)
+    assert r.seen_at["p2"] == 3.5  # never later than now
+    assert not r.is_alive("p1", now=5.1)  # silent 2 s of listening after the stall: gone
+
+
+def test_a_gap_between_listens_longer_than_a_tick_and_the_grace_is_a_stall():
+    d = Deafness(tick_s=0.25, grace_s=0.5)
+    assert d.since_last(0.0) == 0.0  # the first listen
+    assert d.since_last(0.25) == 0.0 and d.since_last(0.9) == 0.0  # a tick late: load, not a stall
+    assert d.since_last(4.15) == pytest.approx(3.0)  # 3.25 s since the last: 3 s beyond the tick
+    assert d.since_last(4.4) == 0.0  # counted once
