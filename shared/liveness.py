@@ -8,6 +8,7 @@ is always passed in."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 FORGET_S = 300.0  # an instance silent this long is forgotten altogether
@@ -71,12 +72,22 @@ class Registry:
         return gone
 
 
+def woke_late(since: float, asked_s: float, grace_s: float, now: float | None = None) -> bool:
+    """Whether a wait that began at `since` (monotonic) and asked for `asked_s` ended
+    more than `grace_s` late: this process's event loop stalled (measured: 2.5 s on a
+    busy 2-core host), and the messages that came meanwhile are still unread. A
+    watcher that judges silence then would take a live instance for dead, so it
+    judges on its next wake instead (the gateway's), or counts the stall as nobody's
+    silence (the Conductor's, through Deafness)."""
+    return (time.monotonic() if now is None else now) - since > asked_s + grace_s
+
+
 @dataclass
 class Deafness:
-    """How long this process could not listen. Its event loop stalls (2.5 s measured on
-    a busy 2-core host), and the heartbeats sent meanwhile wait unread; the first
-    handler after the stall would find every instance silent for as long, and drop
-    live ones. `since_last(now)`, called by each turn that reads a message and by a
+    """How long this process could not listen, for a Registry judged inside message
+    handlers rather than by a watcher: the first handler after a stall would find
+    every instance silent for as long, and drop live ones whose heartbeats wait
+    unread. `since_last(now)`, called by each turn that reads a message and by a
     ticker every `tick_s` between them, says how much of the time since the call
     before was a stall: the gap beyond a tick, when it is over `grace_s`."""
 
@@ -85,6 +96,5 @@ class Deafness:
     last: float | None = None
 
     def since_last(self, now: float) -> float:
-        gap = 0.0 if self.last is None else now - self.last - self.tick_s
-        self.last = now if self.last is None else max(self.last, now)
-        return gap if gap > self.grace_s else 0.0
+        last, self.last = self.last, now if self.last is None else max(self.last, now)
+        return now - last - self.tick_s if last is not None and woke_late(last, self.tick_s, self.grace_s, now) else 0.0

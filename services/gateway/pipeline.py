@@ -33,11 +33,11 @@ from services.gateway.retry import (
     continuation,
     with_decode,
 )
-from services.gateway.stream import Inbox, StreamEnded, TokenStream, woke_late
+from services.gateway.stream import Inbox, StreamEnded, TokenStream
 from shared import bus, tracing
 from shared.block_hash import hex_hashes
 from shared.config import ClusterConfig
-from shared.liveness import Registry
+from shared.liveness import Registry, woke_late
 from shared.messages import (
     CANCEL,
     NO_TOKEN,

@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from prometheus_client import Counter
 
 from shared import bus
+from shared.liveness import woke_late
 from shared.messages import MessageError, TokenBatch, TokenChunk, decode, stream_subject
 
 log = structlog.get_logger(__name__)
@@ -113,15 +114,6 @@ class TokenStream:
             raise StreamEnded(504, f"no token from {self.instance_id} for {self.idle_timeout_s:.0f} s")
         if quiet_s >= self.check_s:  # a stream still delivering is alive, beats or not
             self.check_alive(self.instance_id)
-
-
-def woke_late(since: float, asked_s: float, grace_s: float) -> bool:
-    """Whether a wait that began at `since` (monotonic) and asked for `asked_s` ended
-    more than `grace_s` late: this process's event loop stalled (measured: 2.5 s on a
-    busy 2-core host), and the messages that came meanwhile are still unread. A
-    watcher that judges silence then would take a live instance for dead, so it
-    judges on its next wake instead."""
-    return time.monotonic() - since > asked_s + grace_s
 
 
 class Inbox:

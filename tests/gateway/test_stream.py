@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from shared.outbox import Outbox
-from services.gateway.stream import Inbox, StreamEnded, TokenStream, woke_late
+from services.gateway.stream import Inbox, StreamEnded, TokenStream
 from shared.liveness import Registry
 from shared.messages import Heartbeat, TokenBatch, TokenChunk
 from tests.gateway.served import NatsServer
@@ -139,9 +139,3 @@ async def test_a_stream_outlives_a_stall_of_its_own_gateway():
     finally:
         beats.cancel()
         await stream.close()
-
-
-def test_a_wait_is_late_only_past_its_grace():
-    now = time.monotonic()
-    assert not woke_late(now - 0.6, 0.5, 0.5)
-    assert woke_late(now - 1.2, 0.5, 0.5)

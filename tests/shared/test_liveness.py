@@ -1,6 +1,8 @@
+import time
+
 import pytest
 
-from shared.liveness import Deafness, Registry
+from shared.liveness import Deafness, Registry, woke_late
 from shared.messages import Heartbeat
 
 
@@ -70,3 +72,9 @@ def test_a_gap_between_listens_longer_than_a_tick_and_the_grace_is_a_stall():
     assert d.since_last(0.25) == 0.0 and d.since_last(0.9) == 0.0  # a tick late: load, not a stall
     assert d.since_last(4.15) == pytest.approx(3.0)  # 3.25 s since the last: 3 s beyond the tick
     assert d.since_last(4.4) == 0.0  # counted once
+
+
+def test_a_wait_is_late_only_past_its_grace():
+    assert not woke_late(0.0, 0.5, 0.5, now=0.6)
+    assert woke_late(0.0, 0.5, 0.5, now=1.2)
+    assert not woke_late(time.monotonic() - 0.6, 0.5, 0.5)  # now: the monotonic clock
