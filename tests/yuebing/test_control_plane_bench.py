@@ -19,8 +19,10 @@ from yuebing.bench.control_plane import (
     cpu_costs,
     cpu_s,
     role_of,
+    table,
     window,
 )
+from yuebing.bench import engine_alone
 
 
 def test_the_window_counts_requests_ended_and_tokens_received_inside_it():
@@ -81,3 +83,18 @@ def test_a_step_of_zero_runs_real_engines():
     flags = cluster_flags(ControlPlaneBench(step_ms=0, decode=1), 1, 1)
     assert "--fake-engine-step-ms" not in flags and flags[flags.index("--decode") + 1] == "1"
     assert "--fake-engine-step-ms" in cluster_flags(ControlPlaneBench(), 1, 1)
+
+
+def test_with_real_engines_the_table_says_what_vllm_alone_costs():
+    costs = {role: {"us_per_token": 1.0, "us_per_request": 1.0} for role in ("gateway", "decode", "nats", "conductor",
+                                                                            "prefill")}
+    result = {"gateways": 1, "conductors": 1, "requests_per_s": 1.0, "tokens_per_s": 9.0, "itl_p50_ms": 1.0,
+              "itl_p99_ms": 2.0, "cpu": costs, "conductor_decisions_per_core_s": 5.0, "errors": 0, "shed": 0}
+    assert "vLLM" not in table([result])
+    alone = table([{**result, "vllm_alone": {"tokens_per_s": 1000.0, "us_per_token": 84.2}}])
+    assert "vLLM's AsyncLLM alone" in alone and "84 µs/token" in alone
+
+
+def test_the_engine_alone_says_why_it_failed(tmp_path):
+    with pytest.raises(RuntimeError, match="engine alone failed"):
+        engine_alone.run(tmp_path / "missing.json", streams=1, max_tokens=2, warmup_s=0.0, seconds=0.1)

@@ -203,6 +203,7 @@ def cluster_flags(spec: ControlPlaneBench, gateways: int, conductors: int) -> li
 
 def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """Every layout in turn, each on a cluster of its own."""
+    from yuebing.bench import engine_alone
     from yuebing.launcher import up_launcher
 
     results = []
@@ -216,6 +217,12 @@ def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], N
                 result = asyncio.run(measure(ready["urls"], model.name, pids, spec, conductors))
             results.append({"gateways": gateways, "conductors": conductors, **result})
             say(line(results[-1]))
+    if not spec.step_ms:  # real engines: how much of decode's figure is vLLM's own front end
+        say("vLLM's engine alone, as decode builds it: starting")
+        alone = engine_alone.run(work / f"g{spec.gateways[0]}c{spec.conductors[0]}" / "cluster.json",
+                                 max(1, spec.streams // spec.decode), spec.max_tokens, spec.warmup_s, spec.seconds)
+        for r in results:
+            r["vllm_alone"] = alone
     return results
 
 
@@ -241,4 +248,8 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {c['decode']['us_per_token']:.0f} | {c['nats']['us_per_token']:.0f} "
             f"| {c['conductor']['us_per_request']:.0f} | {c['prefill']['us_per_request']:.0f} "
             f"| {r['conductor_decisions_per_core_s']:.0f} | {r['errors']} | {r.get('shed', 0)} |")
+    alone = results[0].get("vllm_alone") if results else None
+    if alone:
+        rows.append(f"\nvLLM's AsyncLLM alone (the decode engine's config, {alone['tokens_per_s']:.0f} tokens/s, no "
+                    f"Yuebing): {alone['us_per_token']:.0f} µs/token of its process, within decode's µs/token above")
     return "\n".join(rows)
