@@ -8,6 +8,9 @@ The same scenarios as `yuebing bench chaos`."""
 from __future__ import annotations
 
 import asyncio
+import json
+from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +42,24 @@ def test_no_request_hangs_and_every_process_can_die_or_stall(chaos_cluster, mode
         if o.hung or o.recovery_s is None or unexpected:
             problems.append(f"{row(o)}  (unexpected: {sorted(unexpected) or '-'})")
     assert not problems, "\n".join([HEADER, *problems])
+    stalls, lost = conductor_stalls(chaos_cluster.run_dir / "conductor.log")
+    assert stalls, "the Conductor's SIGSTOP was not noticed as a stall of its own loop"
+    assert not lost, f"instances taken for lost as the stalled Conductor resumed: {lost}"
+
+
+def conductor_stalls(log: Path, at_least_s: float = 0.6 * ChaosSpec().stall_s) -> tuple[list[datetime], list[str]]:
+    """When the Conductor noticed its own loop had stalled as long as a SIGSTOP holds
+    it, and any instance it called lost within 1.5 s of that (heartbeats queued while
+    it was stopped are no silence)."""
+    events = []
+    for line in log.read_text().splitlines():
+        try:
+            e = json.loads(line)
+            events.append((datetime.fromisoformat(e["timestamp"]), e["event"], e.get("instance_id", ""),
+                           e.get("stalled_ms", 0)))
+        except (ValueError, KeyError):
+            continue  # not one of its structured lines
+    stalls = [t for t, event, _, ms in events if event.startswith("conductor loop stalled") and ms >= 1e3 * at_least_s]
+    lost = [f"{who} at {t:%H:%M:%S.%f}" for t, event, who, _ in events if event == "instance lost"
+            and any(0 <= (t - s).total_seconds() <= 1.5 for s in stalls)]
+    return stalls, lost
