@@ -96,5 +96,8 @@ class Deafness:
     last: float | None = None
 
     def since_last(self, now: float) -> float:
-        last, self.last = self.last, now if self.last is None else max(self.last, now)
-        return now - last - self.tick_s if last is not None and woke_late(last, self.tick_s, self.grace_s, now) else 0.0
+        last = self.last
+        self.last = now if last is None else max(last, now)
+        if last is None or not woke_late(last, self.tick_s, self.grace_s, now):
+            return 0.0
+        return now - last - self.tick_s

@@ -64,9 +64,9 @@ class SlowClients(Clients):
     hold_s = 0.25
 
     async def _one(self, session: Any, i: int) -> None:
-        self.open += 1
+        self.in_flight += 1
         await asyncio.sleep(self.hold_s)
-        self.open -= 1
+        self.in_flight -= 1
         self.done.append(Stream(started=0.0, ended=time.monotonic(), ok=True))
 
 

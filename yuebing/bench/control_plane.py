@@ -87,8 +87,8 @@ class Clients:
     rate: float = 0.0
     done: list[Stream] = field(default_factory=list)
     errors: int = 0
-    shed: int = 0  # open loop: arrivals that found `streams` requests open
-    open: int = 0
+    shed: int = 0  # open loop: arrivals (warm-up included) that found `streams` requests in flight
+    in_flight: int = 0
 
     async def run(self, until: float) -> None:
         import aiohttp
@@ -110,7 +110,7 @@ class Clients:
         tasks: set[asyncio.Task[None]] = set()
         while (due := first + started / self.rate) < until:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-            if self.open < self.spec.streams:
+            if self.in_flight < self.spec.streams:
                 task = asyncio.create_task(self._one(session, started))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -123,7 +123,7 @@ class Clients:
         body = {"model": self.model, "prompt": PROMPT, "max_tokens": self.spec.max_tokens, "stream": True,
                 "temperature": 0}
         s = Stream(time.monotonic())
-        self.open += 1
+        self.in_flight += 1
         try:
             async with session.post(f"{self.urls[i % len(self.urls)]}/v1/completions", json=body) as r:
                 async for line in r.content:
@@ -133,7 +133,7 @@ class Clients:
         except Exception:  # counted, not fatal: the figures say how many failed
             s.ok = False
         finally:
-            self.open -= 1
+            self.in_flight -= 1
         s.ended = time.monotonic()
         if s.ok:
             self.done.append(s)
