@@ -23,6 +23,7 @@ class Registry:
     seen_at: dict[str, float] = field(default_factory=dict)
     forget_s: float = FORGET_S
     pruned_at: float | None = None  # when observe last forgot the long silent
+    deafness: Deafness | None = None  # with one, `heard` discounts this process's own stalls
 
     def __post_init__(self) -> None:
         # Forgetting one still within the timeout would make it look new.
@@ -48,6 +49,15 @@ class Registry:
             (hb for iid, hb in self.latest.items() if hb.role == role and self.is_alive(iid, now)),
             key=lambda hb: hb.instance_id,
         )
+
+    def heard(self, now: float) -> float:
+        """This process is listening now (its handlers say so before they judge, and a
+        ticker between messages): the stall since it last was, if any, is no
+        instance's silence. Returns that stall, s (0: none)."""
+        deaf_s = self.deafness.since_last(now) if self.deafness is not None else 0.0
+        if deaf_s:
+            self.unheard(deaf_s, now)
+        return deaf_s
 
     def unheard(self, deaf_s: float, now: float) -> None:
         """This process could not listen for `deaf_s` (see Deafness): that time is no

@@ -122,8 +122,9 @@ class Conductor:
         self.scheduler = Scheduler(config.policy, config.admission, predictor, params)
         self.state = ClusterState(predictor, params, PrefixIndex(config.index_capacity_blocks),
                                   calibration_z=quantile_z(config.slo_attainment) if config.calibrate_time_model else None)
-        self.registry = Registry(timeout_s=config.liveness_timeout_s)
-        self.deafness = Deafness(tick_s=config.heartbeat_interval_s / 2, grace_s=config.heartbeat_interval_s)
+        self.listen_tick_s = config.heartbeat_interval_s / 2  # see heard()
+        self.registry = Registry(timeout_s=config.liveness_timeout_s,
+                                 deafness=Deafness(tick_s=self.listen_tick_s, grace_s=config.heartbeat_interval_s))
         self.pools = PoolIndex(config.pool_index_node_blocks)
         self.messenger_nodes: dict[str, str] = {}  # messenger instance → its node
         self.deadlines: dict[str, float] = {}
@@ -156,9 +157,7 @@ class Conductor:
         """This Conductor is listening now (its wiring says so before each message it
         hands on, and between them): a stall since it last was (its loop blocked,
         heartbeats unread) is not counted as the instances' silence."""
-        deaf_s = self.deafness.since_last(now)
-        if deaf_s:
-            self.registry.unheard(deaf_s, now)
+        if deaf_s := self.registry.heard(now):
             log.warning("conductor loop stalled: instances' silence meanwhile not counted", stalled_ms=round(deaf_s * 1e3))
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> bool:
@@ -569,7 +568,7 @@ class Wiring:
         await bus.subscribe(self.nc, BOOKINGS, Booking, self.on_booking)
         await self.nc.subscribe(CONDUCTOR_STATS, cb=self.on_stats)
         await bus.subscribe(self.nc, SCHEDULE, ScheduleRequest, self.on_schedule, queue=CONDUCTOR_QUEUE)
-        self.listening = asyncio.create_task(self.listen_forever(self.conductor.deafness.tick_s), name="listening")
+        self.listening = asyncio.create_task(self.listen_forever(self.conductor.listen_tick_s), name="listening")
         if self.conductor.roles.planner is not None:
             self.planning = asyncio.create_task(self.plan_forever(self.conductor.roles.planner.params.interval_s),
                                                 name="planner")

@@ -41,7 +41,7 @@ from services.gateway.tool_parser import ToolParsing, ToolUse, template_tools
 from shared import bus, service, tracing
 from shared.bearer import bearer_matches
 from shared.config import ClusterConfig
-from shared.liveness import Registry
+from shared.liveness import Deafness, Registry
 from shared.messages import HEARTBEAT, Heartbeat, Sampling, TokenChunk
 
 log = structlog.get_logger(__name__)
@@ -136,6 +136,7 @@ class Gateway:
     async def health(self, _request: web.Request) -> web.Response:
         now = time.monotonic()
         registry = self.pipeline.registry
+        registry.heard(now)
         live = {role: [hb.instance_id for hb in registry.alive(role, now)] for role in ("prefill", "decode", "messenger")}
         prefill_ok = bool(live["prefill"]) or self.config.mode == "colocated"  # colocated: decode instances prefill
         ready = prefill_ok and bool(live["decode"]) and self.pipeline.nc.is_connected
@@ -685,7 +686,9 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     tokenizer = Tokenizer(config.model)
     tools = await asyncio.to_thread(_tool_parsing, config, tokenizer)
     metrics = GatewayMetrics()
-    registry = Registry(timeout_s=config.liveness_timeout_s)
+    # Its lag monitor's ticks are its listens: a stall of its loop is no instance's silence.
+    registry = Registry(timeout_s=config.liveness_timeout_s,
+                        deafness=Deafness(tick_s=server.LAG_INTERVAL_S, grace_s=config.heartbeat_interval_s))
     link = await connect_link(config, args, registry, metrics)
     gateway = Gateway(config, tokenizer, Pipeline(link, config, registry), api_key, args.metrics_require_key, metrics,
                       tools)
@@ -694,7 +697,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
-    lag = asyncio.create_task(server.LagMonitor(metrics).run())
+    lag = asyncio.create_task(server.LagMonitor(metrics, on_tick=registry.heard).run())
     # The tokenizer and the tool parsers bring transformers and vLLM in: some 680,000
     # objects a full collection would walk, in a pause of 0.3-0.4 s for every stream.
     service.freeze_heap()
@@ -722,7 +725,9 @@ async def connect_link(config: ClusterConfig, args: argparse.Namespace, registry
     each client it makes, its events counted."""
 
     async def on_heartbeat(hb: Heartbeat, _msg: Any) -> None:
-        registry.observe(hb, time.monotonic())
+        now = time.monotonic()
+        registry.heard(now)
+        registry.observe(hb, now)
 
     async def on_connect(nc: Any) -> None:
         await bus.subscribe(nc, HEARTBEAT, Heartbeat, on_heartbeat)

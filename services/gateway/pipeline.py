@@ -524,6 +524,7 @@ class Pipeline:
 
     def _check_alive(self, instance_id: str) -> None:
         now = time.monotonic()
+        self.registry.heard(now)
         # An instance this gateway has not heard from yet is given the benefit of the
         # doubt until one liveness period has passed since the gateway started.
         if now - self.started > self.config.liveness_timeout_s and not self.registry.is_alive(instance_id, now):

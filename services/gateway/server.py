@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, TypeVar
@@ -211,19 +211,26 @@ class GatewayRunner(web.AppRunner):
                              **plain._kwargs)
 
 
+LAG_INTERVAL_S = 0.05  # how often the lag monitor wakes
+
+
 class LagMonitor:
     """Samples the event loop's lag (how late a short sleep wakes) into a histogram:
     any step that holds the loop shows here, and in every request's latency."""
 
-    def __init__(self, metrics: GatewayMetrics, interval_s: float = 0.05) -> None:
+    def __init__(self, metrics: GatewayMetrics, interval_s: float = LAG_INTERVAL_S,
+                 on_tick: Callable[[float], Any] | None = None) -> None:
         self.metrics = metrics
         self.interval_s = interval_s
+        self.on_tick = on_tick  # called with the monotonic clock at each wake
         self.max_lag_s = 0.0
 
     async def run(self) -> None:
         while True:
             start = time.perf_counter()
             await asyncio.sleep(self.interval_s)
+            if self.on_tick is not None:
+                self.on_tick(time.monotonic())
             lag = max(0.0, time.perf_counter() - start - self.interval_s)
             self.max_lag_s = max(self.max_lag_s, lag)
             self.metrics.loop_lag.observe(lag)

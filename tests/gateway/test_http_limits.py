@@ -20,6 +20,8 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.server import LagMonitor
 from services.gateway.text import Tokenizer
 from shared.config import ClusterConfig
+from shared.liveness import Deafness, Registry
+from shared.messages import Heartbeat
 from tests.gateway.served import (
     MODEL,
     EndlessPipeline,
@@ -239,3 +241,14 @@ async def test_the_lag_monitor_sees_a_stall_and_counts_it():
             await asyncio.sleep(0.01)
     task.cancel()
     assert b'yuebing_gateway_loop_lag_seconds_bucket{le="0.1"}' in metrics.render()
+
+
+async def test_the_lag_monitor_s_ticks_are_the_registry_s_listens_so_a_stall_is_no_instance_s_silence():
+    registry = Registry(timeout_s=0.1, deafness=Deafness(tick_s=0.01, grace_s=0.05))
+    registry.observe(Heartbeat(instance_id="d0", role="decode", node="n", pid=1, seq=1, sent_at=0.0), time.monotonic())
+    task = asyncio.create_task(LagMonitor(GatewayMetrics(), interval_s=0.01, on_tick=registry.heard).run())
+    await asyncio.sleep(0.03)
+    time.sleep(0.3)  # noqa: ASYNC251 - a stall, three liveness timeouts long, d0's heartbeats unread
+    await asyncio.sleep(0.02)  # the monitor's first tick after it
+    task.cancel()
+    assert registry.is_alive("d0", time.monotonic())

@@ -78,3 +78,12 @@ def test_a_wait_is_late_only_past_its_grace():
     assert not woke_late(0.0, 0.5, 0.5, now=0.6)
     assert woke_late(0.0, 0.5, 0.5, now=1.2)
     assert not woke_late(time.monotonic() - 0.6, 0.5, 0.5)  # now: the monotonic clock
+
+
+def test_a_registry_with_deafness_discounts_its_own_stalls_when_it_hears():
+    r = Registry(timeout_s=2.0, deafness=Deafness(tick_s=0.05, grace_s=0.5))
+    r.observe(hb("p1"), now=0.0)
+    assert r.heard(0.05) == 0.0 and r.heard(0.1) == 0.0
+    assert r.heard(3.1) == pytest.approx(2.95)  # a 3 s stall: p1's beat, queued, is not read yet
+    assert r.is_alive("p1", now=3.1)
+    assert Registry(timeout_s=2.0).heard(5.0) == 0.0  # without Deafness: nothing discounted
