@@ -5,8 +5,11 @@ tests/e2e/test_gateways.py runs the same fake-engine layout.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -58,25 +61,31 @@ def test_settings_are_checked():
         ControlPlaneBench(rate_per_conductor=-1)
 
 
-class SlowClients(Clients):
-    """Requests that take `hold_s` each, without a cluster: the arrival schedule alone."""
+class SlowSession:
+    """An HTTP session whose every completion holds its stream `hold_s` and streams one
+    token: the arrival schedule alone, without a cluster."""
 
     hold_s = 0.25
 
-    async def _one(self, session: Any, i: int) -> None:
-        self.in_flight += 1
+    @contextlib.asynccontextmanager
+    async def post(self, url: str, json: Any) -> AsyncIterator[Any]:
         await asyncio.sleep(self.hold_s)
-        self.in_flight -= 1
-        self.done.append(Stream(started=0.0, ended=time.monotonic(), ok=True))
+        yield SimpleNamespace(status=200, content=lines_of([b'data: {"choices": []}\n']))
+
+
+async def lines_of(lines: list[bytes]) -> AsyncIterator[bytes]:
+    for line in lines:
+        yield line
 
 
 def test_an_open_loop_starts_requests_on_schedule_and_sheds_what_finds_every_stream_busy():
-    clients = SlowClients(["http://unused"], "m", ControlPlaneBench(streams=2), rate=20.0)
-    asyncio.run(clients._arrivals(None, until=time.monotonic() + 0.5))
+    clients = Clients(["http://unused"], "m", ControlPlaneBench(streams=2), rate=20.0)
+    asyncio.run(clients._arrivals(SlowSession(), until=time.monotonic() + 0.5))
     # 10 arrivals, 50 ms apart; each request holds a stream 250 ms, and 2 streams hold
     # the first two until the sixth arrival: 2 run, 3 shed, and so on.
     assert len(clients.done) + clients.shed == 10
     assert 3 <= len(clients.done) <= 5 and clients.shed >= 5
+    assert clients.errors == 0 and clients.in_flight == 0 and all(len(s.token_times) == 1 for s in clients.done)
 
 
 def test_a_step_of_zero_runs_real_engines():

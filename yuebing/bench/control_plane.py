@@ -206,10 +206,11 @@ def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], N
     from yuebing.bench import engine_alone
     from yuebing.launcher import up_launcher
 
-    results = []
+    results, configs = [], []
     for gateways in spec.gateways:
         for conductors in spec.conductors:
             name = f"g{gateways}c{conductors}"
+            configs.append(work / name / "cluster.json")
             say(f"{gateways} gateway(s), {conductors} Conductor(s): starting")
             with up_launcher(work, name, "--model", str(model), *cluster_flags(spec, gateways, conductors)):
                 ready = json.loads((work / f"{name}.ready.json").read_text())
@@ -219,8 +220,8 @@ def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], N
             say(line(results[-1]))
     if not spec.step_ms:  # real engines: how much of decode's figure is vLLM's own front end
         say("vLLM's engine alone, as decode builds it: starting")
-        alone = engine_alone.run(work / f"g{spec.gateways[0]}c{spec.conductors[0]}" / "cluster.json",
-                                 max(1, spec.streams // spec.decode), spec.max_tokens, spec.warmup_s, spec.seconds)
+        alone = engine_alone.run(configs[0], max(1, spec.streams // spec.decode), spec.max_tokens, spec.warmup_s,
+                                 spec.seconds)
         for r in results:
             r["vllm_alone"] = alone
     return results
@@ -231,7 +232,7 @@ def line(r: dict[str, Any]) -> str:
     return (f"{r['gateways']}G {r['conductors']}C: {r['requests_per_s']:.1f} req/s, {r['tokens_per_s']:.0f} tokens/s, "
             f"ITL p50 {r['itl_p50_ms']:.1f} ms p99 {r['itl_p99_ms']:.1f} ms, gateway {cpu['gateway']['us_per_token']:.0f} "
             f"µs/token, decode {cpu['decode']['us_per_token']:.0f} µs/token, Conductor "
-            f"{cpu['conductor']['us_per_request']:.0f} µs/request, {r['errors']} failed, {r.get('shed', 0)} shed")
+            f"{cpu['conductor']['us_per_request']:.0f} µs/request, {r['errors']} failed, {r['shed']} shed")
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -247,7 +248,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | {c['gateway']['us_per_token']:.0f} "
             f"| {c['decode']['us_per_token']:.0f} | {c['nats']['us_per_token']:.0f} "
             f"| {c['conductor']['us_per_request']:.0f} | {c['prefill']['us_per_request']:.0f} "
-            f"| {r['conductor_decisions_per_core_s']:.0f} | {r['errors']} | {r.get('shed', 0)} |")
+            f"| {r['conductor_decisions_per_core_s']:.0f} | {r['errors']} | {r['shed']} |")
     alone = results[0].get("vllm_alone") if results else None
     if alone:
         rows.append(f"\nvLLM's AsyncLLM alone (the decode engine's config, {alone['tokens_per_s']:.0f} tokens/s, no "

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from yuebing.bench.control_plane import cpu_s
+
 PROMPT_TOKEN_IDS = list(range(100, 125))  # about the control-plane bench's prompt's length
 
 
@@ -31,15 +33,12 @@ async def measure(config_path: str, streams: int, max_tokens: int, warmup_s: flo
     from shared.config import load_config
 
     config = load_config(config_path)  # before vLLM's import: a bad path fails in a moment
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    from shared.engine.llm import build_engine
+    from shared.engine.llm import build_engine, sampling_params
+    from shared.messages import Sampling
 
     engine, _ = build_engine(config, None, role="decode")
-    # As decode asks for tokens: ids only (the gateway detokenizes), each output its new tokens.
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, detokenize=False,
-                            output_kind=RequestOutputKind.DELTA)
+    # vLLM's parameters as decode makes them (token ids only, each output its new tokens).
+    params = sampling_params(Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), max_tokens)
     window = {"counting": False, "tokens": 0}
 
     async def client(i: int) -> None:
@@ -50,17 +49,16 @@ async def measure(config_path: str, streams: int, max_tokens: int, warmup_s: flo
 
     tasks = [asyncio.create_task(client(i)) for i in range(streams)]
     await asyncio.sleep(warmup_s)
-    start, before = time.monotonic(), os.times()
+    start, before = time.monotonic(), cpu_s(os.getpid())
     window["counting"] = True
     await asyncio.sleep(seconds)
     window["counting"] = False
-    span, after = time.monotonic() - start, os.times()
+    span, used = time.monotonic() - start, cpu_s(os.getpid()) - before
     for task in tasks:
         task.cancel()
     engine.shutdown()
-    cpu_s = (after.user - before.user) + (after.system - before.system)
     tokens = max(1, int(window["tokens"]))
-    return {"tokens_per_s": tokens / span, "us_per_token": 1e6 * cpu_s / tokens}
+    return {"tokens_per_s": tokens / span, "us_per_token": 1e6 * used / tokens}
 
 
 def run(config_path: Path, streams: int, max_tokens: int, warmup_s: float, seconds: float) -> dict[str, Any]:
