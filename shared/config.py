@@ -163,11 +163,16 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         bool, Meta(description="move engine instances between prefill and decode as the load shifts (the planner)")
     ] = False
     shortlist: Annotated[int, Meta(description=SHORTLIST_DESCRIPTION)] = SHORTLIST
-    # Several share the schedule requests (services/conductor/bookings.py); one sends
-    # its placements to the others only where there are others.
+    # Several share the schedule requests (services/conductor/sync.py); one sends
+    # its books' news to the others only where there are others.
     conductors: Annotated[
         int, Meta(description="Conductors sharing the schedule requests, each holding every placement's books")
     ] = 1
+    # services/conductor/sync.py: the longest a peer is blind to a placement, against
+    # the messages each Conductor reads per second from each peer.
+    conductor_sync_ms: Annotated[
+        float, Meta(description="with several Conductors: how often each sends the others what its books took in, ms")
+    ] = 50.0
     index_capacity_blocks: Annotated[
         int, Meta(description="blocks the Conductor assumes each prefill engine's prefix cache holds")
     ] = 2048
@@ -286,6 +291,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("shortlist cannot be negative (0: every instance scored)")
         if self.conductors < 1:
             raise ValueError("conductors must be at least 1")
+        if not 0 < self.conductor_sync_ms <= self.heartbeat_interval_s * 1e3:
+            raise ValueError("conductor_sync_ms must be above 0 and at most the heartbeat interval")
         if self.fake_engine_step_ms < 0:
             raise ValueError("fake_engine_step_ms cannot be negative (0: the real engine)")
         if self.index_capacity_blocks <= 0:

@@ -21,19 +21,19 @@ import msgspec
 
 from shared.config import check_id
 from shared.messages import (
-    BOOKINGS,
+    BOOK_DIGESTS,
     CANCEL,
     CONDUCTOR_STATS,
     HEARTBEAT,
     KV_EVENTS,
     PREFIX,
-    REQUEST_UPDATES,
     SCHEDULE,
     decode_subject,
     messenger_faults_subject,
     messenger_subject,
     prefill_subject,
     stream_subject,
+    updates_subject,
 )
 from shared.private_file import read_private
 
@@ -44,6 +44,7 @@ ANY_PREFILL = prefill_subject("*")
 ANY_DECODE = decode_subject("*")
 ANY_MESSENGER = messenger_subject("*")  # one token: not a messenger's faults subject (admin only)
 ANY_STREAM = stream_subject("*")
+ANY_UPDATES = updates_subject("*")  # one token: any Conductor's
 
 
 @dataclass(frozen=True)
@@ -78,25 +79,26 @@ def permissions(identity: Identity) -> Permissions:
     inbox = f"{inbox_prefix(identity.name)}.>"
     own = {
         "gateway": Permissions(
-            publish=(SCHEDULE, ANY_PREFILL, ANY_DECODE, CANCEL, REQUEST_UPDATES),
+            publish=(SCHEDULE, ANY_PREFILL, ANY_DECODE, CANCEL, ANY_UPDATES),
             subscribe=(HEARTBEAT, ANY_STREAM),
             allow_responses=False,
         ),
         "conductor": Permissions(
-            publish=(ANY_MESSENGER, BOOKINGS),  # pool snapshots; its placements, for the other Conductors
-            subscribe=(SCHEDULE, CONDUCTOR_STATS, HEARTBEAT, REQUEST_UPDATES, KV_EVENTS, BOOKINGS),
+            publish=(ANY_MESSENGER, BOOK_DIGESTS),  # pool snapshots; its books' news, for the other Conductors
+            # Its own updates subject is named by its --instance-id, which need not be its identity's name.
+            subscribe=(SCHEDULE, CONDUCTOR_STATS, HEARTBEAT, ANY_UPDATES, KV_EVENTS, BOOK_DIGESTS),
             allow_responses=True,
         ),
         # A prefill instance decodes too while no decode instance is live (the
         # Conductor's fallback): its decode subject, and the streams it answers on.
         "prefill": Permissions(
-            publish=(HEARTBEAT, REQUEST_UPDATES, ANY_MESSENGER, ANY_STREAM),  # messengers: pulls of remote blocks
+            publish=(HEARTBEAT, ANY_UPDATES, ANY_MESSENGER, ANY_STREAM),  # messengers: pulls of remote blocks
             subscribe=(prefill_subject(identity.name), decode_subject(identity.name), CANCEL),
             allow_responses=True,
         ),
         # A decode instance prefills too once the planner moves it (services/conductor/roles.py).
         "decode": Permissions(
-            publish=(HEARTBEAT, ANY_STREAM, REQUEST_UPDATES, ANY_MESSENGER),
+            publish=(HEARTBEAT, ANY_STREAM, ANY_UPDATES, ANY_MESSENGER),
             subscribe=(decode_subject(identity.name), prefill_subject(identity.name), CANCEL),
             allow_responses=True,
         ),

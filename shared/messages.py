@@ -20,12 +20,17 @@ HEARTBEAT = f"{PREFIX}.heartbeat"  # every instance and messenger publishes here
 SCHEDULE = f"{PREFIX}.conductor.schedule"  # request/reply, queue group "conductor"
 CONDUCTOR_STATS = f"{PREFIX}.conductor.stats"  # request/reply: a ConductorStats
 CANCEL = f"{PREFIX}.cancel"  # broadcast: whoever holds the request aborts it
-REQUEST_UPDATES = f"{PREFIX}.request.updates"  # a request's progress, for the Conductor's books
 KV_EVENTS = f"{PREFIX}.events.kv"  # blocks stored in / evicted from / removed from a node's pool
 CONDUCTOR_QUEUE = "conductor"
-# Broadcast among Conductors: each placement one of them made (a Booking), so that all
+# Broadcast among Conductors: what each one's books took in (a BookDigest), so that all
 # of them hold the same books however the queue group spread the requests.
-BOOKINGS = f"{PREFIX}.conductor.bookings"
+BOOK_DIGESTS = f"{PREFIX}.conductor.digests"
+
+
+def updates_subject(conductor: str) -> str:
+    """A request's progress (UpdateBatch), for the books of the Conductor that placed
+    it (Placement.conductor): each Conductor reads its own share's updates."""
+    return f"{PREFIX}.request.updates.{conductor}"
 
 
 def prefill_subject(instance_id: str) -> str:
@@ -111,6 +116,7 @@ class Placement(Message):
     prefill_id: str
     decode_id: str
     decode_node: str
+    conductor: str  # the Conductor that placed it: the request's updates go to it (updates_subject)
     kv_blocks: int = 0
     pull_from: str = ""
     pull_blocks: int = 0
@@ -170,6 +176,18 @@ class Booking(Message):
     pull_from: str = ""
     pull_blocks: int = 0
     uncached_tokens: int = 0  # local: the prompt tokens its decode instance computes
+    age_s: float = 0.0  # in a BookDigest: how long ago it was booked
+
+
+class BookDigest(Message):
+    """What one Conductor's books took in since its last digest, for the others: its
+    own placements, and the updates of its requests (which reach only it), each
+    dated by its age. Sent every sync interval, and at least every heartbeat
+    interval: a Conductor whose digests stop is gone (services/conductor/sync.py)."""
+
+    conductor: str
+    bookings: list[Booking] = []
+    updates: list[RequestUpdate] = []
 
 
 class ConductorStats(Message):
@@ -310,6 +328,7 @@ class RequestUpdate(Message):
     kind: Literal["prefill_done", "finished", "decode_refused"]
     instance_id: str = ""
     completed: bool = False
+    age_s: float = 0.0  # in a BookDigest: how long ago its Conductor took it
 
 
 class UpdateBatch(Message):

@@ -52,18 +52,19 @@ from services.conductor.policy import (
 )
 from services.conductor.roles import Roles
 from services.conductor.state import ClusterState
+from services.conductor.sync import Digest, Peers
 from shared import bus, metrics_page, service, tracing
 from shared.calibration import quantile_z
 from shared.config import ClusterConfig, profile_path
 from shared.liveness import Deafness, Registry
 from shared.messages import (
-    BOOKINGS,
+    BOOK_DIGESTS,
     CONDUCTOR_QUEUE,
     CONDUCTOR_STATS,
     HEARTBEAT,
     KV_EVENTS,
-    REQUEST_UPDATES,
     SCHEDULE,
+    BookDigest,
     Booking,
     ConductorStats,
     Heartbeat,
@@ -79,6 +80,7 @@ from shared.messages import (
     UpdateBatch,
     encode,
     messenger_subject,
+    updates_subject,
 )
 from shared.predictor import load_predictor
 
@@ -136,8 +138,11 @@ class Conductor:
         self.routes: dict[str, int] = {}  # CPP group or single instance, by Route.key
         params = PlannerParams(empty_prefill=config.mode == "adaptive")
         self.roles = Roles(Planner(predictor, params) if config.planner else None)
-        self.outbox: list[Booking] = []  # its own placements, for the other Conductors if any (Wiring publishes them)
         self.mine: set[str] = set()  # requests it placed itself, until they finish
+        # With other Conductors (services/conductor/sync.py): what its books took in, for them (Wiring sends it).
+        self.digest = Digest() if config.conductors > 1 else None
+        self.peers = Peers(timeout_s=config.liveness_timeout_s)
+        self.placed_by: dict[str, str] = {}  # the other Conductors' requests in its books → who placed each
         self.peer_bookings = 0  # placements booked from the other Conductors
 
     def listening(self, now: float) -> None:
@@ -158,6 +163,7 @@ class Conductor:
         hands on, and between them): a stall since it last was (its loop blocked,
         heartbeats unread) is not counted as the instances' silence."""
         if deaf_s := self.registry.heard(now):
+            self.peers.unheard(deaf_s, now)
             log.warning("conductor loop stalled: instances' silence meanwhile not counted", stalled_ms=round(deaf_s * 1e3))
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> bool:
@@ -394,7 +400,8 @@ class Conductor:
         self._accepted(req, ask, choice)
         self._book(bookings.local(self.name, req, ask.block_hashes, ask.deadline, decode_id, uncached_tokens,
                                   choice.ttft_s), now)
-        placement = Placement(prefill_id="", decode_id=decode_id, decode_node=view.node(decode_id), local_prefill=True)
+        placement = Placement(prefill_id="", decode_id=decode_id, decode_node=view.node(decode_id), local_prefill=True,
+                              conductor=self.name)
         return ScheduleReply(request_id=req.request_id, accepted=True, placement=placement,
                              predicted_ttft_ms=choice.ttft_s * 1e3, predicted_tbt_ms=choice.tbt_s * 1e3,
                              mode=ModeRecord(**choice.record()))
@@ -423,7 +430,8 @@ class Conductor:
             self._count_mode(req, choice)
             log.info("degraded", request_id=req.request_id, host=out.decode_id, reason=choice.reason)
             mode = ModeRecord(**choice.record())
-        placement = Placement(prefill_id="", decode_id=out.decode_id, decode_node=view.node(out.decode_id))
+        placement = Placement(prefill_id="", decode_id=out.decode_id, decode_node=view.node(out.decode_id),
+                              conductor=self.name)
         return ScheduleReply(request_id=req.request_id, accepted=True, placement=placement,
                              predicted_tbt_ms=out.tbt_s * 1e3, mode=mode)
 
@@ -462,6 +470,7 @@ class Conductor:
             prefill_id=out.prefill.instance_id,
             decode_id=out.decode_id,
             decode_node=view.decode_nodes[out.decode_id] if decodes(req) else "",
+            conductor=self.name,
             kv_blocks=kv_blocks(req, self.config.block_size),
             pull_from=pull_node,
             pull_blocks=pull_blocks,
@@ -480,23 +489,47 @@ class Conductor:
         return replace(load, capacity=capacity, slowdown=slowdown, decode_chunk_tokens=chunk)
 
     def _book(self, b: Booking, now: float) -> None:
-        """One of its own placements: into its books, and out to the other Conductors."""
+        """One of its own placements: into its books, and into the digest for the others."""
         self._take(b, now)
         self.mine.add(b.request_id)
-        if self.config.conductors > 1:
-            self.outbox.append(b)
+        if self.digest is not None:
+            self.digest.booked(b, now)
 
     def on_booking(self, b: Booking, now: float) -> None:
         """Another Conductor's placement: booked here as it was there."""
         if b.conductor != self.name and bookings.knows(self.state, b):
             self._take(b, now)
+            self.placed_by[b.request_id] = b.conductor
             self.peer_bookings += 1
 
     def _take(self, b: Booking, now: float) -> None:
         bookings.book(self.state, b, now, conditional=self.config.mode == "conditional")
         self.deadlines[b.request_id] = b.deadline
 
-    def on_update(self, update: RequestUpdate, now: float) -> None:
+    def on_digest(self, d: BookDigest, now: float) -> None:
+        """Another Conductor's news: its placements booked here as there, then its
+        requests' updates, each dated when it was taken there."""
+        if d.conductor == self.name:
+            return
+        self.peers.heard(d.conductor, now)
+        for b in d.bookings:
+            self.on_booking(b, now - b.age_s)
+        for u in d.updates:
+            self.on_update(u, now - u.age_s, own=False)
+
+    def forget_lost_peers(self, now: float) -> None:
+        """A Conductor whose digests stopped: its placements leave the books (sync.py)."""
+        for peer in self.peers.lost(now):
+            theirs = [rid for rid, by in self.placed_by.items() if by == peer]
+            for rid in theirs:
+                self.finish(rid, now)
+            log.warning("conductor lost: its placements leave the books", conductor=peer, requests=len(theirs))
+
+    def on_update(self, update: RequestUpdate, now: float, own: bool = True) -> None:
+        """A request's progress. `own`: it came on this Conductor's updates subject, so
+        the others hear of it only through its digest."""
+        if own and self.digest is not None:
+            self.digest.updated(update, now)
         if update.kind == "prefill_done":
             self.state.prefill_done(update.request_id, now)
             return
@@ -509,6 +542,7 @@ class Conductor:
     def finish(self, request_id: str, now: float, completed: bool = False) -> None:
         self.deadlines.pop(request_id, None)
         self.mine.discard(request_id)
+        self.placed_by.pop(request_id, None)
         self.state.finished(request_id, now, completed)
 
     def plan(self, now: float) -> None:
@@ -559,13 +593,17 @@ class Wiring:
         self.snapshots: set[asyncio.Task[None]] = set()
         self.planning: asyncio.Task[None] | None = None
         self.listening: asyncio.Task[None] | None = None
+        self.syncing: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await bus.subscribe(self.nc, HEARTBEAT, Heartbeat, self.on_heartbeat)
         self.conductor.listening(time.monotonic())
-        await bus.subscribe(self.nc, REQUEST_UPDATES, UpdateBatch, self.on_updates)
+        await bus.subscribe(self.nc, updates_subject(self.conductor.name), UpdateBatch, self.on_updates)
         await bus.subscribe(self.nc, KV_EVENTS, KvEvent, self.on_kv_event)
-        await bus.subscribe(self.nc, BOOKINGS, Booking, self.on_booking)
+        if self.conductor.digest is not None:
+            await bus.subscribe(self.nc, BOOK_DIGESTS, BookDigest, self.on_digest)
+            sync_s = self.conductor.config.conductor_sync_ms / 1e3
+            self.syncing = asyncio.create_task(self.sync_forever(sync_s), name="syncing")
         await self.nc.subscribe(CONDUCTOR_STATS, cb=self.on_stats)
         await bus.subscribe(self.nc, SCHEDULE, ScheduleRequest, self.on_schedule, queue=CONDUCTOR_QUEUE)
         self.listening = asyncio.create_task(self.listen_forever(self.conductor.listen_tick_s), name="listening")
@@ -589,8 +627,31 @@ class Wiring:
             await asyncio.sleep(tick_s)
             self.conductor.heard(time.monotonic())
 
+    async def sync_forever(self, interval_s: float) -> None:
+        """Its digest to the other Conductors every interval (a beat at least every
+        heartbeat interval); the placements of those whose digests stopped forgotten."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.sync(time.monotonic())
+            except Exception as e:  # NATS down a while: the next turn sends what this one could not
+                log.warning("books not synced", error=str(e) or type(e).__name__)
+
+    async def sync(self, now: float) -> None:
+        digest = self.conductor.digest
+        assert digest is not None, "only with other Conductors"
+        self.conductor.heard(now)
+        self.conductor.forget_lost_peers(now)
+        if digest.due(now, self.conductor.config.heartbeat_interval_s):
+            out = digest.take(self.conductor.name, now)
+            try:
+                await bus.publish(self.nc, BOOK_DIGESTS, out)
+            except BaseException:
+                digest.put_back(out, now)
+                raise
+
     async def close(self) -> None:
-        tasks = [*self.snapshots, *(t for t in (self.planning, self.listening) if t)]
+        tasks = [*self.snapshots, *(t for t in (self.planning, self.listening, self.syncing) if t)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -625,15 +686,8 @@ class Wiring:
         for update in batch.updates:
             self.conductor.on_update(update, now)
 
-    async def on_booking(self, b: Booking, _msg: Any) -> None:
-        self.conductor.on_booking(b, time.monotonic())
-
-    async def send_bookings(self) -> None:
-        """Its placements, to the other Conductors: sent before the reply, so that they
-        reach them before the request's first update can."""
-        outbox, self.conductor.outbox = self.conductor.outbox, []
-        for b in outbox:
-            await bus.publish(self.nc, BOOKINGS, b)
+    async def on_digest(self, d: BookDigest, _msg: Any) -> None:
+        self.conductor.on_digest(d, time.monotonic())
 
     async def on_schedule(self, ask: ScheduleRequest, msg: Msg) -> None:
         while self.conductor.hearing_instances(time.monotonic()):
@@ -646,7 +700,6 @@ class Wiring:
                 span.set_attributes(decision_attributes(reply))
         if self.decision is not None:
             self.decision.observe(time.monotonic() - start)
-        await self.send_bookings()
         placement = reply.placement
         log.info(
             "scheduled" if reply.accepted else "rejected",

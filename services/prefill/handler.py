@@ -14,7 +14,6 @@ from shared import bus, tracing
 from shared.engine.llm import generate
 from shared.engine.runtime import Handler
 from shared.messages import (
-    REQUEST_UPDATES,
     MessageError,
     MessengerAck,
     MessengerCommand,
@@ -24,6 +23,7 @@ from shared.messages import (
     encode,
     messenger_subject,
     prefill_subject,
+    updates_subject,
 )
 
 log = structlog.get_logger(__name__)
@@ -70,7 +70,7 @@ class Prefiller(Handler):
                  error=result.error or None)
         await msg.respond(encode(result))
         update = RequestUpdate(request_id=req.request_id, kind="prefill_done", instance_id=self.instance.instance_id)
-        self.instance.outbox.send(REQUEST_UPDATES, update)  # with the step's other prefills, one message
+        self.instance.outbox.send(updates_subject(req.placement.conductor), update)  # with the step's other prefills, one message
 
     async def _pull(self, req: PrefillRequest) -> int:
         """Ask the messenger of the placement's `pull_from` node to send the prompt's

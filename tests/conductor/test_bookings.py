@@ -1,12 +1,15 @@
-"""Two Conductors sharing books through Bookings, without NATS: what one places, the
-other books the same way; updates close both; each counts only its own."""
+"""Two Conductors sharing books through their digests, without NATS: what one places,
+the other books the same way; a request's updates reach the Conductor that placed
+it, and through its digest the other; each counts only its own."""
 
 import time
+
+import msgspec
 
 from services.conductor import bookings
 from services.conductor.app import Conductor
 from shared.config import ClusterConfig
-from shared.messages import Booking, Heartbeat, RequestUpdate, ScheduleRequest
+from shared.messages import BookDigest, Booking, Heartbeat, RequestUpdate, ScheduleRequest
 
 ROSTER = (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"), ("d1", "decode"))
 
@@ -27,12 +30,15 @@ def ask(rid: str, hashes: list[str], stage: str = "full") -> ScheduleRequest:
 
 
 def cross(a: Conductor, b: Conductor, now: float) -> list[Booking]:
-    """Deliver a's outbox to both, as the BOOKINGS subject does (its own comes back too)."""
-    sent, a.outbox = a.outbox, []
-    for x in sent:
-        a.on_booking(x, now)
-        b.on_booking(x, now)
-    return sent
+    """a's digest to b, through JSON as BOOK_DIGESTS carries it; returns its bookings."""
+    digest = msgspec.json.decode(msgspec.json.encode(a.digest.take(a.name, now)), type=BookDigest)
+    b.on_digest(digest, now)
+    return digest.bookings
+
+
+def update(owner: Conductor, rid: str, kind: str, now: float, **kw) -> None:
+    """A request's update, on the subject of the Conductor that placed it."""
+    owner.on_update(RequestUpdate(request_id=rid, kind=kind, **kw), now)
 
 
 def test_the_other_conductor_books_each_placement_and_both_close_it():
@@ -45,14 +51,15 @@ def test_the_other_conductor_books_each_placement_and_both_close_it():
     assert (a.peer_bookings, b.peer_bookings) == (1, 1)
     # What a placed is a prefix b now routes to its holder (r2's prefill reported done:
     # what is still outstanding there counts as queued, however long ago it was booked).
-    for c in (a, b):
-        c.on_update(RequestUpdate(request_id="r2", kind="prefill_done"), now=0.05)
+    update(b, "r2", "prefill_done", now=0.05)
     again = b.schedule(ask("r3", ["h1", "h2", "h3", "h4"]), now=0.1)
-    assert again.placement.prefill_id == a.state.placed["r1"][0]
+    assert again.placement.prefill_id == a.state.placed["r1"][0] and again.placement.conductor == "conductor-1"
     cross(b, a, 0.1)
-    for rid in ("r1", "r2", "r3"):
-        for c in (a, b):
-            c.on_update(RequestUpdate(request_id=rid, kind="finished"), now=0.5)
+    update(a, "r1", "finished", now=0.5)
+    for rid in ("r2", "r3"):
+        update(b, rid, "finished", now=0.5)
+    cross(a, b, 0.5)
+    cross(b, a, 0.5)
     assert a.stats(0.5).booked == b.stats(0.5).booked and sum(a.stats(0.5).booked.values()) == 0
     assert not a.deadlines and not b.deadlines
 
@@ -60,9 +67,8 @@ def test_the_other_conductor_books_each_placement_and_both_close_it():
 def test_a_refusal_is_counted_where_the_request_was_placed():
     a, b = conductor("conductor"), conductor("conductor-1")
     a.schedule(ask("r1", ["h1"]), now=0.0)
-    cross(a, b, 0.0)
-    for c in (a, b):
-        c.on_update(RequestUpdate(request_id="r1", kind="decode_refused", instance_id="d0"), now=0.1)
+    update(a, "r1", "decode_refused", now=0.1, instance_id="d0")
+    cross(a, b, 0.1)
     assert (a.counts["wasted_prefill"], b.counts["wasted_prefill"]) == (1, 0)
     assert not b.state.placed  # its books are closed all the same
 
@@ -95,10 +101,35 @@ def test_a_request_booked_again_keeps_only_its_latest_booking():
     assert a.stats(0.5).booked == b.stats(0.5).booked and sum(a.stats(0.5).booked.values()) == 2
 
 
-def test_a_lone_conductor_sends_no_bookings_and_a_planner_needs_it_alone():
+def test_an_update_is_dated_where_it_happened_not_when_the_digest_came():
+    a, b = conductor("conductor"), conductor("conductor-1")
+    a.schedule(ask("r1", ["h1"]), now=0.0)
+    cross(a, b, 0.002)
+    update(a, "r1", "prefill_done", now=0.1)
+    cross(a, b, 0.108)  # it waited 8 ms in a's digest
+    (decode,) = [d for d in ("d0", "d1") if "r1" in b.state.decode.get(d, {})]
+    # Decoding began at 0.1 for both: b's time model learns from the same span as a's.
+    assert abs(b.state.decode[decode]["r1"].start - 0.1) < 1e-9
+    assert a.state.decode[decode]["r1"].start == 0.1
+
+
+def test_a_lost_conductor_s_placements_leave_the_books_and_a_stall_of_its_own_is_no_loss():
+    a, b = conductor("conductor"), conductor("conductor-1")
+    a.schedule(ask("r1", ["h1"]), now=0.0)
+    b.schedule(ask("r2", ["x1"]), now=0.0)
+    cross(a, b, 0.0)
+    b.heard(0.0)
+    b.heard(5.0)  # b's own loop stalled 5 s: a's silence meanwhile is not a's
+    b.forget_lost_peers(5.0)
+    assert "r1" in b.state.placed
+    b.forget_lost_peers(5.0 + b.config.liveness_timeout_s + 0.1)  # no digest from a since: a is gone
+    assert "r1" not in b.state.placed and "r2" in b.state.placed and not b.placed_by
+
+
+def test_a_lone_conductor_keeps_no_digest_and_a_planner_needs_it_alone():
     import pytest
 
     lone = conductor("conductor", conductors=1)
-    assert lone.schedule(ask("r1", ["h1"]), now=0.0).accepted and lone.outbox == []
+    assert lone.schedule(ask("r1", ["h1"]), now=0.0).accepted and lone.digest is None
     with pytest.raises(ValueError, match="planner"):
         ClusterConfig(model="/m/tiny", conductors=2, planner=True)

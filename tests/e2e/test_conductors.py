@@ -4,7 +4,9 @@ and one decode instance:
 - requests sent together are placed by both Conductors, both hold the same books
   while they run (each one's stats, read over NATS), and greedy outputs equal the
   reference engine's;
-- one Conductor SIGKILLed while requests keep coming: every request is served."""
+- one Conductor SIGKILLed while requests keep coming: every request is served, and
+  once they end the books are empty (the lost one's placements, whose updates went
+  to it alone, leave the survivor's)."""
 
 from __future__ import annotations
 
@@ -91,6 +93,9 @@ def test_a_conductor_killed_loses_no_request(two_conductors):
                 (served if f.result() == 200 else failed).append(f.result())
         seed += 4
     assert killed and served and not failed, f"{len(served)} served, failed: {failed}"
+    eventually(lambda: every_conductor_stats(cluster, seconds=0.3),
+               lambda s: "conductor" in s and not any(n for x in s.values() for n in x.booked.values()),
+               "every Conductor's books empty (the launcher restarts the killed one)", timeout_s=30)
 
 
 def _status(cluster, tokens: list[int]) -> int:

@@ -16,10 +16,10 @@ import pytest
 from services.gateway.pipeline import ChunkCheck, Pipeline, Rejected, Report, UpstreamError, kv_expected
 from shared import bus
 from shared.config import ClusterConfig
+from shared.identity import ANY_UPDATES
 from shared.liveness import Registry
 from shared.messages import (
     CANCEL,
-    REQUEST_UPDATES,
     SCHEDULE,
     Cancel,
     DecodeAccept,
@@ -40,7 +40,7 @@ from shared.messages import (
     prefill_subject,
 )
 
-PLACEMENT = Placement(prefill_id="p0", decode_id="d0", decode_node="node-1", kv_blocks=2)
+PLACEMENT = Placement(conductor="c0", prefill_id="p0", decode_id="d0", decode_node="node-1", kv_blocks=2)
 PROMPT = list(range(300))  # two full 128-token blocks
 
 
@@ -82,7 +82,7 @@ class Cluster:
         await bus.subscribe(self.nc, SCHEDULE, ScheduleRequest, self.on_schedule)
         await bus.subscribe(self.nc, prefill_subject("p0"), PrefillRequest, self.on_prefill)
         await bus.subscribe(self.nc, decode_subject("d0"), DecodeRequest, self.on_decode)
-        await bus.subscribe(self.nc, REQUEST_UPDATES, UpdateBatch, self.on_updates)
+        await bus.subscribe(self.nc, ANY_UPDATES, UpdateBatch, self.on_updates)
         await bus.subscribe(self.nc, CANCEL, Cancel, self.on_published)
 
     async def on_schedule(self, ask: ScheduleRequest, msg) -> None:
@@ -170,7 +170,7 @@ async def test_decode_waits_only_for_the_blocks_prefills_pool_took(connected):
 
 async def test_a_request_that_ends_at_its_first_token_never_reaches_decode(connected):
     nc, pipeline = connected
-    cluster = Cluster(nc, placement=Placement(prefill_id="p0", decode_id="d0", decode_node="node-1", kv_blocks=0))
+    cluster = Cluster(nc, placement=Placement(conductor="c0", prefill_id="p0", decode_id="d0", decode_node="node-1", kv_blocks=0))
     await cluster.start()
     chunks = await run(pipeline, "r3", max_tokens=1)
     assert [(c.token_ids, c.finish_reason) for c in chunks] == [([7], "length")]
@@ -269,7 +269,7 @@ async def test_a_request_the_engine_refuses_as_invalid_is_a_400_and_not_retried(
                                                error="prefill failed: grammar backend cannot take the schema")))
 
     await bus.subscribe(nc, prefill_subject("p1"), PrefillRequest, refuses)
-    cluster.placement = Placement(prefill_id="p1", decode_id="d0", decode_node="node-1", kv_blocks=2)
+    cluster.placement = Placement(conductor="c0", prefill_id="p1", decode_id="d0", decode_node="node-1", kv_blocks=2)
     pipeline.registry.observe(Heartbeat(instance_id="p1", role="prefill", node="node-1", pid=2, seq=1, sent_at=0.0),
                               time.monotonic())
     with pytest.raises(UpstreamError) as failed:

@@ -27,11 +27,11 @@ from services.gateway.retry import (
 from shared import bus
 from shared.block_hash import hex_hashes
 from shared.config import ID_PATTERN, ClusterConfig
+from shared.identity import ANY_UPDATES
 from shared.liveness import Registry
 from shared.messages import (
     CANCEL,
     NO_TOKEN,
-    REQUEST_UPDATES,
     SCHEDULE,
     Cancel,
     DecodeAccept,
@@ -118,7 +118,7 @@ def test_each_attempt_has_a_subject_safe_id_of_its_own():
 
 
 def test_the_conductor_hears_completed_only_for_an_attempt_that_decoded_the_whole_output():
-    a = Attempt("r", Placement(prefill_id="p0", decode_id="d0", decode_node="n"))
+    a = Attempt("r", Placement(conductor="c0", prefill_id="p0", decode_id="d0", decode_node="n"))
     assert a.closing(whole=True) == RequestUpdate(request_id="r", kind="finished", completed=False)
     a.finished = True
     assert a.closing(whole=True).completed and not a.closing(whole=False).completed
@@ -157,7 +157,7 @@ class Fleet:
             await bus.subscribe(self.nc, prefill_subject(iid), PrefillRequest, self.prefill_handler(iid))
         for iid in self.decodes:
             await bus.subscribe(self.nc, decode_subject(iid), DecodeRequest, self.decode_handler(iid))
-        await bus.subscribe(self.nc, REQUEST_UPDATES, UpdateBatch, self.on_updates)
+        await bus.subscribe(self.nc, ANY_UPDATES, UpdateBatch, self.on_updates)
         await bus.subscribe(self.nc, CANCEL, Cancel, self.on_published)
         self.spawn(self.beat())
 
@@ -178,7 +178,7 @@ class Fleet:
             reply = ScheduleReply(request_id=ask.request_id, accepted=False, rejection="unavailable", reason="none left")
         else:
             prefilled = ask.stage == "full" and not local
-            placement = Placement(prefill_id=prefill if prefilled else "", decode_id=decode,
+            placement = Placement(conductor="c0", prefill_id=prefill if prefilled else "", decode_id=decode,
                                   decode_node=self.nodes.get(decode, "node-1"), kv_blocks=2 if prefilled else 0,
                                   local_prefill=local)
             mode = ModeRecord(mode="colocated", rule="colocated", reason="least_delay") if local else None

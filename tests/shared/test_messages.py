@@ -14,7 +14,7 @@ from shared.messages import (
 
 
 def test_round_trip_keeps_every_field():
-    placement = Placement(prefill_id="p0", decode_id="d0", decode_node="n1", kv_blocks=1, pull_from="n2", pull_blocks=1)
+    placement = Placement(conductor="c0", prefill_id="p0", decode_id="d0", decode_node="n1", kv_blocks=1, pull_from="n2", pull_blocks=1)
     req = PrefillRequest(
         request_id="r1", prompt_token_ids=[1, 2, 3], block_hashes=["ab"], sampling=Sampling(max_tokens=5, temperature=0.0),
         deadline=1.5, placement=placement,

@@ -6,8 +6,10 @@ import asyncio
 
 import msgspec
 
-from shared.messages import REQUEST_UPDATES, RequestUpdate, TokenBatch, TokenChunk, UpdateBatch
+from shared.messages import RequestUpdate, TokenBatch, TokenChunk, UpdateBatch, updates_subject
 from shared.outbox import Outbox
+
+UPDATES = updates_subject("c0")
 
 
 class Recorder:
@@ -22,7 +24,7 @@ class Recorder:
         self.publishing.set()
         if self.slow:  # a full buffer: nats-py waits for its flush
             await asyncio.sleep(0.05)
-        if subject == REQUEST_UPDATES:
+        if subject == UPDATES:
             updates = msgspec.json.decode(payload, type=UpdateBatch).updates
             self.sent.append((subject, [(u.request_id, u.kind) for u in updates]))
             return
@@ -76,8 +78,8 @@ async def test_a_turns_request_updates_go_as_one_batch_beside_the_tokens():
     nc = Recorder()
     outbox = Outbox(nc)
     outbox.send("g1", chunk("a", 3))
-    outbox.send(REQUEST_UPDATES, RequestUpdate(request_id="a", kind="finished", completed=True))
-    outbox.send(REQUEST_UPDATES, RequestUpdate(request_id="b", kind="prefill_done", instance_id="p0"))
+    outbox.send(UPDATES, RequestUpdate(request_id="a", kind="finished", completed=True))
+    outbox.send(UPDATES, RequestUpdate(request_id="b", kind="prefill_done", instance_id="p0"))
     await asyncio.wait_for(outbox.flush(), 5)
-    assert nc.sent == [("g1", [("a", 3)]), (REQUEST_UPDATES, [("a", "finished"), ("b", "prefill_done")])]
+    assert nc.sent == [("g1", [("a", 3)]), (UPDATES, [("a", "finished"), ("b", "prefill_done")])]
     assert (outbox.batches, outbox.chunks) == (1, 1)  # the token figures count tokens only

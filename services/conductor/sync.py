@@ -1,0 +1,92 @@
+"""Books kept in step among several Conductors.
+
+A request's updates (prefill done, finished) go only to the Conductor that placed it
+(Placement.conductor), so each Conductor reads its own share's updates, as a lone
+one reads them all. What the others need, its own placements and its requests'
+updates, it sends them as one BookDigest per sync interval. A Conductor so reads a
+digest or two per interval from each peer, instead of a booking and two update
+messages per request the peers place: in Python each message costs about as much as
+a decision's scoring, so that is what lets a second Conductor add a Conductor's worth.
+
+Each item of a digest carries its age, and a peer dates it back by as much: the
+books time prefills by their prefill_done (the calibration), and a delay of one
+interval would look like a prefill that much slower.
+
+Peers are blind to a placement for up to one interval. Two Conductors may so admit
+onto the last headroom of one decode instance; its own check on arrival is the
+arbiter (services/conductor/bookings.py).
+
+A digest goes out at least every heartbeat interval, empty if need be. A peer whose
+digests stop for the liveness timeout is lost, and its placements leave the others'
+books: which of its requests ended while nobody read its updates cannot be known,
+and books that never empty would refuse capacity until the requests' deadlines.
+Its requests still running are then not counted, as with a lone Conductor
+restarted; each decode instance's own check stays the arbiter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.messages import BookDigest, Booking, RequestUpdate
+
+
+@dataclass
+class Digest:
+    """What a Conductor's books took in since its last digest, each with when."""
+
+    bookings: list[tuple[Booking, float]] = field(default_factory=list)
+    updates: list[tuple[RequestUpdate, float]] = field(default_factory=list)
+    sent_at: float = float("-inf")
+
+    def booked(self, b: Booking, now: float) -> None:
+        self.bookings.append((b, now))
+
+    def updated(self, u: RequestUpdate, now: float) -> None:
+        self.updates.append((u, now))
+
+    def due(self, now: float, beat_s: float) -> bool:
+        """Something to send, or a beat owed: nothing went out for `beat_s`."""
+        return bool(self.bookings or self.updates) or now - self.sent_at >= beat_s
+
+    def take(self, conductor: str, now: float) -> BookDigest:
+        """All of it, as one message, each item aged by how long it waited here."""
+        out = BookDigest(conductor=conductor,
+                         bookings=[_aged(b, now - at) for b, at in self.bookings],
+                         updates=[_aged(u, now - at) for u, at in self.updates])
+        self.bookings, self.updates, self.sent_at = [], [], now
+        return out
+
+    def put_back(self, out: BookDigest, now: float) -> None:
+        """A digest that could not be sent: its items go out with the next one, first."""
+        self.bookings[:0] = [(b, now - b.age_s) for b in out.bookings]
+        self.updates[:0] = [(u, now - u.age_s) for u in out.updates]
+
+
+def _aged(item: Booking | RequestUpdate, age_s: float) -> Booking | RequestUpdate:
+    item.age_s = max(0.0, age_s)
+    return item
+
+
+@dataclass
+class Peers:
+    """The other Conductors, known by their digests: which ones went silent."""
+
+    timeout_s: float
+    seen_at: dict[str, float] = field(default_factory=dict)
+
+    def heard(self, name: str, now: float) -> None:
+        self.seen_at[name] = now
+
+    def lost(self, now: float) -> list[str]:
+        """Peers silent past the timeout: forgotten here, known again by their next digest."""
+        gone = sorted(n for n, seen in self.seen_at.items() if now - seen > self.timeout_s)
+        for name in gone:
+            del self.seen_at[name]
+        return gone
+
+    def unheard(self, deaf_s: float, now: float) -> None:
+        """This Conductor could not listen for `deaf_s` (its loop stalled): that is no
+        peer's silence (shared/liveness.py Deafness)."""
+        for name, seen in self.seen_at.items():
+            self.seen_at[name] = min(now, seen + deaf_s)

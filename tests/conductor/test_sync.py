@@ -1,0 +1,53 @@
+"""A Conductor's digest for the others (each item aged by its wait, a beat when
+quiet, nothing lost when a send fails) and its view of which peers are gone."""
+
+from services.conductor.sync import Digest, Peers
+from shared.messages import Booking, RequestUpdate
+
+
+def booking(rid: str) -> Booking:
+    return Booking(conductor="c0", kind="decode", request_id=rid, prompt_len=10, max_tokens=4, block_hashes=[],
+                   deadline=0.0, decode_id="d0")
+
+
+def test_a_digest_ages_each_item_by_its_wait_and_starts_empty_again():
+    d = Digest()
+    d.booked(booking("r1"), now=1.000)
+    d.updated(RequestUpdate(request_id="r0", kind="finished"), now=1.004)
+    out = d.take("c0", now=1.010)
+    assert out.conductor == "c0"
+    assert [(b.request_id, round(b.age_s, 6)) for b in out.bookings] == [("r1", 0.01)]
+    assert [(u.request_id, round(u.age_s, 6)) for u in out.updates] == [("r0", 0.006)]
+    assert not d.bookings and not d.updates
+
+
+def test_a_quiet_digest_is_due_only_as_a_beat():
+    d = Digest()
+    assert d.due(now=0.0, beat_s=0.5)  # never sent: its peers have not heard of it yet
+    d.take("c0", now=0.0)
+    assert not d.due(now=0.4, beat_s=0.5)
+    assert d.due(now=0.5, beat_s=0.5)
+    d.updated(RequestUpdate(request_id="r0", kind="finished"), now=0.1)
+    assert d.due(now=0.1, beat_s=0.5)
+
+
+def test_a_digest_that_could_not_be_sent_goes_out_first_with_the_next():
+    d = Digest()
+    d.booked(booking("r1"), now=1.0)
+    failed = d.take("c0", now=1.01)
+    d.put_back(failed, now=1.01)
+    d.booked(booking("r2"), now=1.02)
+    out = d.take("c0", now=1.05)
+    assert [(b.request_id, round(b.age_s, 6)) for b in out.bookings] == [("r1", 0.05), ("r2", 0.03)]
+
+
+def test_a_peer_is_lost_after_the_timeout_but_not_for_this_one_s_own_stall():
+    peers = Peers(timeout_s=2.0)
+    peers.heard("c1", now=0.0)
+    peers.heard("c2", now=1.0)
+    peers.unheard(1.5, now=3.0)  # this one was deaf 1.5 s of that
+    assert peers.lost(now=3.0) == []
+    assert peers.lost(now=3.6) == ["c1"]
+    assert peers.lost(now=3.6) == []  # forgotten: lost once
+    peers.heard("c1", now=4.0)  # back
+    assert peers.lost(now=5.0) == ["c2"]
