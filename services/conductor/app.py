@@ -584,16 +584,19 @@ def parser() -> argparse.ArgumentParser:
 
 class Wiring:
     """The Conductor on NATS: each subject's handler calls into `Conductor` with the
-    wall clock; the snapshot requests it starts are its tasks, cancelled on close."""
+    wall clock; the snapshot requests and digest sends it starts are its tasks,
+    cancelled on close."""
 
     def __init__(self, conductor: Conductor, nc: Any, decision: Histogram | None = None) -> None:
         self.conductor = conductor
         self.nc = nc
         self.decision = decision  # each decision's time, for /metrics
-        self.snapshots: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
         self.planning: asyncio.Task[None] | None = None
         self.listening: asyncio.Task[None] | None = None
-        self.syncing: asyncio.Task[None] | None = None
+        self.sync_s = conductor.config.conductor_sync_ms / 1e3
+        self.sync_timer: asyncio.TimerHandle | None = None  # see sync.py: fires only while the loop is quiet
+        self.sync_timer_at = 0.0
 
     async def start(self) -> None:
         await bus.subscribe(self.nc, HEARTBEAT, Heartbeat, self.on_heartbeat)
@@ -602,8 +605,8 @@ class Wiring:
         await bus.subscribe(self.nc, KV_EVENTS, KvEvent, self.on_kv_event)
         if self.conductor.digest is not None:
             await bus.subscribe(self.nc, BOOK_DIGESTS, BookDigest, self.on_digest)
-            sync_s = self.conductor.config.conductor_sync_ms / 1e3
-            self.syncing = asyncio.create_task(self.sync_forever(sync_s), name="syncing")
+            now = time.monotonic()
+            self._set_timer(now, now)  # its first beat, at once
         await self.nc.subscribe(CONDUCTOR_STATS, cb=self.on_stats)
         await bus.subscribe(self.nc, SCHEDULE, ScheduleRequest, self.on_schedule, queue=CONDUCTOR_QUEUE)
         self.listening = asyncio.create_task(self.listen_forever(self.conductor.listen_tick_s), name="listening")
@@ -627,31 +630,41 @@ class Wiring:
             await asyncio.sleep(tick_s)
             self.conductor.heard(time.monotonic())
 
-    async def sync_forever(self, interval_s: float) -> None:
-        """Its digest to the other Conductors every interval (a beat at least every
-        heartbeat interval); the placements of those whose digests stopped forgotten."""
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.sync(time.monotonic())
-            except Exception as e:  # NATS down a while: the next turn sends what this one could not
-                log.warning("books not synced", error=str(e) or type(e).__name__)
-
-    async def sync(self, now: float) -> None:
+    async def sync(self, now: float, wait_s: float) -> None:
+        """Its digest to the other Conductors, if due `wait_s` after the last send (a
+        handler's: one interval; the timer's: 0), then the timer set for when no handler
+        will have sent it (sync.py); the placements of Conductors gone silent forgotten."""
         digest = self.conductor.digest
-        assert digest is not None, "only with other Conductors"
-        self.conductor.heard(now)
+        if digest is None:  # no other Conductor
+            return
+        beat_s = self.conductor.config.heartbeat_interval_s
         self.conductor.forget_lost_peers(now)
-        if digest.due(now, self.conductor.config.heartbeat_interval_s):
+        if digest.due(now, wait_s, beat_s):
             out = digest.take(self.conductor.name, now)
             try:
                 await bus.publish(self.nc, BOOK_DIGESTS, out)
-            except BaseException:
+            except Exception as e:  # NATS down a while: the next digest carries it
                 digest.put_back(out, now)
-                raise
+                log.warning("books not synced", error=str(e) or type(e).__name__)
+        self._set_timer(digest.timer_at(self.sync_s, beat_s), now)
+
+    def _set_timer(self, at: float, now: float) -> None:
+        if self.sync_timer is not None and self.sync_timer_at == at:
+            return
+        if self.sync_timer is not None:
+            self.sync_timer.cancel()
+        self.sync_timer, self.sync_timer_at = asyncio.get_running_loop().call_later(max(0.0, at - now), self._timed), at
+
+    def _timed(self) -> None:
+        self.sync_timer = None
+        task = asyncio.get_running_loop().create_task(self.sync(time.monotonic(), wait_s=0.0), name="sync")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def close(self) -> None:
-        tasks = [*self.snapshots, *(t for t in (self.planning, self.listening, self.syncing) if t)]
+        if self.sync_timer is not None:
+            self.sync_timer.cancel()
+        tasks = [*self.tasks, *(t for t in (self.planning, self.listening) if t)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -672,8 +685,8 @@ class Wiring:
         self.conductor.heard(now)
         if self.conductor.on_heartbeat(hb, now):
             task = asyncio.create_task(self.fetch_snapshot(hb.node), name=f"snapshot-{hb.node}")
-            self.snapshots.add(task)
-            task.add_done_callback(self.snapshots.discard)
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
     async def on_kv_event(self, event: KvEvent, _msg: Any) -> None:
         self.conductor.on_kv_event(event)
@@ -685,6 +698,7 @@ class Wiring:
         now = time.monotonic()
         for update in batch.updates:
             self.conductor.on_update(update, now)
+        await self.sync(now, self.sync_s)
 
     async def on_digest(self, d: BookDigest, _msg: Any) -> None:
         self.conductor.on_digest(d, time.monotonic())
@@ -716,6 +730,7 @@ class Wiring:
             avoid=ask.avoid or None,
         )
         await msg.respond(encode(reply))
+        await self.sync(time.monotonic(), self.sync_s)
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:

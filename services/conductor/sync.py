@@ -3,16 +3,21 @@
 A request's updates (prefill done, finished) go only to the Conductor that placed it
 (Placement.conductor), so each Conductor reads its own share's updates, as a lone
 one reads them all. What the others need, its own placements and its requests'
-updates, it sends them as one BookDigest per sync interval. A Conductor so reads a
-digest or two per interval from each peer, instead of a booking and two update
-messages per request the peers place: in Python each message costs about as much as
-a decision's scoring, so that is what lets a second Conductor add a Conductor's worth.
+updates, it sends them as one BookDigest per sync interval. A Conductor so reads one
+digest per interval from each peer, instead of a booking and two update messages per
+request the peers place: in Python each message's wake costs about as much as a
+decision's scoring, so that is what lets a second Conductor add a Conductor's worth.
+
+The digest leaves with the first decision or update handled once an interval has
+passed since the last one: the loop is awake then anyway. A timer sends it only when
+the loop goes quiet, two intervals after the last send, and beats; a busy
+Conductor's timer never fires, so the digests cost the sender no wakes of their own.
 
 Each item of a digest carries its age, and a peer dates it back by as much: the
 books time prefills by their prefill_done (the calibration), and a delay of one
 interval would look like a prefill that much slower.
 
-Peers are blind to a placement for up to one interval. Two Conductors may so admit
+Peers are blind to a placement for one interval, two when the sender goes quiet. Two Conductors may so admit
 onto the last headroom of one decode instance; its own check on arrival is the
 arbiter (services/conductor/bookings.py).
 
@@ -45,9 +50,19 @@ class Digest:
     def updated(self, u: RequestUpdate, now: float) -> None:
         self.updates.append((u, now))
 
-    def due(self, now: float, beat_s: float) -> bool:
-        """Something to send, or a beat owed: nothing went out for `beat_s`."""
-        return bool(self.bookings or self.updates) or now - self.sent_at >= beat_s
+    @property
+    def pending(self) -> bool:
+        return bool(self.bookings or self.updates)
+
+    def due(self, now: float, wait_s: float, beat_s: float) -> bool:
+        """Something to send `wait_s` after the last send, or a beat owed: nothing
+        went out for `beat_s`."""
+        return (self.pending and now - self.sent_at >= wait_s) or now - self.sent_at >= beat_s
+
+    def timer_at(self, sync_s: float, beat_s: float) -> float:
+        """When the timer should send it, if no handler has by then: two intervals
+        after the last send while it holds anything, a beat after it otherwise."""
+        return self.sent_at + (2 * sync_s if self.pending else beat_s)
 
     def take(self, conductor: str, now: float) -> BookDigest:
         """All of it, as one message, each item aged by how long it waited here."""

@@ -1,13 +1,14 @@
 """The live Conductor's logic without NATS: heartbeats, schedule requests, events."""
 
+import asyncio
 import time
 
 import msgspec
 import pytest
 
-from services.conductor.app import Conductor
+from services.conductor.app import Conductor, Wiring
 from shared.config import ClusterConfig
-from shared.messages import Heartbeat, RequestUpdate, ScheduleRequest
+from shared.messages import BookDigest, Heartbeat, RequestUpdate, ScheduleRequest
 
 
 def hb(iid: str, role: str) -> Heartbeat:
@@ -233,3 +234,38 @@ def test_a_decode_engines_chunk_cap_is_read_from_the_role_it_launched_in():
     assert [x.decode_chunk_tokens for x in view.decodes] == [256]
     colocated = conductor((("d0", "decode"),), mode="colocated", decode_chunk_tokens=256)
     assert [x.decode_chunk_tokens for x in colocated.view_now(0.1).decodes] == [0]  # vLLM's own chunking
+
+
+class Digests:
+    """A NATS client that keeps the digests published."""
+
+    def __init__(self) -> None:
+        self.sent: list[BookDigest] = []
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        self.sent.append(msgspec.json.decode(payload, type=BookDigest))
+
+
+def test_the_digest_leaves_with_a_handler_an_interval_on_and_by_the_timer_only_when_quiet():
+    async def run() -> None:
+        nc = Digests()
+        c = conductor(conductors=2, conductor_sync_ms=20.0)
+        wiring = Wiring(c, nc)
+        now = time.monotonic()
+        for iid, role in (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")):
+            c.on_heartbeat(hb(iid, role), now)  # on the wall clock the wiring runs on
+        wiring._set_timer(now, now)  # as start() does: the first beat at once
+        await asyncio.sleep(0.005)
+        assert len(nc.sent) == 1 and not nc.sent[0].bookings
+        assert c.schedule(ask("r1", ["h1"]), time.monotonic()).accepted
+        await wiring.sync(time.monotonic(), wiring.sync_s)  # its handler, within the interval: not yet
+        assert len(nc.sent) == 1
+        await asyncio.sleep(0.06)  # then quiet: the timer sends it, two intervals after the last
+        assert [b.request_id for b in nc.sent[1].bookings] == ["r1"]
+        c.on_update(RequestUpdate(request_id="r1", kind="finished"), time.monotonic())
+        await asyncio.sleep(0.025)
+        await wiring.sync(time.monotonic(), wiring.sync_s)  # a handler an interval on sends it
+        assert len(nc.sent) == 3 and [u.request_id for u in nc.sent[2].updates] == ["r1"]
+        await wiring.close()
+
+    asyncio.run(run())

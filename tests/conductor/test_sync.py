@@ -21,14 +21,16 @@ def test_a_digest_ages_each_item_by_its_wait_and_starts_empty_again():
     assert not d.bookings and not d.updates
 
 
-def test_a_quiet_digest_is_due_only_as_a_beat():
+def test_a_digest_is_due_an_interval_after_the_last_or_as_a_beat():
     d = Digest()
-    assert d.due(now=0.0, beat_s=0.5)  # never sent: its peers have not heard of it yet
+    assert d.due(now=0.0, wait_s=0.05, beat_s=0.5)  # never sent: its peers have not heard of it yet
     d.take("c0", now=0.0)
-    assert not d.due(now=0.4, beat_s=0.5)
-    assert d.due(now=0.5, beat_s=0.5)
-    d.updated(RequestUpdate(request_id="r0", kind="finished"), now=0.1)
-    assert d.due(now=0.1, beat_s=0.5)
+    assert not d.due(now=0.4, wait_s=0.05, beat_s=0.5) and d.due(now=0.5, wait_s=0.05, beat_s=0.5)
+    assert d.timer_at(sync_s=0.05, beat_s=0.5) == 0.5  # quiet: only the beat
+    d.updated(RequestUpdate(request_id="r0", kind="finished"), now=0.01)
+    assert not d.due(now=0.01, wait_s=0.05, beat_s=0.5)  # a handler leaves it for the next one
+    assert d.due(now=0.05, wait_s=0.05, beat_s=0.5) and d.due(now=0.01, wait_s=0.0, beat_s=0.5)
+    assert d.timer_at(sync_s=0.05, beat_s=0.5) == 0.1  # no handler comes: the timer, two intervals on
 
 
 def test_a_digest_that_could_not_be_sent_goes_out_first_with_the_next():

@@ -94,6 +94,12 @@ def test_a_step_of_zero_runs_real_engines():
     assert "--fake-engine-step-ms" in cluster_flags(ControlPlaneBench(), 1, 1)
 
 
+def test_the_conductors_sync_interval_is_the_cluster_s_unless_asked():
+    assert "--conductor-sync-ms" not in cluster_flags(ControlPlaneBench(), 1, 2)
+    flags = cluster_flags(ControlPlaneBench(conductor_sync_ms=20), 1, 2)
+    assert flags[flags.index("--conductor-sync-ms") + 1] == "20"
+
+
 def test_with_real_engines_the_table_says_what_vllm_alone_costs():
     costs = {role: {"us_per_token": 1.0, "us_per_request": 1.0} for role in ("gateway", "decode", "nats", "conductor",
                                                                             "prefill")}

@@ -57,12 +57,16 @@ class ControlPlaneBench:
         float, Meta(description="open loop: requests/s started for each Conductor of a layout, at most `streams` "
                                 "at once (an arrival finding them all busy is shed); 0: `streams` back to back")
     ] = 0.0
+    conductor_sync_ms: Annotated[
+        float, Meta(description="the cluster's --conductor-sync-ms (0: its default)")
+    ] = 0.0
 
     def __post_init__(self) -> None:
         if min(self.gateways + self.conductors, default=0) < 1 or self.streams < 1 or self.max_tokens < 2:
             raise ValueError("gateways and conductors at least 1, streams at least 1, max_tokens at least 2")
-        if self.seconds <= 0 or self.warmup_s < 0 or self.step_ms < 0 or self.rate_per_conductor < 0:
-            raise ValueError("seconds must be positive, warmup_s, step_ms and rate_per_conductor not negative")
+        if self.seconds <= 0 or min(self.warmup_s, self.step_ms, self.rate_per_conductor, self.conductor_sync_ms) < 0:
+            raise ValueError("seconds must be positive; warmup_s, step_ms, rate_per_conductor and conductor_sync_ms "
+                             "not negative")
 
 
 @dataclass
@@ -197,7 +201,8 @@ async def measure(urls: list[str], model: str, pids: dict[str, int], spec: Contr
 
 def cluster_flags(spec: ControlPlaneBench, gateways: int, conductors: int) -> list[str]:
     engines = ["--fake-engine-step-ms", str(spec.step_ms)] if spec.step_ms else []
-    return [*engines, "--prefill", str(spec.prefill), "--decode", str(spec.decode),
+    sync = ["--conductor-sync-ms", str(spec.conductor_sync_ms)] if spec.conductor_sync_ms else []
+    return [*engines, *sync, "--prefill", str(spec.prefill), "--decode", str(spec.decode),
             "--gateways", str(gateways), "--conductors", str(conductors), "--gpus", "none"]
 
 
