@@ -19,6 +19,7 @@ from yuebing.bench.control_plane import (
     ControlPlaneBench,
     Stream,
     cluster_flags,
+    conductor_counts,
     cpu_costs,
     cpu_s,
     role_of,
@@ -113,3 +114,39 @@ def test_with_real_engines_the_table_says_what_vllm_alone_costs():
 def test_the_engine_alone_says_why_it_failed(tmp_path):
     with pytest.raises(RuntimeError, match="engine alone failed"):
         engine_alone.run(tmp_path / "missing.json", streams=1, max_tokens=2, warmup_s=0.0, seconds=0.1)
+
+
+def test_decode_refusals_and_placements_are_summed_over_the_conductors_metrics_pages():
+    import http.server
+    import threading
+
+    from prometheus_client import generate_latest
+
+    from services.conductor.app import Conductor
+    from services.conductor.metrics import ConductorMetrics
+    from shared.config import ClusterConfig
+
+    pages = {}
+    for name, accepted, wasted in (("conductor", 7, 1), ("conductor-1", 5, 2)):
+        c = Conductor(ClusterConfig(model="/m/tiny", conductors=2), name)
+        c.counts.update(accepted=accepted, wasted_prefill=wasted)
+        pages[f"/{name}"] = generate_latest(ConductorMetrics(c).registry)
+    pages["/gateway"] = b"yuebing_conductor_wasted_prefills_total 100.0\n"  # not a Conductor's: not counted
+
+    class Pages(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(pages[self.path])
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Pages)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}"
+        counts = conductor_counts({name: f"{base}/{name}" for name in ("conductor", "conductor-1", "gateway")})
+    finally:
+        server.shutdown()
+    assert counts == {"accepted": 12, "decode_refusals": 3}

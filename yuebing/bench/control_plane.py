@@ -199,6 +199,28 @@ async def measure(urls: list[str], model: str, pids: dict[str, int], spec: Contr
             "conductor_decisions_per_core_s": seen["requests"] / busiest if busiest else 0.0}
 
 
+def conductor_counts(metrics: dict[str, str]) -> dict[str, int]:
+    """Over the run, summed across the Conductors (each counts what it placed): the
+    requests accepted, and the decode refusals, where decode's own check arbitrated
+    two Conductors' placements onto the same headroom (or the books were wrong)."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts = {"accepted": 0, "decode_refusals": 0}
+    for name, url in metrics.items():
+        if role_of(name) != "conductor":
+            continue
+        with urlopen(url, timeout=5) as page:  # noqa: S310 (the launcher's own loopback URL)
+            families = text_string_to_metric_families(page.read().decode())
+        for sample in (x for family in families for x in family.samples):
+            if sample.name == "yuebing_conductor_requests_total" and sample.labels.get("outcome") == "accepted":
+                counts["accepted"] += int(sample.value)
+            elif sample.name == "yuebing_conductor_wasted_prefills_total":
+                counts["decode_refusals"] += int(sample.value)
+    return counts
+
+
 def cluster_flags(spec: ControlPlaneBench, gateways: int, conductors: int) -> list[str]:
     engines = ["--fake-engine-step-ms", str(spec.step_ms)] if spec.step_ms else []
     sync = ["--conductor-sync-ms", str(spec.conductor_sync_ms)] if spec.conductor_sync_ms else []
@@ -221,6 +243,7 @@ def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], N
                 ready = json.loads((work / f"{name}.ready.json").read_text())
                 pids = {n: p for n, p in ready["pids"].items() if not n.startswith("messenger")}
                 result = asyncio.run(measure(ready["urls"], model.name, pids, spec, conductors))
+                result.update(conductor_counts(ready["metrics"]))
             results.append({"gateways": gateways, "conductors": conductors, **result})
             say(line(results[-1]))
     if not spec.step_ms:  # real engines: how much of decode's figure is vLLM's own front end
@@ -237,15 +260,16 @@ def line(r: dict[str, Any]) -> str:
     return (f"{r['gateways']}G {r['conductors']}C: {r['requests_per_s']:.1f} req/s, {r['tokens_per_s']:.0f} tokens/s, "
             f"ITL p50 {r['itl_p50_ms']:.1f} ms p99 {r['itl_p99_ms']:.1f} ms, gateway {cpu['gateway']['us_per_token']:.0f} "
             f"µs/token, decode {cpu['decode']['us_per_token']:.0f} µs/token, Conductor "
-            f"{cpu['conductor']['us_per_request']:.0f} µs/request, {r['errors']} failed, {r['shed']} shed")
+            f"{cpu['conductor']['us_per_request']:.0f} µs/request, {r['errors']} failed, {r['shed']} shed, "
+            f"{r.get('decode_refusals', 0)} decode refusals of {r.get('accepted', 0)} placed")
 
 
 def table(results: list[dict[str, Any]]) -> str:
     """Markdown: one row per layout, CPU per token and per request by process."""
     head = ("| gateways | Conductors | req/s | tokens/s | ITL p50 / p99 ms | gateway µs/token | decode µs/token "
             "| nats µs/token | Conductor µs/request | prefill µs/request | Conductor decisions/s (a core each) | failed "
-            "| shed |")
-    rows = [head, "|" + "---|" * 13]
+            "| shed | decode refusals / placed |")
+    rows = [head, "|" + "---|" * 14]
     for r in results:
         c = r["cpu"]
         rows.append(
@@ -253,7 +277,8 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | {c['gateway']['us_per_token']:.0f} "
             f"| {c['decode']['us_per_token']:.0f} | {c['nats']['us_per_token']:.0f} "
             f"| {c['conductor']['us_per_request']:.0f} | {c['prefill']['us_per_request']:.0f} "
-            f"| {r['conductor_decisions_per_core_s']:.0f} | {r['errors']} | {r['shed']} |")
+            f"| {r['conductor_decisions_per_core_s']:.0f} | {r['errors']} | {r['shed']} "
+            f"| {r.get('decode_refusals', 0)} / {r.get('accepted', 0)} |")
     alone = results[0].get("vllm_alone") if results else None
     if alone:
         rows.append(f"\nvLLM's AsyncLLM alone (the decode engine's config, {alone['tokens_per_s']:.0f} tokens/s, no "
