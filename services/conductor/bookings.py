@@ -1,13 +1,14 @@
 """Placements as Bookings: one Conductor's decision in the form every Conductor books.
 
 Several Conductors share the `conductor` queue group, each answering some of the
-schedule requests. Heartbeats, request updates and KV events reach all of them, but
-a placement only the one that made it. So each Conductor books its own decisions
-through `book` and publishes them (BOOKINGS), and the others book them the same
-way: all hold the same books, and admission on any of them sees every request placed.
+schedule requests. Heartbeats and KV events reach all of them, but a placement and
+its request's updates only the one that made it. So each Conductor books its own
+decisions through `book` and sends them to the others in its digests (sync.py), and
+the others book them the same way: all hold the same books, and admission on any of
+them sees every request placed, one sync interval late at most.
 
 Two Conductors may still both admit onto the last headroom of one decode instance
-between two bookings crossing. The decode instance's own check on arrival is the
+before a digest crosses. The decode instance's own check on arrival is the
 arbiter: it refuses the second (`decode_refused`), which counts as a wasted prefill
 and is placed again on another decode instance.
 """

@@ -5,8 +5,9 @@ A request's updates (prefill done, finished) go only to the Conductor that place
 one reads them all. What the others need, its own placements and its requests'
 updates, it sends them as one BookDigest per sync interval. A Conductor so reads one
 digest per interval from each peer, instead of a booking and two update messages per
-request the peers place: in Python each message's wake costs about as much as a
-decision's scoring, so that is what lets a second Conductor add a Conductor's worth.
+request the peers place: what each reads grows with its own share of the requests,
+not with the number of Conductors (in Python a message's wake and parse cost about
+as much as a decision's scoring).
 
 The digest leaves with the first decision or update handled once an interval has
 passed since the last one: the loop is awake then anyway. A timer sends it only when
@@ -17,9 +18,9 @@ Each item of a digest carries its age, and a peer dates it back by as much: the
 books time prefills by their prefill_done (the calibration), and a delay of one
 interval would look like a prefill that much slower.
 
-Peers are blind to a placement for one interval, two when the sender goes quiet. Two Conductors may so admit
-onto the last headroom of one decode instance; its own check on arrival is the
-arbiter (services/conductor/bookings.py).
+Peers are blind to a placement for one interval, two when the sender goes quiet.
+Two Conductors may so admit onto the last headroom of one decode instance; its own
+check on arrival is the arbiter (services/conductor/bookings.py).
 
 A digest goes out at least every heartbeat interval, empty if need be. A peer whose
 digests stop for the liveness timeout is lost, and its placements leave the others'
