@@ -41,6 +41,7 @@ class BooksCollector:
         yield from self._decisions()
         yield from self._books(now)
         yield from self._roles(now)
+        yield from self._peers()
 
     def _decisions(self) -> Iterator[Metric]:
         c = self.conductor
@@ -101,6 +102,18 @@ class BooksCollector:
         changes = CounterMetricFamily("yuebing_conductor_role_changes", "Role changes the planner started")
         changes.add_metric([], c.roles.changes)
         yield changes
+
+
+    def _peers(self) -> Iterator[Metric]:
+        """With other Conductors (sync.py): how many it hears, and what their digests brought."""
+        c = self.conductor
+        yield _gauge("yuebing_conductor_peers", "Other Conductors whose digests arrive", len(c.peers.seen_at))
+        lost = CounterMetricFamily("yuebing_conductor_peers_lost", "Other Conductors whose digests stopped")
+        lost.add_metric([], c.peers.lost_total)
+        yield lost
+        booked = CounterMetricFamily("yuebing_conductor_peer_bookings", "Placements booked from other Conductors")
+        booked.add_metric([], c.peer_bookings)
+        yield booked
 
 
 def _counter(name: str, doc: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:

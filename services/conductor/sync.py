@@ -90,6 +90,7 @@ class Peers:
 
     timeout_s: float
     seen_at: dict[str, float] = field(default_factory=dict)
+    lost_total: int = 0
 
     def heard(self, name: str, now: float) -> None:
         self.seen_at[name] = now
@@ -99,6 +100,7 @@ class Peers:
         gone = sorted(n for n, seen in self.seen_at.items() if now - seen > self.timeout_s)
         for name in gone:
             del self.seen_at[name]
+        self.lost_total += len(gone)
         return gone
 
     def unheard(self, deaf_s: float, now: float) -> None:

@@ -55,3 +55,19 @@ async def test_the_page_asks_for_the_key_when_it_has_one():
         assert page.status == 200 and "yuebing_conductor_requests_total" in await page.text()
     async with TestClient(TestServer(metrics_page.page(metrics.registry))) as client:
         assert (await client.get("/metrics")).status == 200  # no key: open, as the gateway's by default
+
+
+def test_a_scrape_counts_the_other_conductors_heard_lost_and_booked_from():
+    from shared.messages import BookDigest
+    from tests.conductor.test_bookings import conductor as sharing
+
+    a, b = sharing("conductor"), sharing("conductor-1")
+    metrics = ConductorMetrics(b, clock=lambda: 0.0)
+    a.schedule(ask("r1", ["h1"]), now=0.0)
+    b.on_digest(BookDigest(conductor="conductor", bookings=[x for x, _ in a.digest.bookings]), now=0.0)
+    f = scrape(metrics)
+    assert value(f["yuebing_conductor_peers"]) == 1 and value(f["yuebing_conductor_peer_bookings"]) == 1
+    assert value(f["yuebing_conductor_peers_lost"]) == 0
+    b.forget_lost_peers(now=b.config.liveness_timeout_s + 0.1)
+    f = scrape(metrics)
+    assert value(f["yuebing_conductor_peers"]) == 0 and value(f["yuebing_conductor_peers_lost"]) == 1
