@@ -186,6 +186,7 @@ class BookDigest(Message):
     interval: a Conductor whose digests stop is gone (services/conductor/sync.py)."""
 
     conductor: str
+    incarnation: str  # the sending process's, random at its start: a restart within the timeout is a new one
     bookings: list[Booking] = []
     updates: list[RequestUpdate] = []
 

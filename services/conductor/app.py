@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import secrets
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -140,7 +141,8 @@ class Conductor:
         self.roles = Roles(Planner(predictor, params) if config.planner else None)
         self.mine: set[str] = set()  # requests it placed itself, until they finish
         # With other Conductors (services/conductor/sync.py): what its books took in, for them (Wiring sends it).
-        self.digest = Digest() if config.conductors > 1 else None
+        # Random per process, in its digests: the others tell a restart from a pause.
+        self.digest = Digest(name, secrets.token_hex(6)) if config.conductors > 1 else None
         self.peers = Peers(timeout_s=config.liveness_timeout_s)
         self.placed_by: dict[str, str] = {}  # the other Conductors' requests in its books → who placed each
         self.peer_bookings = 0  # placements booked from the other Conductors
@@ -511,7 +513,8 @@ class Conductor:
         requests' updates, each dated when it was taken there."""
         if d.conductor == self.name:
             return
-        self.peers.heard(d.conductor, now)
+        if self.peers.heard(d.conductor, d.incarnation, now):
+            self._forget_peer(d.conductor, now, "conductor restarted: its earlier placements leave the books")
         for b in d.bookings:
             self.on_booking(b, now - b.age_s)
         for u in d.updates:
@@ -520,10 +523,13 @@ class Conductor:
     def forget_lost_peers(self, now: float) -> None:
         """A Conductor whose digests stopped: its placements leave the books (sync.py)."""
         for peer in self.peers.lost(now):
-            theirs = [rid for rid, by in self.placed_by.items() if by == peer]
-            for rid in theirs:
-                self.finish(rid, now)
-            log.warning("conductor lost: its placements leave the books", conductor=peer, requests=len(theirs))
+            self._forget_peer(peer, now, "conductor lost: its placements leave the books")
+
+    def _forget_peer(self, peer: str, now: float, why: str) -> None:
+        theirs = [rid for rid, by in self.placed_by.items() if by == peer]
+        for rid in theirs:
+            self.finish(rid, now)
+        log.warning(why, conductor=peer, requests=len(theirs))
 
     def on_update(self, update: RequestUpdate, now: float, own: bool = True) -> None:
         """A request's progress. `own`: it came on this Conductor's updates subject, so
@@ -640,7 +646,7 @@ class Wiring:
         beat_s = self.conductor.config.heartbeat_interval_s
         self.conductor.forget_lost_peers(now)
         if digest.due(now, wait_s, beat_s):
-            out = digest.take(self.conductor.name, now)
+            out = digest.take(now)
             try:
                 await bus.publish(self.nc, BOOK_DIGESTS, out)
             except Exception as e:  # NATS down a while: the next digest carries it

@@ -108,7 +108,7 @@ class BooksCollector:
         """With other Conductors (sync.py): how many it hears, and what their digests brought."""
         c = self.conductor
         yield _gauge("yuebing_conductor_peers", "Other Conductors whose digests arrive", len(c.peers.seen_at))
-        lost = CounterMetricFamily("yuebing_conductor_peers_lost", "Other Conductors whose digests stopped")
+        lost = CounterMetricFamily("yuebing_conductor_peers_lost", "Other Conductors whose digests stopped, or that restarted")
         lost.add_metric([], c.peers.lost_total)
         yield lost
         booked = CounterMetricFamily("yuebing_conductor_peer_bookings", "Placements booked from other Conductors")

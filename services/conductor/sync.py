@@ -27,7 +27,9 @@ digests stop for the liveness timeout is lost, and its placements leave the othe
 books: which of its requests ended while nobody read its updates cannot be known,
 and books that never empty would refuse capacity until the requests' deadlines.
 Its requests still running are then not counted, as with a lone Conductor
-restarted; each decode instance's own check stays the arbiter.
+restarted; each decode instance's own check stays the arbiter. A Conductor back
+within the timeout (the launcher or Kubernetes restarted it) is a new incarnation
+(BookDigest.incarnation): its earlier placements leave the books the same way.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from shared.messages import BookDigest, Booking, RequestUpdate
 class Digest:
     """What a Conductor's books took in since its last digest, each with when."""
 
+    conductor: str  # whose
+    incarnation: str
     bookings: list[tuple[Booking, float]] = field(default_factory=list)
     updates: list[tuple[RequestUpdate, float]] = field(default_factory=list)
     sent_at: float = float("-inf")
@@ -65,9 +69,9 @@ class Digest:
         after the last send while it holds anything, a beat after it otherwise."""
         return self.sent_at + (2 * sync_s if self.pending else beat_s)
 
-    def take(self, conductor: str, now: float) -> BookDigest:
+    def take(self, now: float) -> BookDigest:
         """All of it, as one message, each item aged by how long it waited here."""
-        out = BookDigest(conductor=conductor,
+        out = BookDigest(conductor=self.conductor, incarnation=self.incarnation,
                          bookings=[_aged(b, now - at) for b, at in self.bookings],
                          updates=[_aged(u, now - at) for u, at in self.updates])
         self.bookings, self.updates, self.sent_at = [], [], now
@@ -86,20 +90,31 @@ def _aged(item: Booking | RequestUpdate, age_s: float) -> Booking | RequestUpdat
 
 @dataclass
 class Peers:
-    """The other Conductors, known by their digests: which ones went silent."""
+    """The other Conductors, known by their digests: which ones went silent, and
+    which came back as a new process."""
 
     timeout_s: float
     seen_at: dict[str, float] = field(default_factory=dict)
+    incarnations: dict[str, str] = field(default_factory=dict)
     lost_total: int = 0
 
-    def heard(self, name: str, now: float) -> None:
+    def heard(self, name: str, incarnation: str, now: float) -> bool:
+        """A digest from `name`; True when it is a new incarnation of one known: the
+        old process's placements are to be forgotten."""
         self.seen_at[name] = now
+        old = self.incarnations.get(name)
+        self.incarnations[name] = incarnation
+        if old is not None and old != incarnation:
+            self.lost_total += 1
+            return True
+        return False
 
     def lost(self, now: float) -> list[str]:
         """Peers silent past the timeout: forgotten here, known again by their next digest."""
         gone = sorted(n for n, seen in self.seen_at.items() if now - seen > self.timeout_s)
         for name in gone:
             del self.seen_at[name]
+            self.incarnations.pop(name, None)
         self.lost_total += len(gone)
         return gone
 

@@ -31,7 +31,7 @@ def ask(rid: str, hashes: list[str], stage: str = "full") -> ScheduleRequest:
 
 def cross(a: Conductor, b: Conductor, now: float) -> list[Booking]:
     """a's digest to b, through JSON as BOOK_DIGESTS carries it; returns its bookings."""
-    digest = msgspec.json.decode(msgspec.json.encode(a.digest.take(a.name, now)), type=BookDigest)
+    digest = msgspec.json.decode(msgspec.json.encode(a.digest.take(now)), type=BookDigest)
     b.on_digest(digest, now)
     return digest.bookings
 
@@ -124,6 +124,17 @@ def test_a_lost_conductor_s_placements_leave_the_books_and_a_stall_of_its_own_is
     assert "r1" in b.state.placed
     b.forget_lost_peers(5.0 + b.config.liveness_timeout_s + 0.1)  # no digest from a since: a is gone
     assert "r1" not in b.state.placed and "r2" in b.state.placed and not b.placed_by
+
+
+def test_a_conductor_restarted_within_the_timeout_leaves_only_its_new_placements():
+    a, b = conductor("conductor"), conductor("conductor-1")
+    a.schedule(ask("r1", ["h1"]), now=0.0)
+    cross(a, b, 0.0)
+    again = conductor("conductor")  # a's process restarted: its updates so far are lost with it
+    again.schedule(ask("r2", ["h2"]), now=0.5)
+    cross(again, b, 0.5)
+    assert "r1" not in b.state.placed and "r2" in b.state.placed
+    assert b.placed_by == {"r2": "conductor"}
 
 
 def test_a_lone_conductor_keeps_no_digest_and_a_planner_needs_it_alone():

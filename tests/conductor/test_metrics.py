@@ -64,7 +64,7 @@ def test_a_scrape_counts_the_other_conductors_heard_lost_and_booked_from():
     a, b = sharing("conductor"), sharing("conductor-1")
     metrics = ConductorMetrics(b, clock=lambda: 0.0)
     a.schedule(ask("r1", ["h1"]), now=0.0)
-    b.on_digest(BookDigest(conductor="conductor", bookings=[x for x, _ in a.digest.bookings]), now=0.0)
+    b.on_digest(BookDigest(conductor="conductor", incarnation="i0", bookings=[x for x, _ in a.digest.bookings]), now=0.0)
     f = scrape(metrics)
     assert value(f["yuebing_conductor_peers"]) == 1 and value(f["yuebing_conductor_peer_bookings"]) == 1
     assert value(f["yuebing_conductor_peers_lost"]) == 0
