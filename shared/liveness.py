@@ -62,8 +62,7 @@ class Registry:
     def unheard(self, deaf_s: float, now: float) -> None:
         """This process could not listen for `deaf_s` (see Deafness): that time is no
         instance's silence, so each last beat counts as that much later."""
-        for iid, seen in self.seen_at.items():
-            self.seen_at[iid] = min(now, seen + deaf_s)
+        shift_seen(self.seen_at, deaf_s, now)
 
     def expire(self, now: float) -> list[str]:
         """Forget instances that stopped beating; returns their ids."""
@@ -80,6 +79,13 @@ class Registry:
             del self.latest[iid]
             del self.seen_at[iid]
         return gone
+
+
+def shift_seen(seen_at: dict[str, float], deaf_s: float, now: float) -> None:
+    """Each last-heard time in `seen_at` counted `deaf_s` later (never past `now`):
+    this process could not listen that long, so it is nobody's silence."""
+    for key, seen in seen_at.items():
+        seen_at[key] = min(now, seen + deaf_s)
 
 
 def woke_late(since: float, asked_s: float, grace_s: float, now: float | None = None) -> bool:

@@ -639,13 +639,14 @@ class Wiring:
     async def sync(self, now: float, wait_s: float) -> None:
         """Its digest to the other Conductors, if due `wait_s` after the last send (a
         handler's: one interval; the timer's: 0), then the timer set for when no handler
-        will have sent it (sync.py); the placements of Conductors gone silent forgotten."""
+        will have sent it (sync.py). Each send (at most one an interval) also forgets the
+        placements of Conductors gone silent: not every message need look."""
         digest = self.conductor.digest
         if digest is None:  # no other Conductor
             return
         beat_s = self.conductor.config.heartbeat_interval_s
-        self.conductor.forget_lost_peers(now)
         if digest.due(now, wait_s, beat_s):
+            self.conductor.forget_lost_peers(now)
             out = digest.take(now)
             try:
                 await bus.publish(self.nc, BOOK_DIGESTS, out)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.liveness import shift_seen
 from shared.messages import BookDigest, Booking, RequestUpdate
 
 
@@ -121,5 +122,4 @@ class Peers:
     def unheard(self, deaf_s: float, now: float) -> None:
         """This Conductor could not listen for `deaf_s` (its loop stalled): that is no
         peer's silence (shared/liveness.py Deafness)."""
-        for name, seen in self.seen_at.items():
-            self.seen_at[name] = min(now, seen + deaf_s)
+        shift_seen(self.seen_at, deaf_s, now)

@@ -59,7 +59,6 @@ from shared.messages import (
     TokenLogprobs,
     decode_subject,
     prefill_subject,
-    updates_subject,
 )
 from shared.outbox import Outbox
 
@@ -325,7 +324,7 @@ class Pipeline:
         report.prompt_logprobs = chunk.prompt_logprobs
         report.prefills += 1
         update = RequestUpdate(request_id=attempt.id, kind="prefill_done", instance_id=attempt.placement.decode_id)
-        self.outbox.send(updates_subject(attempt.placement.conductor), update)
+        self.outbox.send(attempt.updates, update)
 
     @staticmethod
     def _current(tries: Tries) -> Attempt:
@@ -368,7 +367,7 @@ class Pipeline:
         except (Rejected, UpstreamError) as e:
             tries.give_up(stage, "no_instance", e)
             if wasted is not None:
-                self.outbox.send(updates_subject(old.placement.conductor), wasted)
+                self.outbox.send(old.updates, wasted)
             raise error from e
 
     async def _close(self, attempt: Attempt, whole: bool) -> None:
@@ -376,7 +375,7 @@ class Pipeline:
         let the Conductor close its books."""
         if not attempt.finished:  # cancelled, failed or abandoned
             await self._publish(CANCEL, Cancel(request_id=attempt.id, reason="abandoned by gateway"))
-        self.outbox.send(updates_subject(attempt.placement.conductor), attempt.closing(whole))
+        self.outbox.send(attempt.updates, attempt.closing(whole))
 
     async def _schedule(
         self, job: Job, attempt_id: str, avoid: list[str], order: DecodeOrder | None

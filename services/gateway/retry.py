@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from shared import bus
 from shared.block_hash import hex_hashes
-from shared.messages import NO_TOKEN, ModeRecord, Placement, RequestUpdate, Sampling
+from shared.messages import NO_TOKEN, ModeRecord, Placement, RequestUpdate, Sampling, updates_subject
 
 log = structlog.get_logger(__name__)
 Stage = Literal["prefill", "decode", "migration"]
@@ -136,6 +136,11 @@ class Attempt:
     route: str = ""  # the Conductor's CPP-or-single decision (ScheduleReply.route)
     finished: bool = False  # its last token reached the client
     update: RequestUpdate | None = None  # when it ends; None: "finished", completed if `finished`
+
+    @property
+    def updates(self) -> str:
+        """Where its updates go: the Conductor that placed it."""
+        return updates_subject(self.placement.conductor)
 
     def closing(self, whole: bool) -> RequestUpdate:
         """What the Conductor hears when this attempt ends; `whole`: it decoded the
