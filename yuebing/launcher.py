@@ -57,7 +57,8 @@ class UpOptions:
     """How `yuebing up` lays the cluster out; each field is also its flag (yuebing/flags.py)."""
 
     config: ClusterConfig
-    prefill: Annotated[int, Meta(description="prefill instances")] = 1
+    prefill: Annotated[int, Meta(description="prefill instances (adaptive mode takes 0: a pooled fleet, each "
+                                             "decode instance prefilling its own requests)")] = 1
     decode: Annotated[int, Meta(description="decode instances")] = 1
     cpp_groups: Annotated[
         int, Meta(description="CPP prefill groups besides --prefill: each one engine pipelined over --cpp-stages "
@@ -97,8 +98,9 @@ class UpOptions:
                              f"choose from {', '.join(CONDITIONAL_RULES)}")
         if self.cpp_groups < 0 or self.cpp_stages < 2:
             raise ValueError("--cpp-groups must not be negative and --cpp-stages at least 2")
-        if self.prefill + self.cpp_groups < 1 and self.config.mode != "colocated":
-            raise ValueError(f"--mode {self.config.mode} needs at least one prefill instance")
+        if self.prefill + self.cpp_groups < 1 and self.config.mode not in ("colocated", "adaptive"):
+            raise ValueError(f"--mode {self.config.mode} needs at least one prefill instance (adaptive mode runs "
+                             "without: its decode instances then prefill their own requests)")
         if self.cpp_groups and self.config.mode == "colocated":
             raise ValueError("CPP groups are prefill instances: --mode colocated has none")
 

@@ -26,6 +26,7 @@ from services.conductor.modes import (
     ColocatedChoice,
     ColocatedLoad,
     LocalPrefill,
+    Missing,
     ModeChoice,
     ModeParams,
     choose_mode,
@@ -130,6 +131,7 @@ class Conductor:
                                  deafness=Deafness(tick_s=self.listen_tick_s, grace_s=config.heartbeat_interval_s))
         self.pools = PoolIndex(config.pool_index_node_blocks)
         self.messenger_nodes: dict[str, str] = {}  # messenger instance → its node
+        self.roles_heard: set[str] = set()  # of every instance heard since this Conductor started, live or not
         self.deadlines: dict[str, float] = {}
         self.counts = {"accepted": 0, "wasted_prefill": 0, "replaced_decode": 0}
         self.rejections: dict[str, int] = {}  # by Rejection.cause: all refused, counted once
@@ -177,6 +179,7 @@ class Conductor:
             self._forget(hb.instance_id)
             log.info("instance up", instance_id=hb.instance_id, role=hb.role, node=hb.node, pid=hb.pid)
             self.state.add_instance(hb.role, hb.instance_id, self.group(hb))
+            self.roles_heard.add(hb.role)
             if hb.role == "messenger":
                 self.messenger_nodes[hb.instance_id] = hb.node
         self.expire(now)
@@ -331,11 +334,17 @@ class Conductor:
         out = self._both_phases(req, ask, view, self._hosts(missing, view, now), now)
         if not isinstance(out, ColocatedChoice):
             return self._rejected(req, out, now)
-        planned = self.roles.emptied(missing, self.engines(now))  # type: ignore[arg-type]
-        choice = fallback(missing, out.instance_id, out.tbt_s, out.ttft_s, planned)
-        if not planned:
+        choice = fallback(missing, out.instance_id, out.tbt_s, out.ttft_s, self._why_missing(missing, now))
+        if choice.rule == "fallback":
             log.info("degraded", request_id=req.request_id, host=out.instance_id, reason=choice.reason)
         return self._accept_both(req, ask, out, choice, view, now)
+
+    def _why_missing(self, role: str, now: float) -> Missing:
+        """Why `role` has no live instance: the planner moved them, they died (one was
+        heard since this Conductor started), or none was launched."""
+        if self.roles.emptied(role, self.engines(now)):  # type: ignore[arg-type]
+            return "planner"
+        return "died" if role in self.roles_heard else "none"
 
     def _spill(self, req: Request, ask: ScheduleRequest, view: View, disaggregated: Decision | Rejection,
                now: float) -> ScheduleReply:

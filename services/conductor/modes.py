@@ -159,14 +159,21 @@ DISAGGREGATED = ModeChoice("disaggregated", "disaggregated", "mode", "the cluste
 
 
 # --- degraded: one role has no live instance ------------------------------------
-def fallback(missing: str, host_id: str, tbt_s: float = 0.0, ttft_s: float = 0.0, planned: bool = False) -> ModeChoice:
+Missing = Literal["died", "planner", "none"]
+
+
+def fallback(missing: str, host_id: str, tbt_s: float = 0.0, ttft_s: float = 0.0, why: Missing = "died") -> ModeChoice:
     """While no instance of the `missing` role (prefill or decode) is live, an
     instance of the other (`host_id`) prefills and decodes the request on its one
-    engine, as a colocated instance does, rather than the cluster refusing it.
-    `planned`: none is live in that role because the planner moved them all."""
+    engine, as a colocated instance does, rather than the cluster refusing it. `why`
+    none is live: they died; the planner moved them all; none was launched (adaptive
+    mode's pooled fleet, `yuebing up --prefill 0`)."""
     other = "decode" if missing == "prefill" else "prefill"
-    if planned:
+    if why == "planner":
         return ModeChoice("local", "planner", f"no_{missing}_role", f"the planner moved every {missing} instance: "
+                          f"{other} instance {host_id} serves it", tbt_s=tbt_s, ttft_s=ttft_s)
+    if why == "none":
+        return ModeChoice("local", "pooled", f"no_{missing}_instance", f"the cluster has no {missing} instance: "
                           f"{other} instance {host_id} serves it", tbt_s=tbt_s, ttft_s=ttft_s)
     return ModeChoice("local", "fallback", f"no_{missing}_live",
                       f"no live {missing} instance: {other} instance {host_id} serves it", tbt_s=tbt_s, ttft_s=ttft_s)

@@ -138,8 +138,9 @@ class Gateway:
         registry = self.pipeline.registry
         registry.heard(now)
         live = {role: [hb.instance_id for hb in registry.alive(role, now)] for role in ("prefill", "decode", "messenger")}
-        prefill_ok = bool(live["prefill"]) or self.config.mode == "colocated"  # colocated: decode instances prefill
-        ready = prefill_ok and bool(live["decode"]) and self.pipeline.nc.is_connected
+        # An engine of either role serves a request alone: with the other role gone (or
+        # never launched) it prefills and decodes it (services/conductor/modes.py fallback).
+        ready = bool(live["prefill"] or live["decode"]) and self.pipeline.nc.is_connected
         return web.json_response({"status": "ok" if ready else "unavailable", "instances": live}, status=200 if ready else 503)
 
     async def metrics_page(self, _request: web.Request) -> web.Response:

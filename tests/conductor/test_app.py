@@ -118,6 +118,18 @@ def test_adaptive_spills_what_disaggregation_would_refuse_onto_an_engine_that_ca
     assert "room" in reply.mode.detail and c.stats(now=0.6).modes == {"local:spilled": 1}
 
 
+def test_a_role_with_no_live_instance_is_served_by_the_other_and_the_record_says_why():
+    pooled = conductor((("d0", "decode"), ("d1", "decode")))  # launched with no prefill instance
+    reply = pooled.schedule(ask("r1", ["a"]), now=0.1)
+    assert reply.accepted and reply.placement.local_prefill and reply.placement.decode_id in ("d0", "d1")
+    assert (reply.mode.rule, reply.mode.reason) == ("pooled", "no_prefill_instance")
+    c = conductor((("p0", "prefill"), ("d0", "decode")))
+    c.on_heartbeat(hb("d0", "decode"), now=2.5)  # p0 silent past the liveness timeout: it died
+    reply = c.schedule(ask("r2", ["b"]), now=2.6)
+    assert reply.accepted and reply.placement.decode_id == "d0"
+    assert (reply.mode.rule, reply.mode.reason) == ("fallback", "no_prefill_live")
+
+
 def test_adaptive_spills_a_prompt_the_prefill_queue_would_keep_past_its_ttft_onto_the_decode():
     c = conductor(roster=(("p0", "prefill"), ("d0", "decode")), admission="predictive", slo_ttft_ms=2000.0)
     queued = [c.schedule(ask(f"q{n}", [f"{n}-{k}" for k in range(14)]), now=0.0) for n in range(20)]

@@ -89,6 +89,9 @@ def served_while_down(cluster, reference, instance_id: str, seed: int) -> list[d
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["token_ids"] == reference.greedy([tokens], 8)[0]
         seen.append(r.json()["yuebing"])
+        health = httpx.get(f"{cluster.url}/health", timeout=10)
+        if instance_id not in {iid for ids in health.json()["instances"].values() for iid in ids}:
+            assert health.status_code == 200, health.text  # the other role serves alone: the gateway is ready
         if instance_id in heartbeats(cluster, 0.6):
             break
     return seen

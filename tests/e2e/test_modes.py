@@ -4,7 +4,9 @@ equal to plain vLLM's, and says where each prompt was prefilled and why.
 colocated: two engines that prefill and decode. conditional (Mooncake's rule) with a
 256-token step budget: a prompt that fits one step is prefilled on its decode
 instance, a longer one goes through the prefill instance, as the decision counters
-show. disaggregated is the session cluster every other e2e test uses."""
+show. pooled: adaptive mode with no prefill instance, two decode instances each
+prefilling its own requests. disaggregated is the session cluster every other e2e
+test uses."""
 
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ STEP_TOKENS = 256
 FLAGS = {
     "colocated": ("--mode", "colocated", "--prefill", "1", "--decode", "1"),
     "conditional": ("--mode", "conditional", "--step-tokens", str(STEP_TOKENS)),
+    "pooled": ("--prefill", "0", "--decode", "2"),
 }
+PLACED = {"colocated": {"colocated"}, "conditional": {"local", "disaggregated"}, "pooled": {"local"}}
 
 
 @pytest.fixture(scope="module", params=list(FLAGS))
@@ -55,7 +59,7 @@ def test_each_mode_serves_greedy_outputs_equal_to_plain_vllm(moded, moded_client
         results = list(pool.map(lambda p: complete(moded_client, p), prompts))
     assert [tokens for tokens, _ in results] == reference.greedy(prompts, MAX_TOKENS)
     for p, (_, report) in zip(prompts, results):
-        assert report["serving_mode"]["mode"] in {"colocated": {"colocated"}, "conditional": {"local", "disaggregated"}}[mode]
+        assert report["serving_mode"]["mode"] in PLACED[mode]
         local = report["serving_mode"]["mode"] != "disaggregated"
         assert (report["prefill_instance"] == "") == local, report
 
@@ -96,6 +100,17 @@ def test_conditional_prefills_a_short_prompt_on_decode_and_a_long_one_on_prefill
     assert gained == {("local", "unchunked_within_tbt"): 1.0, ("disaggregated", "would_chunk"): 1.0}
     stats = conductor_stats(cluster).modes
     assert stats["local:unchunked_within_tbt"] >= 1 and stats["disaggregated:would_chunk"] >= 1
+
+
+def test_a_pooled_cluster_is_ready_without_a_prefill_instance_and_says_why_decode_prefills(moded, moded_client):
+    mode, cluster = moded
+    if mode != "pooled":
+        pytest.skip("adaptive mode's pooled fleet")
+    health = httpx.get(f"{cluster.url}/health", timeout=10)
+    assert health.status_code == 200 and health.json()["instances"]["prefill"] == []
+    _, report = complete(moded_client, prompt(200, seed=41))
+    assert (report["serving_mode"]["rule"], report["serving_mode"]["reason"]) == ("pooled", "no_prefill_instance")
+    assert conductor_stats(cluster).modes["local:no_prefill_instance"] >= 1
 
 
 def test_the_session_cluster_runs_disaggregated_and_says_so(client):

@@ -219,6 +219,9 @@ def test_the_default_mode_is_a_cluster_with_no_mode_flag():
     assert "--mode" not in flags and flags[flags.index("--prefill") + 1] == "1"
     planner = goodput.cluster_flags(GoodputSpec(modes="planner"), Path("/m/tiny"), "planner")
     assert "--mode" not in planner and "--planner" in planner
+    pooled = goodput.cluster_flags(GoodputSpec(modes="pooled"), Path("/m/tiny"), "pooled")
+    assert "--mode" not in pooled and (pooled[pooled.index("--prefill") + 1], pooled[pooled.index("--decode") + 1]) \
+        == ("0", "2")
     traced = goodput.cluster_flags(GoodputSpec(modes="traced"), Path("/m/tiny"), "traced", "http://127.0.0.1:4318")
     assert "--mode" not in traced and traced[traced.index("--otlp-endpoint") + 1] == "http://127.0.0.1:4318"
     assert "--otlp-endpoint" not in flags  # only the traced setups send spans anywhere

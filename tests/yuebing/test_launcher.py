@@ -132,10 +132,19 @@ def test_colocated_runs_as_many_engines_all_as_instances_that_prefill_and_decode
 
 @pytest.mark.parametrize(("mode", "prefill", "error"), [
     ("split", 1, "unknown --mode"), ("conditional", 0, "needs at least one prefill"),
+    ("disaggregated", 0, "adaptive mode runs without"),
 ])
 def test_a_layout_the_mode_cannot_serve_is_refused(mode, prefill, error):
     with pytest.raises(ValueError, match=error):
         UpOptions(config=ClusterConfig(mode=mode), prefill=prefill)
+
+
+def test_adaptive_mode_runs_a_pooled_fleet_of_decode_instances(tmp_path):
+    options = UpOptions(config=ClusterConfig(mode="adaptive"), prefill=0, decode=2)
+    c = Cluster(options)
+    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, nats_port=4333))
+    engines = sorted(child.name for child in c.children if child.name.split("-")[0] in ("prefill", "decode"))
+    assert engines == ["decode-0", "decode-1"] and options.instances == (0, 2)
 
 
 def test_cpp_groups_are_prefill_instances_after_the_singles_each_told_its_stages(tmp_path):

@@ -46,8 +46,11 @@ if TYPE_CHECKING:
 # "default": `yuebing up` with no --mode flag, as a new user runs it; "planner": the
 # same with --planner (roles that follow the load); "traced": the same with every
 # process sending its spans to a receiver the bench runs (what tracing costs);
-# "sampled": the same tracing a tenth of the requests (--otlp-sample 0.1).
-MODES = ("default", "planner", "traced", "sampled", "colocated", "disaggregated", "conditional")
+# "sampled": the same tracing a tenth of the requests (--otlp-sample 0.1); "pooled":
+# the same with no prefill instance and two decode instances, each prefilling its own
+# requests (the split the planner reaches when it moves the prefill instance).
+MODES = ("default", "planner", "pooled", "traced", "sampled", "colocated", "disaggregated", "conditional")
+SETUPS = {"default": [], "planner": ["--planner"], "pooled": []}  # adaptive mode's setups, not a --mode
 TRACED = {"traced": ["--otlp-sample", "1"], "sampled": ["--otlp-sample", "0.1"]}  # setups that send spans
 DEFAULT_MODES = ("colocated", "disaggregated", "conditional")
 CLIENTS = ("yuebing", "aiperf")
@@ -393,13 +396,14 @@ def mode_name(mode: str, spec: GoodputSpec) -> str:
 
 def cluster_flags(spec: GoodputSpec, model: Path, mode: str, otlp_endpoint: str = "") -> list[str]:
     """`yuebing up`'s flags for one mode: one prefill + one decode (colocated: as many
-    colocated instances), the bench's SLOs, then `up_flags`."""
+    colocated instances; pooled: two decode instances), the bench's SLOs, then `up_flags`."""
     rule = ["--conditional-rule", spec.conditional_rule] if mode == "conditional" else []
-    chosen = {"default": [], "planner": ["--planner"]}.get(mode, ["--mode", mode])
+    chosen = SETUPS.get(mode, ["--mode", mode])
     if mode in TRACED:
         chosen = ["--otlp-endpoint", otlp_endpoint, *TRACED[mode]]
+    split = ["--prefill", "0", "--decode", "2"] if mode == "pooled" else ["--prefill", "1", "--decode", "1"]
     return ["--model", str(model), "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype,
-            "--prefill", "1", "--decode", "1", *chosen, *rule, "--slo-ttft-ms", f"{spec.slo_ttft_ms:g}",
+            *split, *chosen, *rule, "--slo-ttft-ms", f"{spec.slo_ttft_ms:g}",
             "--slo-tbt-ms", f"{spec.slo_tbt_ms:g}", *shlex.split(spec.up_flags)]
 
 
