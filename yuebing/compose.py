@@ -200,28 +200,41 @@ def up(options: ComposeOptions, log_dir: Path) -> dict[str, str]:
     say = options.say
     ensure_engine(log_dir / "dockerd.log", say)
     env = environment(options, base_image(say), torch_wheel())
-    ensure_secrets(options.secrets, layout(resolved(options)), say)
+    model = resolved(options)
+    ensure_secrets(options.secrets, layout(model), say)
     say(f"building the image on {env['YUEBING_BASE']} (the first build installs vLLM: minutes)")
     started = time.monotonic()
     compose(options, "build", env=env, timeout_s=1800, show=options.show_build)
     say(f"built in {time.monotonic() - started:.0f}s; starting the containers")
     compose(options, "up", "-d", env=env, timeout_s=300)
-    wait_serving(options, env)
+    wait_serving(options, env, listed_instances(model))
     return env
 
 
-def wait_serving(options: ComposeOptions, env: dict[str, str]) -> None:
-    """Until the gateway's /health is 200: a prefill and a decode instance alive."""
+def listed_instances(model: dict) -> set[str]:
+    """The instances of the layout that the gateway's /health lists alive: each
+    engine's and messenger's --instance-id."""
+    roles = ("services.prefill", "services.decode", "services.messenger")
+    return {command[command.index("--instance-id") + 1] for command in service_commands(model).values()
+            if command[2] in roles and "--instance-id" in command}
+
+
+def wait_serving(options: ComposeOptions, env: dict[str, str], expected: set[str]) -> None:
+    """Until the gateway's /health is 200 and lists every `expected` instance alive
+    (it is 200 as soon as one engine is: either role serves alone)."""
     started = time.monotonic()
     deadline = started + options.ready_timeout_s
     last = ""
     while time.monotonic() < deadline:
         status = health(options.url)
-        if status == 200:
+        missing = sorted(expected - (gateway_sees(options.url) or set())) if status == 200 else []
+        if status == 200 and not missing:
             options.say(f"serving at {options.url}/v1 after {time.monotonic() - started:.0f}s "
                         f"(API key: {options.api_key_file})")
             return
         said = "no answer yet" if isinstance(status, str) else f"{status}"  # not every refused connection
+        if missing:
+            said = f"serving, not yet with {', '.join(missing)}"
         if said != last:
             options.say(f"waiting for the gateway: {said}")
             last = said
@@ -244,3 +257,15 @@ def health(url: str) -> int | str:
 def down(options: ComposeOptions) -> None:
     """Stop and remove the containers, networks and volumes (the model volume too)."""
     compose(options, "down", "-v", "--remove-orphans", "--timeout", "30", timeout_s=300)
+
+
+def gateway_sees(url: str) -> set[str] | None:
+    """The instances a gateway's /health lists alive (None: it does not answer yet)."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            body = json.load(r)
+    except urllib.error.HTTPError as e:
+        body = json.load(e)
+    except (OSError, ValueError):
+        return None
+    return {iid for ids in body.get("instances", {}).values() for iid in ids}

@@ -37,6 +37,7 @@ from services.conductor.modes import CONDITIONAL_RULES, MODES
 from shared.config import ClusterConfig, save_config
 from shared.engine.llm import engine_environment
 from shared.private_file import read_private, write_private
+from yuebing.compose import gateway_sees
 from shared.service import resolved
 from yuebing import gpus, kv_folders, process
 from yuebing.preflight import (
@@ -383,18 +384,6 @@ class Cluster:
         started = {c.process: c for c in children if c.process is not None}
         for proc in process.stop(list(started), grace_s):
             say(f"{started[proc].name} did not stop in {grace_s:.0f}s; killed it")
-
-
-def gateway_sees(url: str) -> set[str] | None:
-    """The instances a gateway's /health lists alive (None: it does not answer yet)."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            body = json.load(r)
-    except urllib.error.HTTPError as e:
-        body = json.load(e)
-    except (OSError, ValueError):
-        return None
-    return {iid for ids in body.get("instances", {}).values() for iid in ids}
 
 
 def clear_last_run(run_dir: Path, ready_file: Path | None) -> None:

@@ -166,8 +166,8 @@ def fallback(missing: str, host_id: str, tbt_s: float = 0.0, ttft_s: float = 0.0
     """While no instance of the `missing` role (prefill or decode) is live, an
     instance of the other (`host_id`) prefills and decodes the request on its one
     engine, as a colocated instance does, rather than the cluster refusing it. `why`
-    none is live: they died; the planner moved them all; none was launched (adaptive
-    mode's pooled fleet, `yuebing up --prefill 0`)."""
+    none of the role is live: they died, the planner moved them all, or none was
+    launched (adaptive mode's pooled fleet, `yuebing up --prefill 0`)."""
     other = "decode" if missing == "prefill" else "prefill"
     if why == "planner":
         return ModeChoice("local", "planner", f"no_{missing}_role", f"the planner moved every {missing} instance: "

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from yuebing.compose import ComposeOptions, ensure_secrets, environment, health, layout, service_commands
+from yuebing.compose import (ComposeOptions, ensure_secrets, environment, health, layout, listed_instances,
+                             service_commands)
 from yuebing.process import free_port
 from yuebing.secrets import Layout
 
@@ -30,6 +31,16 @@ MODEL = _model(
 def test_the_layout_counts_the_services_that_start():
     assert set(service_commands(MODEL)) == {"prefill-0", "decode-0", "messenger-0", "messenger-1"}
     assert layout(MODEL) == Layout(prefill=1, decode=1, nodes=2)  # prefill-1's profile keeps it off
+
+
+def test_up_waits_for_every_engine_and_messenger_that_starts_by_its_instance_id():
+    model = _model(*[(n, c, {}) for n, c in [
+        ("conductor", ["python", "-m", "services.conductor", "--instance-id", "conductor"]),
+        ("prefill-0", ["python", "-m", "services.prefill", "--instance-id", "prefill-0"]),
+        ("decode-0", ["python", "-m", "services.decode", "--instance-id", "decode-0", "--node", "node-1"]),
+        ("messenger-1", ["python", "-m", "services.messenger", "--instance-id", "messenger-1"]),
+    ]])
+    assert listed_instances(model) == {"prefill-0", "decode-0", "messenger-1"}  # what /health lists
 
 
 def test_the_environment_names_absolute_paths_and_skips_the_index_with_a_local_wheel(tmp_path):
