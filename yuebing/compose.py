@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 from yuebing.process import wait_until
 from yuebing.secrets import Layout, Listen, generate, write_api_key
@@ -226,8 +227,8 @@ def wait_serving(options: ComposeOptions, env: dict[str, str], expected: set[str
     deadline = started + options.ready_timeout_s
     last = ""
     while time.monotonic() < deadline:
-        status = health(options.url)
-        missing = sorted(expected - (gateway_sees(options.url) or set())) if status == 200 else []
+        status, live = health_page(options.url)
+        missing = sorted(expected - (live or set())) if status == 200 else []
         if status == 200 and not missing:
             options.say(f"serving at {options.url}/v1 after {time.monotonic() - started:.0f}s "
                         f"(API key: {options.api_key_file})")
@@ -243,29 +244,37 @@ def wait_serving(options: ComposeOptions, env: dict[str, str], expected: set[str
     raise RuntimeError(f"not serving after {options.ready_timeout_s:.0f}s; the containers' last lines:\n{logs}")
 
 
-def health(url: str) -> int | str:
-    """The gateway's /health status, or why it did not answer."""
+def health_page(url: str) -> tuple[int | str, set[str] | None]:
+    """The gateway's /health: its status (or why it did not answer) and the instances
+    it lists alive (None: no page)."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=3) as r:
-            return r.status
+            return r.status, listed(r)
     except urllib.error.HTTPError as e:
-        return e.code
+        return e.code, listed(e)
     except (urllib.error.URLError, OSError) as e:
-        return f"no answer ({getattr(e, 'reason', e)})"
+        return f"no answer ({getattr(e, 'reason', e)})", None
+
+
+def listed(page: Any) -> set[str] | None:
+    """The instances a /health page (a response, or an HTTP error's body) lists alive."""
+    try:
+        body = json.load(page)
+    except (OSError, ValueError):
+        return None
+    return {iid for ids in body.get("instances", {}).values() for iid in ids}
+
+
+def health(url: str) -> int | str:
+    """The gateway's /health status, or why it did not answer."""
+    return health_page(url)[0]
+
+
+def gateway_sees(url: str) -> set[str] | None:
+    """The instances a gateway's /health lists alive (None: it does not answer yet)."""
+    return health_page(url)[1]
 
 
 def down(options: ComposeOptions) -> None:
     """Stop and remove the containers, networks and volumes (the model volume too)."""
     compose(options, "down", "-v", "--remove-orphans", "--timeout", "30", timeout_s=300)
-
-
-def gateway_sees(url: str) -> set[str] | None:
-    """The instances a gateway's /health lists alive (None: it does not answer yet)."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            body = json.load(r)
-    except urllib.error.HTTPError as e:
-        body = json.load(e)
-    except (OSError, ValueError):
-        return None
-    return {iid for ids in body.get("instances", {}).values() for iid in ids}

@@ -22,8 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,9 +35,9 @@ from services.conductor.modes import CONDITIONAL_RULES, MODES
 from shared.config import ClusterConfig, save_config
 from shared.engine.llm import engine_environment
 from shared.private_file import read_private, write_private
-from yuebing.compose import gateway_sees
 from shared.service import resolved
 from yuebing import gpus, kv_folders, process
+from yuebing.compose import gateway_sees
 from yuebing.preflight import (
     memory_available,
     memory_total,

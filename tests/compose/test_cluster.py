@@ -15,8 +15,7 @@ import urllib.request
 import pytest
 
 from tests.e2e.ops import eventually
-from yuebing.compose import down, health, run
-from yuebing.launcher import gateway_sees
+from yuebing.compose import down, gateway_sees, health, run
 
 BLOCK = 128  # compose/cluster.json's block_size
 MAX_TOKENS = 12
