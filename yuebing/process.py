@@ -11,12 +11,13 @@ the benchmarks' servers, nats-server and messengers).
 - `describe_exit(code)`, `tail(log, lines)`: for reporting a child that died.
 - `wait_until(check, proc, timeout_s, what)`: poll `check()` until it returns
   something, failing as soon as `proc` exits.
-- `free_port()`, `wait_for_port(port, timeout_s)`.
+- `free_port()`, `free_ports(count)`, `wait_for_port(port, timeout_s)`.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -109,6 +110,28 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive free ports (`yuebing up --gateways N` takes
+    --port … --port+N-1). Drawn below the kernel's ephemeral range: a port from
+    `free_port` is in it, and any outgoing connection may take its neighbours."""
+    low = _ephemeral_low()
+    first, last = max(1024, low - 12_000), low - count
+    if last <= first:  # an unusual range that starts near 1024: draw anywhere unprivileged
+        first, last = 1024, 65_535 - count
+    for _ in range(200):
+        base = random.randrange(first, last)
+        if not any(port_taken(base + i, host) for i in range(count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports below {low} on {host}")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def port_taken(port: int, host: str = "127.0.0.1") -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -66,11 +67,20 @@ def test_wait_until_fails_as_soon_as_the_process_exits(tmp_path):
 
 
 def test_wait_for_port_sees_a_listener():
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         process.wait_for_port(s.getsockname()[1], timeout_s=5)
     with pytest.raises(RuntimeError):
         process.wait_for_port(process.free_port(), timeout_s=0.3)
+
+
+def test_free_ports_are_consecutive_free_and_outside_the_ephemeral_range():
+    base = process.free_ports(4)
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    assert 1024 <= base and base + 4 <= low
+    assert not any(process.port_taken(base + i) for i in range(4))
+    with socket.socket() as taken:  # a listener on a port is what `port_taken` sees
+        taken.bind(("127.0.0.1", base))
+        taken.listen()
+        assert process.port_taken(base)
