@@ -173,6 +173,7 @@ class Conductor:
     def on_heartbeat(self, hb: Heartbeat, now: float) -> bool:
         """True when `hb` is a messenger this Conductor has not heard from (it just
         started, or the messenger did): its pool's snapshot is wanted."""
+        self.roles.watching(now)
         fresh = self.registry.observe(hb, now)
         if fresh:
             # New, back from the dead or restarted: whatever the books hold for it is stale.

@@ -2,7 +2,8 @@
 what the Conductor sees. An observation and its clock in, a role change (or none)
 out, no I/O: the simulator runs the same code (yuebing/lab/sim.py).
 
-Demand comes from the last `window_s` of arrivals, priced by the time models
+Demand comes from the last `window_s` of arrivals (or the part of it since the
+Conductor started), priced by the time models
 admission uses (shared/predictor.py):
 
   prefill  seconds of prefill work arriving per second: the arrival rate times the
@@ -119,6 +120,9 @@ class Observation:
     # First tokens as observed over as predicted, on the prefill instances: a host
     # slower than the profile's needs more prefill instances for the same arrivals.
     prefill_slowdown: float = 1.0
+    # When arrivals began to be counted (the Conductor's start): a window reaching
+    # back before it saw only part of its span, and its rate is over that part.
+    since: float = -math.inf
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,7 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
     recent = [a for a in obs.arrivals if a.at > obs.now - params.window_s]
     if not recent:
         return None
-    rate = len(recent) / params.window_s
+    rate = len(recent) / _span(obs, params)
     uncached = sum(a.uncached_tokens for a in recent) / len(recent)
     prompt = sum(a.prompt_tokens for a in recent) / len(recent)
     output = sum(a.output_tokens for a in recent) / len(recent)
@@ -185,6 +189,13 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
     free = max(0.0, 1 - predictor.decode_step_s(each, round(each * ctx)) * slow / step_cap_s) if each else 1.0
     return _split(Demand(prefill, decode, 0, obs.decode_refusals > params.refusal_share * len(recent), free),
                   obs, params)
+
+
+def _span(obs: Observation, params: PlannerParams) -> float:
+    """The seconds of the window arrivals were counted in: all of it, but for a
+    Conductor that started within it (at least one interval: a rate over the first
+    seconds is mostly noise)."""
+    return max(params.interval_s, min(params.window_s, obs.now - obs.since))
 
 
 def _split(d: Demand, obs: Observation, params: PlannerParams) -> Demand:

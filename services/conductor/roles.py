@@ -33,6 +33,7 @@ class Roles:
     arrivals: deque[Arrival] = field(default_factory=deque)  # the planner's window
     refusals: deque[float] = field(default_factory=deque)  # when decode room was wanting
     changes: int = 0
+    since: float | None = None  # when it began counting arrivals (Observation.since; None: not yet)
 
     def of(self, hb: Heartbeat) -> Role | None:
         """The role an engine instance serves new requests in (None: draining: neither)."""
@@ -51,6 +52,12 @@ class Roles:
         self.draining.pop(instance_id, None)
 
     # --- the planner's inputs ------------------------------------------------
+    def watching(self, now: float) -> None:
+        """The Conductor hears the cluster from `now` (its first heartbeat): the
+        planner's window holds no arrival from before."""
+        if self.since is None:
+            self.since = now
+
     def arrived(self, a: Arrival) -> None:
         if self.planner is not None:
             self.arrivals.append(a)
@@ -98,7 +105,7 @@ class Roles:
             self.refusals.popleft()
         obs = Observation(now, {**roles, **self.draining}, tuple(self.arrivals), slo_tbt_s, decode_batches,
                           prefill_queues_s, frozenset(self.draining), len(self.refusals), slowdown, decode_time_s,
-                          prefill_slowdown)
+                          prefill_slowdown, self.since if self.since is not None else now)
         moves = self.planner.decide(obs)
         for m in moves:
             self.draining[m.instance_id] = m.to

@@ -32,6 +32,17 @@ def test_long_prompts_ask_for_prefill_and_long_outputs_for_decode():
     assert demand(Observation(100.0, roles(4, 4), (), 0.05), PREDICTOR, PARAMS) is None  # no arrivals: no opinion
 
 
+def test_a_conductor_started_within_the_window_prices_the_rate_over_what_it_saw():
+    # 10 req/s for the 4 s since it started: the rate is 10, not 40 arrivals over the 10 s window.
+    arrivals = tuple(Arrival(100.0 - i / 10, 20000, 20000, 40) for i in range(40))
+    whole = demand(obs(100.0, 4, 4, prompt=20000, output=40), PREDICTOR, PARAMS)
+    young = Observation(100.0, roles(4, 4), arrivals, slo_tbt_s=0.05, since=96.0)  # type: ignore[arg-type]
+    assert demand(young, PREDICTOR, PARAMS).prefill == pytest.approx(whole.prefill)
+    # Under one interval, the span is the interval: a rate over a second's arrivals is noise.
+    newborn = replace(young, arrivals=arrivals[:5], since=99.5)
+    assert demand(newborn, PREDICTOR, PARAMS).prefill == pytest.approx(whole.prefill / 2)
+
+
 def test_decode_is_never_given_less_than_it_needs_and_each_role_keeps_one():
     d = demand(obs(100.0, 4, 4, prompt=40000, output=80), PREDICTOR, PARAMS)
     # Prefill overloaded: in proportion decode would get 1 instance of the 1.3 it needs; it gets 2.

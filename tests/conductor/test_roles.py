@@ -44,8 +44,8 @@ def test_a_restarted_instance_comes_back_in_its_launch_role():
 def test_the_planner_moves_a_decode_to_prefill_under_long_prompts():
     # Disaggregated: adaptive mode would pool these light decodes' engines instead.
     c = cluster(planner=True, slo_tbt_ms=1000.0, mode="disaggregated")
-    for i in range(400):  # long prompts, few tokens out: prefill-bound
-        t = i * 0.1
+    for i in range(400):  # long prompts, few tokens out, 5 a second: prefill-bound, one decode enough
+        t = i * 0.2
         for iid, role in ROSTER:
             c.on_heartbeat(hb(iid, role), now=t)
         reply = c.schedule(msgspec.structs.replace(ask(f"r{i}", [f"h{i}-{j}" for j in range(30)]), max_tokens=2), now=t)
@@ -53,5 +53,5 @@ def test_the_planner_moves_a_decode_to_prefill_under_long_prompts():
             c.on_update(RequestUpdate(request_id=f"r{i}", kind="finished", completed=True), now=t + 0.05)
         if i % 100 == 99:
             c.plan(now=t)
-    stats = c.stats(now=40.0)
+    stats = c.stats(now=80.0)
     assert stats.role_changes >= 1 and set(stats.draining.values()) | set(stats.roles.values()) == {"prefill"}

@@ -31,7 +31,8 @@ class RolePlan:
 
     @classmethod
     def of(cls, predictor: Predictor, max_batch: int, empty_prefill: bool = False) -> RolePlan:
-        return cls(Roles(Planner(predictor, PlannerParams(max_batch=max_batch, empty_prefill=empty_prefill))))
+        planner = Planner(predictor, PlannerParams(max_batch=max_batch, empty_prefill=empty_prefill))
+        return cls(Roles(planner, since=0.0))  # the simulated clock starts at 0, with the trace
 
     @property
     def params(self) -> PlannerParams:
