@@ -133,7 +133,7 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
     """One configuration per policy × admission given, or per P:D split (--pd-total,
     for the first policy and admission)."""
     base = from_args(SimConfig, args, **SIM, slo_ttft_s=args.slo_ttft_ms / 1e3, slo_tbt_s=args.slo_tbt_ms / 1e3,
-                     seed=args.seed)
+                     seed=args.seed, mode=_modes(args)[0][0])  # its mode checked with its split (--prefill 0)
     configs = [replace(base, policy=p, admission=a) for p in args.policy.split(",") for a in args.admission.split(",")]
     configs = [replace(c, mode=m, conditional_rule=rule) for c in configs for m, rule in _modes(args)]
     if args.tbt_slos:

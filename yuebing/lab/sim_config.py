@@ -51,7 +51,8 @@ class SimConfig:
     """One simulated cluster and its clients. Fields with a description are
     `yuebing sim`'s flags (yuebing/flags.py)."""
 
-    prefill: Annotated[int, Meta(description="prefill instances")] = 8
+    prefill: Annotated[int, Meta(description="prefill instances (0 in adaptive mode: a pooled fleet, each decode "
+                                             "instance prefilling its own requests)")] = 8
     decode: Annotated[int, Meta(description="decode instances")] = 8
     policy: str = "kvcentric"
     admission: str = "none"
@@ -113,8 +114,10 @@ class SimConfig:
     host: HostSharing = HostSharing()
 
     def __post_init__(self) -> None:
-        if self.prefill < 1 or self.decode < 1:
-            raise ValueError("need at least one prefill and one decode instance")
+        # Adaptive mode's decode instances prefill what no prefill instance takes: its
+        # fleet may be pooled, as `yuebing up --prefill 0` runs it.
+        if self.decode < 1 or self.prefill < (0 if self.mode == "adaptive" else 1):
+            raise ValueError("need at least one decode instance, and one prefill instance but in adaptive mode")
         if self.speed <= 0 or self.bandwidth_gbps <= 0 or self.pool_blocks <= 0:
             raise ValueError("speed, bandwidth and pool size must be positive")
         if self.shortlist < 0:

@@ -30,6 +30,15 @@ def test_it_prints_each_split_the_planner_and_the_oracle_and_plots_the_split(tmp
     assert (tmp_path / "planner_split.png").stat().st_size > 0
 
 
+def test_in_adaptive_mode_the_static_splits_include_the_pooled_fleet(tmp_path, capsys):
+    out = tmp_path / "planner.json"
+    args = parse("--instances", "3", "--limit", "300", "--copies", "1", "--speed", "1.5", "--jobs", "1",
+                 "--mode", "adaptive", "--json", str(out))
+    assert args.func(args) == 0
+    assert "0P" in capsys.readouterr().out
+    assert set(json.loads(out.read_text())["steady"]["static_goodput_rps"]) == {"0", "1", "2"}
+
+
 def test_bad_length_factors_are_refused():
     args = parse("--middle", "3")
     with pytest.raises(ValueError, match="input,output"):

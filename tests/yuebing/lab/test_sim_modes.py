@@ -149,6 +149,18 @@ def test_adaptive_is_disaggregated_at_light_load_and_spills_a_prefill_queue_onto
     assert light.result["mode_decisions"].get("local:spilled", 0) == 0
 
 
+def test_adaptive_mode_runs_a_pooled_fleet_and_the_other_modes_refuse_one():
+    # No prefill instance: each decode instance prefills its own requests.
+    trace = [TraceRequest(k * 0.5, 500, 4, (k,)) for k in range(6)]
+    pooled = SimConfig(prefill=0, decode=2, mode="adaptive", kv_bytes_per_token=0, slo_ttft_s=2.0, slo_tbt_s=5.0)
+    run = simulate(trace, pooled, FLAT)
+    assert all(o.completed and o.within_slo for o in run.outcomes)
+    assert sum(run.result["mode_decisions"].values()) == 6 and not run.result["mode_decisions"].get("disaggregated")
+    for mode in ("disaggregated", "conditional"):
+        with pytest.raises(ValueError, match="one prefill instance but in adaptive mode"):
+            replace(pooled, mode=mode)
+
+
 def test_adaptive_spills_a_long_prompt_onto_a_busy_decode_in_chunks_that_keep_its_streams_tbt():
     # One stream decoding on d0 (10-ms steps); then four 1,024-token prompts at once on
     # one prefill (1 s each). The decode engine caps a prompt's chunk at 128 tokens, so
