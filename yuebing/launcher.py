@@ -46,7 +46,7 @@ from yuebing.preflight import (
     refuse_taken_ports,
     refuse_unloadable_transport,
 )
-from yuebing.process import free_port
+from yuebing.process import free_port, free_ports
 from yuebing.restarts import RestartPolicy
 from yuebing.secrets import Layout, Listen, Secrets, generate
 
@@ -428,6 +428,7 @@ def child_environment() -> dict[str, str]:
 
 
 RUN_LOCK = "yuebing-up.lock"
+GATEWAY_PORTS = 4  # a started cluster's --port and the next ones: room for --gateways up to this many
 
 
 def lock_run_dir(run_dir: Path) -> int:
@@ -489,8 +490,8 @@ def up_process(work: Path, name: str, *flags: str, timeout_s: float = 600.0) -> 
 def up_launcher(work: Path, name: str, *flags: str, timeout_s: float = 600.0) -> Iterator[tuple[str, subprocess.Popen]]:
     """Like `up_process`, also yielding the launcher (its children are the cluster's processes)."""
     ready = work / f"{name}.ready.json"
-    argv = [sys.executable, "-m", "yuebing", "up", "--port", str(free_port()), "--run-dir", str(work / name),
-            "--ready-file", str(ready), *flags]
+    argv = [sys.executable, "-m", "yuebing", "up", "--port", str(free_ports(GATEWAY_PORTS)),
+            "--run-dir", str(work / name), "--ready-file", str(ready), *flags]
     log = work / f"{name}.log"
     ready.unlink(missing_ok=True)  # a last run's would read as this one ready
     proc = process.spawn(argv, log, {**os.environ, "PYTHONUNBUFFERED": "1"})

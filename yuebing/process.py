@@ -107,15 +107,15 @@ def wait_until(
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A free port for a server started next (see `free_ports`)."""
+    return free_ports(1, host)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> int:
     """The first of `count` consecutive free ports (`yuebing up --gateways N` takes
-    --port … --port+N-1). Drawn below the kernel's ephemeral range: a port from
-    `free_port` is in it, and any outgoing connection may take its neighbours."""
+    --port … --port+N-1). Drawn below the kernel's ephemeral range: a port the kernel
+    picks is in it, and any outgoing connection may take it, or its neighbours,
+    before the server binds."""
     low = _ephemeral_low()
     first, last = max(1024, low - 12_000), low - count
     if last <= first:  # an unusual range that starts near 1024: draw anywhere unprivileged

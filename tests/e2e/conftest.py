@@ -24,6 +24,7 @@ from shared.config import ClusterConfig, load_config
 from shared.engine.llm import engine_environment
 from tests.e2e.ops import openai_client
 from tests.reference import DTYPE, Reference
+from yuebing.launcher import GATEWAY_PORTS
 from yuebing.model import default_model_dir
 from yuebing.process import free_port, free_ports
 
@@ -31,7 +32,6 @@ MAX_MODEL_LEN = 1024
 POOL_MIB = 128  # the tiny model's KV: 512 KiB a 128-token block, so 256 blocks a node
 START_TIMEOUT_S = 420
 SERVE_START_TIMEOUT_S = 240
-GATEWAYS_AT_MOST = 4  # what a test's `--gateways` may ask for: their ports are --port onwards
 TOOL_CALL_PARSER = "hermes"  # the tiny model's chat template speaks Hermes' tool-call format
 
 
@@ -114,7 +114,7 @@ def launch(model_dir: Path, tmp: Path, *flags: str) -> Launch:
     argv = [
         sys.executable, "-m", "yuebing", "up",
         "--model", str(model_dir),
-        "--port", str(free_ports(GATEWAYS_AT_MOST)),
+        "--port", str(free_ports(GATEWAY_PORTS)),
         "--max-model-len", str(MAX_MODEL_LEN),
         "--dtype", DTYPE,
         "--request-timeout", "60",

@@ -70,9 +70,8 @@ def _compare(name: str, trace, base, args: argparse.Namespace, predictor) -> tup
     from yuebing.lab.sim import simulate
 
     n = args.instances
-    fewest = 0 if base.mode == "adaptive" else 1  # adaptive mode's fleet may be pooled: no prefill instance
-    runs = _simulate_all(name, trace, {p: replace(base, prefill=p, decode=n - p) for p in range(fewest, n)},
-                         predictor, args.jobs)
+    splits = {p: replace(base, prefill=p, decode=n - p) for p in range(base.fewest_prefill, n)}
+    runs = _simulate_all(name, trace, splits, predictor, args.jobs)
     static = {p: run.result["goodput_rps"] for p, run in runs.items()}
     best = max(static, key=lambda p: (static[p], -abs(p - n / 2)))
     run = simulate(trace, replace(base, prefill=best, decode=n - best, planner=True), predictor)

@@ -113,10 +113,14 @@ class SimConfig:
     seed: int = 0
     host: HostSharing = HostSharing()
 
+    @property
+    def fewest_prefill(self) -> int:
+        """Adaptive mode's decode instances prefill what no prefill instance takes: its
+        fleet may be pooled, as `yuebing up --prefill 0` runs it."""
+        return 0 if self.mode == "adaptive" else 1
+
     def __post_init__(self) -> None:
-        # Adaptive mode's decode instances prefill what no prefill instance takes: its
-        # fleet may be pooled, as `yuebing up --prefill 0` runs it.
-        if self.decode < 1 or self.prefill < (0 if self.mode == "adaptive" else 1):
+        if self.decode < 1 or self.prefill < self.fewest_prefill:
             raise ValueError("need at least one decode instance, and one prefill instance but in adaptive mode")
         if self.speed <= 0 or self.bandwidth_gbps <= 0 or self.pool_blocks <= 0:
             raise ValueError("speed, bandwidth and pool size must be positive")
