@@ -30,9 +30,10 @@ window's arrivals: admission's TBT rejections, decodes refusing what prefill
 computed, whose prefill is then wasted), the split moves toward decode whatever
 the time models say: the cost of too few decode instances is work already done.
 Instances are moved toward that split only when it serves `min_gain` more of the
-demand than the split as it is (the share a split serves: its busier role's capacity over that
-role's demand; on a plateau of splits that all serve it, nothing moves; between pooled
-and split, `min_gain` more room), and only when:
+demand than the split as it is (the share of requests a split serves: its busier role's
+capacity over that role's demand, prefill's counted in requests, cheapest prompt
+first, since admission sheds the costliest; on a plateau of splits that all serve it,
+nothing moves; between pooled and split, `min_gain` more room), and only when:
   - the target has disagreed with the split `confirm` decisions in a row (no flapping
     on a burst),
   - each has kept its role `dwell_s` and is not still draining from a move,
@@ -46,9 +47,11 @@ instance's streams finish where they are; nothing is migrated).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from typing import Literal
 
 from shared.predictor import Predictor
@@ -135,6 +138,9 @@ class Demand:
     # chunks: a step carrying a chunk is held to the TBT SLO, so the busier its batch,
     # the less prompt each step can take (the interference a split avoids).
     pooled_free: float = 1.0
+    # The window's requests cheapest prompt first, each with the share of the window's
+    # prefill work it and the cheaper ones need (rising to 1; empty: all alike).
+    prefill_shares: tuple[float, ...] = ()
 
     def headroom(self, prefills: int, decodes: int) -> float:
         """How many times over a split can serve the demand, its busier role the bound.
@@ -142,7 +148,20 @@ class Demand:
         roles, its prefill only in the room its decode steps leave (`pooled_free`)."""
         if not prefills:
             return min(_times(decodes, self.prefill + self.decode), _times(decodes * self.pooled_free, self.prefill))
-        return min(_times(prefills, self.prefill), _times(decodes, self.decode))
+        return min(self._prefill_times(prefills), _times(decodes, self.decode))
+
+    def _prefill_times(self, instances: int) -> float:
+        """Prefill's bound, in requests: short of the need, admission sheds the
+        costliest prompts first (a long one misses its TTFT first), so the instances
+        serve every request whose prompt fits cheapest first, more requests than their
+        share of the work. On `yuebing sim-planner`'s steady trace, past capacity,
+        one prefill instance had 0.43 of the work's time and served more requests
+        than two (whose decode instances were then short): counted in work, the
+        planner moved to 2P and back every two minutes."""
+        times = _times(instances, self.prefill)
+        if times >= 1 or not self.prefill_shares:
+            return times
+        return bisect.bisect_right(self.prefill_shares, times) / len(self.prefill_shares)
 
     def served(self, prefills: int, decodes: int) -> float:
         """The share of the demand a split can serve."""
@@ -187,8 +206,18 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
     # Pooled, each instance decodes its share of the requests in steps held to the cap.
     each = math.ceil(concurrent / len(obs.roles))
     free = max(0.0, 1 - predictor.decode_step_s(each, round(each * ctx)) * slow / step_cap_s) if each else 1.0
-    return _split(Demand(prefill, decode, 0, obs.decode_refusals > params.refusal_share * len(recent), free),
-                  obs, params)
+    forced = obs.decode_refusals > params.refusal_share * len(recent)
+    return _split(Demand(prefill, decode, 0, forced, free, _prefill_shares(recent, predictor)), obs, params)
+
+
+def _prefill_shares(recent: list[Arrival], predictor: Predictor) -> tuple[float, ...]:
+    """`Demand.prefill_shares`: each prompt's work beyond a step's fixed cost (shared
+    by the prompts batched in a step), cumulated cheapest first, over the total."""
+    fixed = predictor.prefill_coef[0] / 1e3
+    costs = sorted(max(0.0, predictor.prefill_s(a.uncached_tokens, a.prompt_tokens - a.uncached_tokens) - fixed)
+                   for a in recent)
+    total = sum(costs)
+    return tuple(c / total for c in accumulate(costs)) if total > 0 else ()
 
 
 def _span(obs: Observation, params: PlannerParams) -> float:

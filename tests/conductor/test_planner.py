@@ -51,6 +51,19 @@ def test_decode_is_never_given_less_than_it_needs_and_each_role_keeps_one():
     assert both.decode > 8 and 1 <= both.target_prefill == round(8 * both.prefill / (both.prefill + both.decode))
 
 
+def test_prefill_short_of_the_need_serves_the_cheapest_prompts_first():
+    # Half the prompts 200 tokens (4 ms beyond a step's fixed 10), half 20,000 (400 ms):
+    # one instance has 0.38 of the work's time, and admission sheds long prompts first,
+    # so it serves every short prompt and 18 long ones: 0.68 of the requests.
+    mixed = tuple(Arrival(100.0 - i / 10, p, p, 40) for i, p in enumerate([200, 20000] * 50))
+    d = demand(Observation(100.0, roles(1, 7), mixed, slo_tbt_s=0.05), PREDICTOR, PARAMS)  # type: ignore[arg-type]
+    assert 1 / d.prefill == pytest.approx(0.377, abs=0.001) and d.headroom(1, 7) == pytest.approx(0.68)
+    # Prompts alike: requests served in the same share as the work.
+    alike = demand(obs(100.0, 1, 7, prompt=10100, output=40), PREDICTOR, PARAMS)
+    assert alike.headroom(1, 7) == pytest.approx(1 / alike.prefill, abs=0.01)
+    assert d.headroom(3, 5) == pytest.approx(3 / d.prefill)  # past the need: room, counted in work
+
+
 def test_prefill_slower_than_its_profile_asks_for_more_prefill_instances():
     # 3 req/s of 20k-token prompts: 0.41 s each as predicted, 1.5 instances' work (at 0.8 busy).
     as_profiled = demand(obs(100.0, 2, 6, prompt=20000, output=40, per_s=3.0), PREDICTOR, PARAMS)
