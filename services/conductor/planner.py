@@ -154,10 +154,9 @@ class Demand:
         """Prefill's bound, in requests: short of the need, admission sheds the
         costliest prompts first (a long one misses its TTFT first), so the instances
         serve every request whose prompt fits cheapest first, more requests than their
-        share of the work. On `yuebing sim-planner`'s steady trace, past capacity,
-        one prefill instance had 0.43 of the work's time and served more requests
-        than two (whose decode instances were then short): counted in work, the
-        planner moved to 2P and back every two minutes."""
+        share of the work. On `yuebing sim-planner --mode adaptive`'s steady trace,
+        past capacity, one prefill instance has under half the work's time and 1P
+        serves the most requests; counted in work, the planner pooled the fleet."""
         times = _times(instances, self.prefill)
         if times >= 1 or not self.prefill_shares:
             return times
