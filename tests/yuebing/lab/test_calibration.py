@@ -56,9 +56,11 @@ def test_levelling_to_the_burst_finds_the_prefill_and_decode_speeds_that_reprodu
 
 
 async def test_calibrate_runs_its_experiments_against_a_gateway_and_levels_the_simulator(gateway, monkeypatch):
-    # The stand-in (conftest.py) prefills 0.1 ms a token, steps 2 ms, and nothing on
-    # it slows anything else; the profile says 0.05 ms a token and 1 ms a step.
-    gateway.prefill_s_per_token, gateway.step_s = 1e-4, 0.002
+    # The stand-in (conftest.py) prefills 0.3 ms a token, steps 2 ms, and nothing on
+    # it slows anything else; the profile says 0.05 ms a token and 1 ms a step. (A
+    # prefill of 150 ms, not 50: this event loop's jitter, beside a 50 ms prefill,
+    # once read as a slowdown of more than 1.)
+    gateway.prefill_s_per_token, gateway.step_s = 3e-4, 0.002
     monkeypatch.setattr(calibration, "BURST_GROUP_GAP_S", 0.1)  # the burst's groups closer: a quick test
     predictor = Predictor(prefill_coef=(0.0, 0.05, 0.0, 0.0), decode_coef=(1.0, 0.0, 0.0))
     config = SimConfig(prefill=1, decode=1, policy="round_robin", block_tokens=64, kv_bytes_per_token=0)
