@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Literal
 
-from shared.predictor import Predictor
+from shared.predictor import Predictor, prefill_marginal_s
 
 Role = Literal["prefill", "decode"]
 MINUTE_S = 60.0
@@ -212,8 +212,7 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
 def _prefill_shares(recent: list[Arrival], predictor: Predictor) -> tuple[float, ...]:
     """`Demand.prefill_shares`: each prompt's work beyond a step's fixed cost (shared
     by the prompts batched in a step), cumulated cheapest first, over the total."""
-    fixed = predictor.prefill_coef[0] / 1e3
-    costs = sorted(max(0.0, predictor.prefill_s(a.uncached_tokens, a.prompt_tokens - a.uncached_tokens) - fixed)
+    costs = sorted(prefill_marginal_s(predictor, [(a.uncached_tokens, a.prompt_tokens - a.uncached_tokens)])
                    for a in recent)
     total = sum(costs)
     return tuple(c / total for c in accumulate(costs)) if total > 0 else ()
