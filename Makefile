@@ -10,7 +10,7 @@ run: $(STAMP) $(MODEL)/config.json
 	$(VENV)/bin/yuebing up --model $(MODEL)
 
 test: $(STAMP) $(MODEL)/config.json prometheus
-	$(PY) -m pytest -ra; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(PY) -m pytest -ra --durations=25; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # The cluster as containers (compose/docker-compose.yml): installs and starts Docker where
 # it is missing and we are root, builds the image, makes secrets, waits until serving.

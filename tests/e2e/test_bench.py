@@ -36,31 +36,46 @@ def test_requests_of_one_timestamp_are_served_in_trace_order(cluster):
     assert all(a <= b + 0.002 for a, b in zip(firsts, firsts[1:])), firsts
 
 
+async def _probe_and_calibrate(url, predictor, config):
+    """The TTFT probe alone (its scale read straight off two prompt lengths), then the
+    whole calibration, levelled on its burst."""
+    from yuebing.lab.calibration import ProbeSizes, Prober, calibrate, prefill_alone
+    from yuebing.lab.replay import connect
+
+    options = ReplayOptions(progress=False)
+    async with connect(options) as session:
+        prober = Prober(session, url, options, ProbeSizes(long_prompt=512, streams=2, stream_tokens=400))
+        await prober.first_token(512)  # warm-up
+        alone = await prefill_alone(prober, predictor)
+    host = await calibrate(url, options, predictor, config, long_prompt=512, streams=2, stream_tokens=400)
+    return alone, host
+
+
 def test_calibration_measures_the_serving_path_against_the_profile(cluster):
     from shared.config import ClusterConfig, profile_path
     from shared.predictor import load_predictor
-    from yuebing.lab.calibration import calibrate
     from yuebing.lab.sim_config import SimConfig
 
     predictor = load_predictor(profile_path(ClusterConfig()))
     config = SimConfig(prefill=1, decode=1, policy="round_robin", block_tokens=128, kv_bytes_per_token=0,
                        chunk_tokens=ClusterConfig().step_tokens)
-    host = asyncio.run(calibrate(cluster.url, ReplayOptions(progress=False), predictor, config, long_prompt=512, streams=2,
-                                 stream_tokens=400))
-    # The serving engine runs the profile's curves within a small factor, behind a
-    # serving path that costs milliseconds, not seconds, and two engines sharing two
-    # cores slow each other by a share, not by multiples. (calibrate clamps the low ends.)
-    assert host.prefill_scale < 3.0
+    alone, host = asyncio.run(_probe_and_calibrate(cluster.url, predictor, config))
+    # How fast this host runs the shipped profile's curves is the host's affair (1-2x
+    # where the profile was taken, 3.3-4.2x on slower 2-core hosts); what calibration
+    # owes is agreement: levelled on the burst, the prefill scale stays within a small
+    # factor of the one read off lone prompts, behind a serving path that costs
+    # milliseconds, not seconds. (calibrate clamps the low ends.)
+    assert alone.scale / 3 < host.prefill_scale < alone.scale * 3, (alone, host)
     assert host.first_token_overhead_s < 0.5 and host.step_overhead_s < 0.05
-    # On 512-token probes (about 35 ms of prefill) the split between the slowdown while
-    # anything decodes and the share per stream is a difference of two noisy medians:
-    # 1.17 and 1.30 were measured on this machine, so the bound is "not by multiples".
+    # Two engines sharing two cores slow each other by a share, not by multiples. On
+    # 512-token probes the split between the slowdown while anything decodes and the
+    # share per stream is a difference of two noisy medians: 1.17 and 1.30 were
+    # measured on one host, so the bound is "not by multiples".
     assert host.prefill_slowdown_per_decoding < 3.0 and host.decode_slowdown_per_prefill < 3.0
     assert host.prefill_slowdown_while_decoding < 3.0
     assert host.join_overhead_s < 0.2  # a join's set-up beside a prefill: milliseconds
-    # Levelled on the burst, the engines still run the profile's curves within a small
-    # factor; handing a request to decode and its join step cost milliseconds. (This
-    # cluster's settings, 1,024-token context and two nodes, read decode ×0.24 on the
-    # code before the restructuring and ×0.195 after it, in back-to-back runs here.)
-    assert 0.2 < host.prefill_scale and 0.1 < host.decode_scale < 3.0
+    # Decode, levelled on the burst, runs the profile's curves within a small factor
+    # (this cluster's settings, 1,024-token context and two nodes, read x0.195-0.24);
+    # handing a request to decode and its join step cost milliseconds.
+    assert 0.1 < host.decode_scale < 3.0
     assert host.handoff_s < 0.2 and host.join_step_s < 0.2
