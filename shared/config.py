@@ -72,7 +72,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Spilled prompts (adaptive and conditional modes) prefill on decode engines beside
     # their streams: capped chunks keep every such step within the TBT SLO.
     decode_chunk_tokens: Annotated[
-        int, Meta(description="on decode engines, one prompt's tokens per step at the most while others run "
+        int, Meta(description="on engines while they decode, one prompt's tokens per step at the most while others run "
                               "(vLLM's long_prefill_token_threshold; 0: sized to the TBT SLO from the profile)")
     ] = 0
     # vLLM's own default is 1 s; see shared/engine.py limit_idle_spin.
@@ -369,7 +369,9 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """One prompt's tokens per step at the most on an engine of `role` (0: the
         step's budget). Decode engines cap it, so that a prompt spilled onto one costs
         its streams no step over the TBT SLO; prefill engines serve their queue whole
-        prompt after whole prompt, and colocated engines chunk as vLLM does by default."""
+        prompt after whole prompt, and colocated engines chunk as vLLM does by default.
+        An engine launched for prefill takes the decode cap while it decodes
+        (shared/kv/chunk_cap.py)."""
         return self.decode_chunk_tokens if role == "decode" and self.mode != "colocated" else 0
 
     @property

@@ -384,7 +384,9 @@ class Conductor:
         books: decode instances, or single (not CPP-group) prefill instances."""
         if missing == "prefill":
             return view.decodes
-        return [self.state.decode_load(x.instance_id, now) for x in view.prefills if x.group is None]
+        chunk = self.config.prompt_chunk_tokens("decode")  # capped once it decodes, as above
+        return [replace(self.state.decode_load(x.instance_id, now), decode_chunk_tokens=chunk)
+                for x in view.prefills if x.group is None]
 
     def _colocated_load(self, load: DecodeLoad, hashes: list[str], view: View, now: float) -> ColocatedLoad:
         batch, ctx_tokens = load.at(now)
@@ -496,8 +498,9 @@ class Conductor:
         know what this Conductor sent it), and its steps run at the pace it measures."""
         capacity = min(load.capacity, len(load.items)) if hb.kv_usage >= KV_FULL else load.capacity
         slowdown = plausible_slowdown(hb.slowdown) if self.config.calibrate_time_model else 1.0
-        # Its engine's cap on a prompt's chunk was set at launch, by the role it launched in.
-        chunk = self.config.prompt_chunk_tokens(hb.role)
+        # Its engine caps a prompt's chunk while it decodes, whatever role it launched in
+        # (its decode requests carry the cap: shared/kv/chunk_cap.py).
+        chunk = self.config.prompt_chunk_tokens("decode")
         return replace(load, capacity=capacity, slowdown=slowdown, decode_chunk_tokens=chunk)
 
     def _book(self, b: Booking, now: float) -> None:

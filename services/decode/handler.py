@@ -21,6 +21,7 @@ from shared.config import profile_path
 from shared.engine.llm import Step, generate
 from shared.engine.runtime import Handler
 from shared.instance import Instance
+from shared.kv.chunk_cap import KV_CHUNK_CAP
 from shared.messages import NO_TOKEN, DecodeAccept, DecodeRequest, TokenChunk, decode_subject, encode
 from shared.predictor import load_predictor
 
@@ -116,8 +117,11 @@ class Decoder(Handler):
         # A local prefill (first_token_id NO_TOKEN) runs from the prompt, as plain vLLM does.
         done = produced(req)
         prompt = [*req.prompt_token_ids, req.first_token_id][: len(req.prompt_token_ids) + done]
-        kv = {"kv_blocks": req.kv_blocks, "kv_wait_s": min(self.instance.config.kv_wait_s, bus.remaining(req.deadline)),
+        config = self.instance.config
+        kv = {"kv_blocks": req.kv_blocks, "kv_wait_s": min(config.kv_wait_s, bus.remaining(req.deadline)),
               "kv_hashes": req.block_hashes}
+        if cap := config.prompt_chunk_tokens("decode"):  # its stream's TBT, on an engine launched for either role
+            kv[KV_CHUNK_CAP] = cap
         seq, pace = 0, Pace()
         log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens, kv_blocks=req.kv_blocks)
         try:

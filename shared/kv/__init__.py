@@ -5,6 +5,7 @@
 - `leading`: counting the leading run of a prompt's blocks held somewhere;
 - `client`: the engine's side of the wire (calls, notes, the followed pool);
 - `plan`: what the connector's scheduler half decides, as plain functions;
+- `chunk_cap`: the cap on a prompt's chunk per step, set by the decode work on an engine;
 - `copier`: the worker half's copies between layer caches and the pool, off the
   forward path (torch, no vLLM: `yuebing bench connector` drives it alone);
 - `connector` (vLLM's entry point), `scheduler`, `worker`, `meta`, `options`: the

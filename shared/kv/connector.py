@@ -14,6 +14,9 @@ The contract, in the request's `SamplingParams.extra_args["kv_transfer_params"]`
 - `kv_blocks: int` with `kv_wait_s: float` (decode; prefill after a pull) — the first
   `kv_blocks` prompt blocks are on their way into this node's pool: wait up to
   `kv_wait_s` seconds (default 2) for them before computing what has not arrived;
+- `kv_chunk_cap: int` (decode) — while this request is on the engine, a prompt
+  beside other requests computes at most this many tokens a step, whatever role the
+  engine launched in (shared/kv/chunk_cap.py);
 - `kv_hashes: list[str]` (both) — the prompt's full-block hashes (hex) as the gateway
   computed them, so the prompt is hashed once in the cluster (computed here if absent).
 Either way, the leading prompt blocks that are in the node pool (whoever computed
@@ -76,7 +79,7 @@ class YuebingConnector(KVConnectorBase_V1):
         self.scheduler: ConnectorScheduler | None = None
         self.worker: ConnectorWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self.scheduler = ConnectorScheduler(opts)
+            self.scheduler = ConnectorScheduler(opts, scheduler_config=vllm_config.scheduler_config)
         else:
             # A pipeline stage holds some layers, a tensor-parallel rank a share of each
             # layer's KV heads; the pool block holds the whole model's, one part per

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shared.kv.chunk_cap import ChunkCaps
 from shared.kv.client import MessengerClient, PoolFollower
 from shared.kv.meta import YuebingMeta
 from shared.kv.options import Options
@@ -52,9 +53,13 @@ RENEW_S = 1.0  # how often the pins of running requests are renewed, at most
 
 class ConnectorScheduler:
     def __init__(
-        self, opts: Options, client: MessengerClient | None = None, follower: PoolFollower | None = None
+        self, opts: Options, client: MessengerClient | None = None, follower: PoolFollower | None = None,
+        scheduler_config: Any = None,
     ) -> None:
         self.opts = opts
+        # vLLM's own scheduler config (None in unit tests): the prompt chunk cap is set there.
+        self.scheduler_config = scheduler_config
+        self.chunk_caps = ChunkCaps(launched=scheduler_config.long_prefill_token_threshold if scheduler_config else 0)
         self.client = client or MessengerClient(opts.kv_dir, opts.node, opts.timeout_s)
         self.follower = follower or PoolFollower(opts.kv_dir, opts.node, self.client)
         self.tracked: dict[str, Tracked] = {}
@@ -67,6 +72,8 @@ class ConnectorScheduler:
         self.counts = Counts()  # what this half saw, until the connector gives it to vLLM
 
     def on_new_request(self, request: Request) -> None:
+        if self.chunk_caps.add(request.request_id, request.kv_transfer_params):
+            self._set_chunk_cap()
         t = track(request.kv_transfer_params, list(request.prompt_token_ids or []), self.opts.block_size,
                   self.opts.salt, time.monotonic())
         if t is not None:
@@ -152,6 +159,8 @@ class ConnectorScheduler:
         return reply.slots
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        if self.chunk_caps.remove(request.request_id):
+            self._set_chunk_cap()
         # Saves are copied into the pool inside the step, so vLLM's blocks are free to go.
         t = self.tracked.pop(request.request_id, None)
         if t is None:
@@ -161,6 +170,11 @@ class ConnectorScheduler:
         # many blocks to wait for, so that it never waits kv_wait_s for blocks the pool
         # had no room for (or that no messenger took).
         return False, finished_params(t)
+
+    def _set_chunk_cap(self) -> None:
+        """vLLM reads the threshold at every step (shared/kv/chunk_cap.py says why it moves)."""
+        if self.scheduler_config is not None:
+            self.scheduler_config.long_prefill_token_threshold = self.chunk_caps.threshold()
 
     def shutdown(self) -> None:
         self.client.note(Bye(engine=self.engine))  # our pins go now, not at lease expiry

@@ -240,10 +240,14 @@ def test_without_a_cpp_group_no_route_is_recorded():
     assert reply.accepted and reply.route == "" and c.stats(now=0.0).routes == {}
 
 
-def test_a_decode_engines_chunk_cap_is_read_from_the_role_it_launched_in():
-    c = conductor((("p0", "prefill"), ("d0", "decode")), decode_chunk_tokens=256)
+def test_an_engine_decoding_is_counted_with_the_decode_chunk_cap_whatever_role_it_launched_in():
+    c = conductor((("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")), decode_chunk_tokens=256)
+    c.roles.assigned["p1"] = "decode"  # moved by the planner: its decode requests carry the cap
+    c.state.add_instance("decode", "p1")
     view = c.view_now(0.1)
-    assert [x.decode_chunk_tokens for x in view.decodes] == [256]
+    assert {x.instance_id: x.decode_chunk_tokens for x in view.decodes} == {"p1": 256, "d0": 256}
+    alone = conductor((("p0", "prefill"),), decode_chunk_tokens=256)  # no decode: prefill instances decode too
+    assert [x.decode_chunk_tokens for x in alone._hosts("decode", alone.view_now(0.1), 0.1)] == [256]
     colocated = conductor((("d0", "decode"),), mode="colocated", decode_chunk_tokens=256)
     assert [x.decode_chunk_tokens for x in colocated.view_now(0.1).decodes] == [0]  # vLLM's own chunking
 

@@ -144,3 +144,17 @@ def test_an_engine_that_stops_says_bye_so_its_pins_go_at_once():
     s.client.close = lambda: None  # the stub has no sockets
     s.shutdown()
     assert messenger.notes == [Bye(engine="e")]
+
+
+def test_a_decode_request_caps_the_engines_prompt_chunks_while_it_runs():
+    # vLLM reads long_prefill_token_threshold from this config at every step.
+    config = SimpleNamespace(long_prefill_token_threshold=0)  # launched for prefill
+    s = ConnectorScheduler(OPTS, client=Messenger(), follower=Pool(), scheduler_config=config)  # type: ignore[arg-type]
+    s.on_new_request(request(kv_blocks=3, kv_chunk_cap=256))
+    assert config.long_prefill_token_threshold == 256
+    s.on_new_request(SimpleNamespace(request_id="p", kv_transfer_params={"kv_dest": "n"}, prompt_token_ids=PROMPT,
+                                     num_tokens=len(PROMPT)))
+    s.request_finished(SimpleNamespace(request_id="p"), [])  # a prefill's end changes nothing
+    assert config.long_prefill_token_threshold == 256
+    s.request_finished(request(), [])
+    assert config.long_prefill_token_threshold == 0
