@@ -52,7 +52,7 @@ from services.conductor.policy import (
     pool_pull,
     usable,
 )
-from services.conductor.roles import Roles
+from services.conductor.roles import DRAIN_POLL_S, Roles
 from services.conductor.state import ClusterState
 from services.conductor.sync import Digest, Peers
 from shared import bus, metrics_page, service, tracing
@@ -573,6 +573,10 @@ class Conductor:
         slo = (self.config.slo_tbt_ms or 1e9) / 1e3
         self.roles.plan(now, engines, self.state, slo, slowdown if self.config.calibrate_time_model else 1.0)
 
+    def settle_roles(self) -> None:
+        """Between the planner's turns: draining instances whose old work is done take their new role."""
+        self.roles.settle(self.state)
+
 
 def mode_params(config: ClusterConfig) -> ModeParams:
     """The serving mode's settings, checked: an unknown name stops the Conductor at start."""
@@ -634,12 +638,19 @@ class Wiring:
                                                 name="planner")
 
     async def plan_forever(self, interval_s: float) -> None:
+        """The planner's turn every `interval_s`; between turns, drains are checked
+        every DRAIN_POLL_S, so a drained instance takes its new role within a second."""
+        turn_at = time.monotonic() + interval_s
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(min(DRAIN_POLL_S, interval_s))
             try:
                 now = time.monotonic()
                 self.conductor.heard(now)
-                self.conductor.plan(now)
+                if now >= turn_at:
+                    turn_at = now + interval_s
+                    self.conductor.plan(now)
+                elif self.conductor.roles.draining:
+                    self.conductor.settle_roles()
             except Exception:  # a bug in one turn must not stop the planner for good
                 log.exception("planner failed")
 

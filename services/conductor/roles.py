@@ -22,6 +22,10 @@ from services.conductor.state import ClusterState
 from shared.messages import Heartbeat
 
 log = structlog.get_logger(__name__)
+# How often a draining instance is checked for its new role between the planner's
+# turns: a prefill instance drains in about a TTFT, and waiting a whole turn would
+# leave it idle in neither role meanwhile. (The simulator checks as often.)
+DRAIN_POLL_S = 1.0
 ENGINE_ROLES = ("prefill", "decode")
 
 

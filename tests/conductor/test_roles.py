@@ -27,7 +27,7 @@ def test_a_moving_instance_drains_then_serves_its_new_role():
     c.plan(now=0.2)
     assert busy in c.roles.draining  # r1 still decodes there: nothing is migrated
     c.on_update(RequestUpdate(request_id="r1", kind="finished", completed=True), now=0.3)
-    c.plan(now=0.4)
+    c.settle_roles()  # between the planner's turns: the service checks every DRAIN_POLL_S
     assert c.roles.assigned == {busy: "prefill"} and not c.roles.draining
     prefills = {c.schedule(ask(f"r{i}", [f"x{i}"]), now=0.5).placement.prefill_id for i in range(3, 7)}
     assert prefills == {"p0", busy}  # round robin over both prefill instances now

@@ -14,8 +14,6 @@ from services.conductor.planner import Arrival, Planner, PlannerParams
 from services.conductor.roles import Roles
 from shared.predictor import Predictor
 
-DRAIN_POLL_S = 1.0  # how often a draining instance is checked in simulated time
-
 
 @dataclass
 class RolePlan:

@@ -49,11 +49,12 @@ from services.conductor import modes
 from services.conductor.index import PrefixIndex
 from services.conductor.planner import Arrival
 from services.conductor.policy import Decision, DecodeLoad, Params, Rejection, Request, Scheduler
+from services.conductor.roles import DRAIN_POLL_S
 from services.conductor.state import ClusterState
 from shared.config import PLANNER_MODES
 from shared.predictor import MOST_STEP_TOKENS, Predictor, default_decode_chunk_tokens, mixed_step_s
 from yuebing.lab.outcome import Outcome, segment_stats, summarize
-from yuebing.lab.roles import DRAIN_POLL_S, RolePlan
+from yuebing.lab.roles import RolePlan
 from yuebing.lab.sim_config import SimConfig
 from yuebing.lab.trace import TraceRequest, base_rate
 from yuebing.progress import progress as progress_bar
