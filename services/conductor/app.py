@@ -130,6 +130,9 @@ class Conductor:
         self.registry = Registry(timeout_s=config.liveness_timeout_s,
                                  deafness=Deafness(tick_s=self.listen_tick_s, grace_s=config.heartbeat_interval_s))
         self.pools = PoolIndex(config.pool_index_node_blocks)
+        # An engine caps a prompt's chunk while it decodes, whatever role it launched in
+        # (its decode requests carry the cap: shared/kv/chunk_cap.py).
+        self.decode_chunk_tokens = config.prompt_chunk_tokens("decode")
         self.messenger_nodes: dict[str, str] = {}  # messenger instance → its node
         self.roles_heard: set[str] = set()  # of every instance heard since this Conductor started, live or not
         self.deadlines: dict[str, float] = {}
@@ -384,8 +387,7 @@ class Conductor:
         books: decode instances, or single (not CPP-group) prefill instances."""
         if missing == "prefill":
             return view.decodes
-        chunk = self.config.prompt_chunk_tokens("decode")  # capped once it decodes, as above
-        return [replace(self.state.decode_load(x.instance_id, now), decode_chunk_tokens=chunk)
+        return [replace(self.state.decode_load(x.instance_id, now), decode_chunk_tokens=self.decode_chunk_tokens)
                 for x in view.prefills if x.group is None]
 
     def _colocated_load(self, load: DecodeLoad, hashes: list[str], view: View, now: float) -> ColocatedLoad:
@@ -498,10 +500,7 @@ class Conductor:
         know what this Conductor sent it), and its steps run at the pace it measures."""
         capacity = min(load.capacity, len(load.items)) if hb.kv_usage >= KV_FULL else load.capacity
         slowdown = plausible_slowdown(hb.slowdown) if self.config.calibrate_time_model else 1.0
-        # Its engine caps a prompt's chunk while it decodes, whatever role it launched in
-        # (its decode requests carry the cap: shared/kv/chunk_cap.py).
-        chunk = self.config.prompt_chunk_tokens("decode")
-        return replace(load, capacity=capacity, slowdown=slowdown, decode_chunk_tokens=chunk)
+        return replace(load, capacity=capacity, slowdown=slowdown, decode_chunk_tokens=self.decode_chunk_tokens)
 
     def _book(self, b: Booking, now: float) -> None:
         """One of its own placements: into its books, and into the digest for the others."""
