@@ -2,7 +2,8 @@
 streaming load, and see what clients see.
 
 One `yuebing up --nodes 2` cluster; `concurrency` clients stream short greedy
-completions back to back the whole time. Each scenario waits until requests succeed,
+completions back to back, easing off (EASED_PAUSE_S) while a restarted process comes
+back. Each scenario waits until requests succeed,
 then SIGKILLs a process (the launcher starts it again) or SIGSTOPs it for longer than
 the liveness timeout and SIGCONTs it, and watches until a request sent after the
 fault has succeeded (a probe sends requests of its own until one does: the load's
@@ -16,6 +17,7 @@ request succeeded again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -47,6 +49,10 @@ EXPECTED_ERRORS: dict[str, set[str]] = {
     "engine:decode-0": set(),
 }
 DEADLINE_S = 30.0  # the cluster's request timeout in this bench (`--request-timeout`)
+# Between a client's requests while the load eases (a restarted process coming back):
+# back to back, the load alone keeps a small host busy, and a restarting engine (three
+# processes, each importing torch and vLLM) then took over 4 min on 2 cores instead of 1.
+EASED_PAUSE_S = 2.0
 HUNG_GRACE_S = 5.0  # beyond its deadline, a request that has not ended is hung
 
 
@@ -109,7 +115,8 @@ def _recovery(seen: list[Done], fault_at: float, cleared_at: float) -> float | N
 
 @dataclass
 class Load:
-    """`concurrency` clients streaming back to back until stopped."""
+    """`concurrency` clients streaming back to back until stopped; while `full` is
+    clear (eased), each waits EASED_PAUSE_S between requests."""
 
     url: str
     model: str
@@ -118,6 +125,7 @@ class Load:
     done: list[Done] = field(default_factory=list)
     sending: dict[int, float] = field(default_factory=dict)  # client → when its request in flight was sent
     stopping: bool = False
+    full: asyncio.Event = field(default_factory=asyncio.Event)  # clear: eased
     cleared_at: float | None = None  # the current fault's end, once it has ended
 
     async def run(self) -> None:
@@ -133,8 +141,15 @@ class Load:
             del self.sending[i]
             self.done.append(Done(result.sent_at, time.monotonic(), kind_of(result)))
             n += 1
-            if not result.ok:
+            if not self.full.is_set():
+                await self._eased_pause()
+            elif not result.ok:
                 await asyncio.sleep(0.2)  # a failing cluster is not hammered in a tight loop
+
+    async def _eased_pause(self) -> None:
+        """EASED_PAUSE_S, cut short when the full load resumes (a fault is coming)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.full.wait(), EASED_PAUSE_S)
 
     def succeeded_since(self, t: float) -> bool:
         return any(d.kind == "ok" and d.sent >= t for d in self.done)
@@ -220,38 +235,41 @@ async def instances(url: str) -> set[str]:
     return {i for ids in (body.get("instances") or {}).values() for i in ids}
 
 
-SETTLED_S = 3.0  # longer than the liveness timeout: an instance about to drop out has
+# Longer than the liveness timeout: an instance about to drop out (killed, its silence
+# not yet noticed) has dropped out by then.
+SETTLED_S = 3.0
 
 
-async def settle(load: Load, everyone: set[str], window_s: float) -> bool:
-    """Every instance back and seen alive for SETTLED_S without a break (the last
-    scenario's restarts done, engines up), and a request served."""
-    deadline = time.monotonic() + window_s
+async def whole(load: Load, everyone: set[str], deadline: float) -> bool:
+    """Every instance seen alive for SETTLED_S without a break, by `deadline`: a killed
+    one noticed lost, restarted and back."""
     whole_since: float | None = None
     while whole_since is None or time.monotonic() - whole_since < SETTLED_S:
         if time.monotonic() > deadline:
             return False
-        whole = everyone <= await instances(load.url)
-        whole_since = (whole_since or time.monotonic()) if whole else None
-        await asyncio.sleep(0.5)
-    settled = time.monotonic()
-    return await wait_until(lambda: load.succeeded_since(settled), max(1.0, deadline - settled))
-
-
-async def whole_again(load: Load, everyone: set[str], window_s: float) -> bool:
-    deadline = time.monotonic() + window_s
-    while not everyone <= await instances(load.url):
-        if time.monotonic() > deadline:
-            return False
+        alive = everyone <= await instances(load.url)
+        whole_since = (whole_since or time.monotonic()) if alive else None
         await asyncio.sleep(0.5)
     return True
 
 
+async def settle(load: Load, everyone: set[str], window_s: float) -> bool:
+    """The cluster whole (the last scenario's restarts done, engines up), and a request served."""
+    deadline = time.monotonic() + window_s
+    if not await whole(load, everyone, deadline):
+        return False
+    settled = time.monotonic()
+    return await wait_until(lambda: load.succeeded_since(settled), max(1.0, deadline - settled))
+
+
 async def run_scenario(load: Load, launcher_pid: int, fault: Fault, stall_s: float, window_s: float,
                        everyone: set[str]) -> Outcome:
-    """Steady state first (everyone alive, a request sent now succeeds), then the fault, then watch."""
+    """Steady state first (everyone alive, a request sent now succeeds), then the fault
+    under full load, then watch. The load eases while restarts finish (EASED_PAUSE_S)."""
+    load.full.clear()
     if not await settle(load, everyone, window_s):
         raise RuntimeError(f"the cluster was not whole and serving before {fault.name}")
+    load.full.set()
     await asyncio.sleep(1.0)  # a second of steady load in flight
     fault_at = time.monotonic()
     load.cleared_at = None
@@ -261,7 +279,8 @@ async def run_scenario(load: Load, launcher_pid: int, fault: Fault, stall_s: flo
     await probing
     # The whole outage is judged, not just until the first success: every request sent
     # until the faulted process is back (a restart takes tens of seconds).
-    await whole_again(load, everyone, window_s)
+    load.full.clear()
+    await whole(load, everyone, time.monotonic() + window_s)
     # Requests sent before recovery are judged too: wait for those in flight to end
     # (the clients give up on a request well after it should have, so this is bounded).
     until = time.monotonic()
