@@ -89,10 +89,12 @@ def test_an_open_loop_starts_requests_on_schedule_and_sheds_what_finds_every_str
     assert clients.errors == 0 and clients.in_flight == 0 and all(len(s.token_times) == 1 for s in clients.done)
 
 
-def test_a_step_of_zero_runs_real_engines():
+def test_a_step_of_zero_runs_real_engines_under_slos_the_streams_do_not_break():
     flags = cluster_flags(ControlPlaneBench(step_ms=0, decode=1), 1, 1)
     assert "--fake-engine-step-ms" not in flags and flags[flags.index("--decode") + 1] == "1"
-    assert "--fake-engine-step-ms" in cluster_flags(ControlPlaneBench(), 1, 1)
+    assert float(flags[flags.index("--slo-tbt-ms") + 1]) >= 1000  # admission's 429s would be what it measures
+    fake = cluster_flags(ControlPlaneBench(), 1, 1)
+    assert "--fake-engine-step-ms" in fake and "--slo-tbt-ms" not in fake
 
 
 def test_the_conductors_sync_interval_is_the_cluster_s_unless_asked():

@@ -36,6 +36,7 @@ from typing import Annotated, Any
 from msgspec import Meta
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+LENIENT_SLOS = ("--slo-ttft-ms", "60000", "--slo-tbt-ms", "1000")
 PROMPT = "Summarise the control plane's cost per request and per token. " * 2
 
 
@@ -222,7 +223,9 @@ def conductor_counts(metrics: dict[str, str]) -> dict[str, int]:
 
 
 def cluster_flags(spec: ControlPlaneBench, gateways: int, conductors: int) -> list[str]:
-    engines = ["--fake-engine-step-ms", str(spec.step_ms)] if spec.step_ms else []
+    # Real engines: SLOs no closed loop of `streams` breaks, or admission's 429s (sent
+    # again at once) would be what the window measures, not the streams.
+    engines = ["--fake-engine-step-ms", str(spec.step_ms)] if spec.step_ms else [*LENIENT_SLOS]
     sync = ["--conductor-sync-ms", str(spec.conductor_sync_ms)] if spec.conductor_sync_ms else []
     return [*engines, *sync, "--prefill", str(spec.prefill), "--decode", str(spec.decode),
             "--gateways", str(gateways), "--conductors", str(conductors), "--gpus", "none"]
