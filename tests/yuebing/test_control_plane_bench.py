@@ -68,8 +68,12 @@ class SlowSession:
 
     hold_s = 0.25
 
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
     @contextlib.asynccontextmanager
     async def post(self, url: str, json: Any) -> AsyncIterator[Any]:
+        self.bodies.append(json)
         await asyncio.sleep(self.hold_s)
         yield SimpleNamespace(status=200, content=lines_of([b'data: {"choices": []}\n']))
 
@@ -87,6 +91,12 @@ def test_an_open_loop_starts_requests_on_schedule_and_sheds_what_finds_every_str
     assert len(clients.done) + clients.shed == 10
     assert 3 <= len(clients.done) <= 5 and clients.shed >= 5
     assert clients.errors == 0 and clients.in_flight == 0 and all(len(s.token_times) == 1 for s in clients.done)
+
+
+def test_every_stream_asks_for_max_tokens_whatever_the_model_would_end_on():
+    session, clients = SlowSession(), Clients(["http://unused"], "m", ControlPlaneBench(max_tokens=64))
+    asyncio.run(clients._one(session, 0))
+    assert session.bodies[0]["max_tokens"] == 64 and session.bodies[0]["ignore_eos"] is True
 
 
 def test_a_step_of_zero_runs_real_engines_under_slos_the_streams_do_not_break():

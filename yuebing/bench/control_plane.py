@@ -125,8 +125,9 @@ class Clients:
         await asyncio.gather(*tasks)
 
     async def _one(self, session: Any, i: int) -> None:
+        # ignore_eos: a real engine's streams run to max_tokens, as the fake engine's do.
         body = {"model": self.model, "prompt": PROMPT, "max_tokens": self.spec.max_tokens, "stream": True,
-                "temperature": 0}
+                "temperature": 0, "ignore_eos": True}
         s = Stream(time.monotonic())
         self.in_flight += 1
         try:
