@@ -240,14 +240,14 @@ async def instances(url: str) -> set[str]:
 SETTLED_S = 3.0
 
 
-async def whole(load: Load, everyone: set[str], deadline: float) -> bool:
+async def whole(url: str, everyone: set[str], deadline: float) -> bool:
     """Every instance seen alive for SETTLED_S without a break, by `deadline`: a killed
     one noticed lost, restarted and back."""
     whole_since: float | None = None
     while whole_since is None or time.monotonic() - whole_since < SETTLED_S:
         if time.monotonic() > deadline:
             return False
-        alive = everyone <= await instances(load.url)
+        alive = everyone <= await instances(url)
         whole_since = (whole_since or time.monotonic()) if alive else None
         await asyncio.sleep(0.5)
     return True
@@ -256,7 +256,7 @@ async def whole(load: Load, everyone: set[str], deadline: float) -> bool:
 async def settle(load: Load, everyone: set[str], window_s: float) -> bool:
     """The cluster whole (the last scenario's restarts done, engines up), and a request served."""
     deadline = time.monotonic() + window_s
-    if not await whole(load, everyone, deadline):
+    if not await whole(load.url, everyone, deadline):
         return False
     settled = time.monotonic()
     return await wait_until(lambda: load.succeeded_since(settled), max(1.0, deadline - settled))
@@ -280,7 +280,7 @@ async def run_scenario(load: Load, launcher_pid: int, fault: Fault, stall_s: flo
     # The whole outage is judged, not just until the first success: every request sent
     # until the faulted process is back (a restart takes tens of seconds).
     load.full.clear()
-    await whole(load, everyone, time.monotonic() + window_s)
+    await whole(load.url, everyone, time.monotonic() + window_s)
     # Requests sent before recovery are judged too: wait for those in flight to end
     # (the clients give up on a request well after it should have, so this is bounded).
     until = time.monotonic()
