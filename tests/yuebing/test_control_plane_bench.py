@@ -22,6 +22,8 @@ from yuebing.bench.control_plane import (
     conductor_counts,
     cpu_costs,
     cpu_s,
+    idle_cores,
+    per_token,
     role_of,
     table,
     window,
@@ -49,6 +51,29 @@ def test_cpu_is_summed_by_role_per_request_and_per_token():
     assert [role_of(n) for n in ("gateway-1", "decode-0", "nats")] == ["gateway", "decode", "nats"]
 
 
+def test_over_idle_takes_each_role_s_idle_cpu_over_the_window_off_its_figure_per_token():
+    before = {"decode-0": 0.0, "decode-1": 0.0, "gateway": 0.0}
+    after = {"decode-0": 0.6, "decode-1": 0.4, "gateway": 0.1}
+    idle = {"decode-0": 0.01, "decode-1": 0.01, "gateway": 0.02}  # cores: 0.2 s of decode's 1.0 over 10 s
+    costs = cpu_costs(before, after, requests=10, tokens=1_000, idle=idle, seconds=10.0)
+    assert costs["decode"]["us_per_token"] == pytest.approx(1000.0)
+    assert costs["decode"]["us_per_token_over_idle"] == pytest.approx(800.0)
+    assert costs["decode"]["idle_cores"] == pytest.approx(0.02)
+    assert costs["gateway"]["us_per_token_over_idle"] == 0.0  # busier idle than loaded reads as nothing, not below
+    assert "us_per_token_over_idle" not in cpu_costs(before, after, requests=10, tokens=1_000)["decode"]
+
+
+async def test_the_idle_window_reads_each_process_s_cpu_in_cores():
+    idle = await idle_cores({"me": os.getpid()}, 0.05)
+    assert idle is not None and 0 <= idle["me"] < 2
+    assert await idle_cores({"me": os.getpid()}, 0) is None
+
+
+def test_the_table_shows_over_idle_beside_each_figure_where_measured():
+    assert per_token({"us_per_token": 111.4, "us_per_token_over_idle": 95.2}) == "111 (95)"
+    assert per_token({"us_per_token": 111.4}) == "111"
+
+
 def test_cpu_time_is_read_from_proc():
     assert cpu_s(os.getpid()) > 0
 
@@ -58,6 +83,8 @@ def test_settings_are_checked():
         ControlPlaneBench(gateways=(0,))
     with pytest.raises(ValueError):
         ControlPlaneBench(step_ms=-1)
+    with pytest.raises(ValueError):
+        ControlPlaneBench(idle_s=-1)
     with pytest.raises(ValueError):
         ControlPlaneBench(rate_per_conductor=-1)
 

@@ -9,7 +9,11 @@ completions open, spread over the gateways; or, with `rate_per_conductor`, start
 requests on a fixed schedule (open loop), that rate for each Conductor of the layout.
 After a warm-up, a window of `seconds` is measured: requests and tokens the clients
 received, their inter-token gaps, and each process's CPU time from /proc, per request
-and per streamed token.
+and per streamed token. Then, the streams done, a window of `idle_s` with no load:
+what each process spends doing nothing (heartbeats, timers, its loop), which, spread
+over few tokens (real engines on a small machine stream a tenth of what the fake one
+does), can be most of a figure per token. The load's own cost is the window's CPU
+less that idle rate over the window, per token ("over idle").
 
 A Conductor's capacity is read from its CPU: the decisions of the window over the
 CPU seconds of the busiest Conductor, i.e. decisions per second with a core each.
@@ -61,13 +65,18 @@ class ControlPlaneBench:
     conductor_sync_ms: Annotated[
         float, Meta(description="the cluster's --conductor-sync-ms (0: its default)")
     ] = 0.0
+    idle_s: Annotated[
+        float, Meta(description="a window with no load after the streams, s: each process's idle CPU, taken off "
+                                "its figure per token as 'over idle' (0: none)")
+    ] = 10.0
 
     def __post_init__(self) -> None:
         if min(self.gateways + self.conductors, default=0) < 1 or self.streams < 1 or self.max_tokens < 2:
             raise ValueError("gateways and conductors at least 1, streams at least 1, max_tokens at least 2")
-        if self.seconds <= 0 or min(self.warmup_s, self.step_ms, self.rate_per_conductor, self.conductor_sync_ms) < 0:
-            raise ValueError("seconds must be positive; warmup_s, step_ms, rate_per_conductor and conductor_sync_ms "
-                             "not negative")
+        if self.seconds <= 0 or min(self.warmup_s, self.step_ms, self.rate_per_conductor, self.conductor_sync_ms,
+                                    self.idle_s) < 0:
+            raise ValueError("seconds must be positive; warmup_s, step_ms, rate_per_conductor, conductor_sync_ms "
+                             "and idle_s not negative")
 
 
 @dataclass
@@ -173,13 +182,33 @@ def window(streams: list[Stream], start: float, end: float) -> dict[str, Any]:
     }
 
 
-def cpu_costs(before: dict[str, float], after: dict[str, float], requests: int, tokens: int) -> dict[str, Any]:
-    """Each role's CPU (its processes summed): µs per request, per token, cores busy."""
+def cpu_costs(before: dict[str, float], after: dict[str, float], requests: int, tokens: int,
+              idle: dict[str, float] | None = None, seconds: float = 0.0) -> dict[str, Any]:
+    """Each role's CPU (its processes summed): µs per request, per token, cores busy;
+    with `idle` (each process's idle CPU, cores), also per token over what the role
+    would have spent idle in the window's `seconds`."""
     roles: dict[str, list[float]] = {}
+    idle_by_role: dict[str, float] = {}
     for name in before:
         roles.setdefault(role_of(name), []).append(after[name] - before[name])
-    return {role: {"us_per_request": 1e6 * sum(used) / max(1, requests), "us_per_token": 1e6 * sum(used) / max(1, tokens),
-                   "busiest_s": max(used), "processes": len(used)} for role, used in sorted(roles.items())}
+        idle_by_role[role_of(name)] = idle_by_role.get(role_of(name), 0.0) + (idle or {}).get(name, 0.0)
+    per_req, per_tok = 1e6 / max(1, requests), 1e6 / max(1, tokens)
+    costs = {role: {"us_per_request": per_req * sum(used), "us_per_token": per_tok * sum(used),
+                    "busiest_s": max(used), "processes": len(used)} for role, used in sorted(roles.items())}
+    if idle is not None:
+        for role, c in costs.items():
+            c["idle_cores"] = idle_by_role[role]
+            c["us_per_token_over_idle"] = per_tok * max(0.0, sum(roles[role]) - idle_by_role[role] * seconds)
+    return costs
+
+
+async def idle_cores(pids: dict[str, int], seconds: float) -> dict[str, float] | None:
+    """Each process's CPU over `seconds` with no load, in cores (None: no window)."""
+    if seconds <= 0:
+        return None
+    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    await asyncio.sleep(seconds)
+    return {name: (cpu_s(pid) - before[name]) / seconds for name, pid in pids.items()}
 
 
 async def measure(urls: list[str], model: str, pids: dict[str, int], spec: ControlPlaneBench,
@@ -194,8 +223,9 @@ async def measure(urls: list[str], model: str, pids: dict[str, int], spec: Contr
     await asyncio.sleep(max(0.0, end - time.monotonic()))
     after = {name: cpu_s(pid) for name, pid in pids.items()}
     await load  # the streams open at the end finish (outside the window)
+    idle = await idle_cores(pids, spec.idle_s)
     seen = window(clients.done, start, end)
-    costs = cpu_costs(before, after, seen["requests"], seen["tokens"])
+    costs = cpu_costs(before, after, seen["requests"], seen["tokens"], idle, spec.seconds)
     busiest = costs.get("conductor", {}).get("busiest_s", 0.0)
     return {**seen, "errors": clients.errors, "shed": clients.shed, "cpu": costs,
             "conductor_decisions_per_core_s": seen["requests"] / busiest if busiest else 0.0}
@@ -259,27 +289,34 @@ def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], N
     return results
 
 
+def per_token(cost: dict[str, Any]) -> str:
+    """A role's µs per token, and over its idle CPU where that was measured: '111 (95)'."""
+    over = cost.get("us_per_token_over_idle")
+    return f"{cost['us_per_token']:.0f}" + (f" ({over:.0f})" if over is not None else "")
+
+
 def line(r: dict[str, Any]) -> str:
     cpu = r["cpu"]
     return (f"{r['gateways']}G {r['conductors']}C: {r['requests_per_s']:.1f} req/s, {r['tokens_per_s']:.0f} tokens/s, "
-            f"ITL p50 {r['itl_p50_ms']:.1f} ms p99 {r['itl_p99_ms']:.1f} ms, gateway {cpu['gateway']['us_per_token']:.0f} "
-            f"µs/token, decode {cpu['decode']['us_per_token']:.0f} µs/token, Conductor "
+            f"ITL p50 {r['itl_p50_ms']:.1f} ms p99 {r['itl_p99_ms']:.1f} ms, gateway {per_token(cpu['gateway'])} "
+            f"µs/token, decode {per_token(cpu['decode'])} µs/token (over idle), Conductor "
             f"{cpu['conductor']['us_per_request']:.0f} µs/request, {r['errors']} failed, {r['shed']} shed, "
             f"{r.get('decode_refusals', 0)} decode refusals of {r.get('accepted', 0)} placed")
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """Markdown: one row per layout, CPU per token and per request by process."""
-    head = ("| gateways | Conductors | req/s | tokens/s | ITL p50 / p99 ms | gateway µs/token | decode µs/token "
-            "| nats µs/token | Conductor µs/request | prefill µs/request | Conductor decisions/s (a core each) | failed "
+    """Markdown: one row per layout, CPU per token (and over idle) and per request by process."""
+    head = ("| gateways | Conductors | req/s | tokens/s | ITL p50 / p99 ms | gateway µs/token (over idle) "
+            "| decode µs/token (over idle) | nats µs/token (over idle) "
+            "| Conductor µs/request | prefill µs/request | Conductor decisions/s (a core each) | failed "
             "| shed | decode refusals / placed |")
     rows = [head, "|" + "---|" * 14]
     for r in results:
         c = r["cpu"]
         rows.append(
             f"| {r['gateways']} | {r['conductors']} | {r['requests_per_s']:.1f} | {r['tokens_per_s']:.0f} "
-            f"| {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | {c['gateway']['us_per_token']:.0f} "
-            f"| {c['decode']['us_per_token']:.0f} | {c['nats']['us_per_token']:.0f} "
+            f"| {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | {per_token(c['gateway'])} "
+            f"| {per_token(c['decode'])} | {per_token(c['nats'])} "
             f"| {c['conductor']['us_per_request']:.0f} | {c['prefill']['us_per_request']:.0f} "
             f"| {r['conductor_decisions_per_core_s']:.0f} | {r['errors']} | {r['shed']} "
             f"| {r.get('decode_refusals', 0)} / {r.get('accepted', 0)} |")
