@@ -26,6 +26,7 @@ from tests.e2e.ops import openai_client
 from tests.reference import DTYPE, Reference
 from yuebing.launcher import GATEWAY_PORTS
 from yuebing.model import default_model_dir
+from yuebing import process
 from yuebing.process import free_port, free_ports
 
 MAX_MODEL_LEN = 1024
@@ -128,9 +129,9 @@ def launch(model_dir: Path, tmp: Path, *flags: str) -> Launch:
         *flags,
     ]  # fmt: skip
     log = tmp / "launcher.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    return Launch(proc, tmp / "ready.json", log)
+    # Its own process group, and SIGTERM (an orderly stop) if pytest dies: a pytest
+    # killed before its teardown would otherwise leave the whole cluster running.
+    return Launch(process.spawn(argv, log), tmp / "ready.json", log)
 
 
 # The shared cluster, stopped as soon as the last test that uses it has ended
@@ -192,8 +193,7 @@ def vllm_serve(model_dir, cluster, tmp_path_factory):
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--port", str(port),
             "--served-model-name", model_dir.name, "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN),
             "--enforce-eager", "--seed", "0", "--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = process.spawn(argv, log, env)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc, log)
