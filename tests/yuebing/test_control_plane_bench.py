@@ -147,7 +147,10 @@ def test_with_real_engines_the_table_says_what_vllm_alone_costs():
               "itl_p99_ms": 2.0, "cpu": costs, "conductor_decisions_per_core_s": 5.0, "errors": 0, "shed": 0}
     assert "vLLM" not in table([result])
     alone = table([{**result, "vllm_alone": {"tokens_per_s": 1000.0, "us_per_token": 84.2}}])
-    assert "vLLM's AsyncLLM alone" in alone and "84 µs/token" in alone
+    assert "vLLM's AsyncLLM alone" in alone and "84 µs/token" in alone and "engine-core" not in alone
+    both = table([{**result, "vllm_alone": {"tokens_per_s": 1000.0, "us_per_token": 84.2},
+                   "core_alone": {"tokens_per_s": 1000.0, "us_per_token": 41.0}}])
+    assert "engine-core client alone" in both and "41 µs/token" in both
 
 
 def test_the_engine_alone_says_why_it_failed(tmp_path):

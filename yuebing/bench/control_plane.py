@@ -282,10 +282,12 @@ def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], N
             say(line(results[-1]))
     if not spec.step_ms:  # real engines: how much of decode's figure is vLLM's own front end
         say("vLLM's engine alone, as decode builds it: starting")
-        alone = engine_alone.run(configs[0], max(1, spec.streams // spec.decode), spec.max_tokens, spec.warmup_s,
-                                 spec.seconds)
+        streams = max(1, spec.streams // spec.decode)
+        alone = engine_alone.run(configs[0], streams, spec.max_tokens, spec.warmup_s, spec.seconds)
+        say("... and its engine-core client alone, below AsyncLLM's front end: starting")
+        core = engine_alone.run(configs[0], streams, spec.max_tokens, spec.warmup_s, spec.seconds, raw=True)
         for r in results:
-            r["vllm_alone"] = alone
+            r["vllm_alone"], r["core_alone"] = alone, core
     return results
 
 
@@ -324,4 +326,8 @@ def table(results: list[dict[str, Any]]) -> str:
     if alone:
         rows.append(f"\nvLLM's AsyncLLM alone (the decode engine's config, {alone['tokens_per_s']:.0f} tokens/s, no "
                     f"Yuebing): {alone['us_per_token']:.0f} µs/token of its process, within decode's µs/token above")
+    core = results[0].get("core_alone") if results else None
+    if core:
+        rows.append(f"its engine-core client alone (no output processor, {core['tokens_per_s']:.0f} tokens/s): "
+                    f"{core['us_per_token']:.0f} µs/token; the difference is AsyncLLM's front end")
     return "\n".join(rows)
