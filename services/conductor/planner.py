@@ -286,7 +286,7 @@ class Planner:
         self.wanted = want
         if want is None or d is None or self.streak < self.params.confirm:
             return []
-        count = min(abs(d.target_prefill - prefills), self._budget(obs.now, len(obs.roles)))
+        count = min(abs(d.target_prefill - prefills), self._budget(obs.now, len(obs.roles)), self._spare(obs))
         moves = [Move(iid, want, d.detail()) for iid in self._candidates(obs, want)[:count]]
         for m in moves:
             self.changed_at[m.instance_id] = obs.now
@@ -312,6 +312,14 @@ class Planner:
         if 0 in (to[0], now[0]):
             return d.headroom(*to) > d.headroom(*now) * (1 + self.params.min_gain)
         return d.served(*to) - d.served(*now) > self.params.min_gain
+
+    @staticmethod
+    def _spare(obs: Observation) -> int:
+        """Moves that leave an instance serving: a moving one drains, serving nothing new,
+        so the last one is never moved. The fleet is the live instances: where the
+        others missed their heartbeats under load, a lone survivor moved away had left
+        the cluster with no engine to place on (503s, measured live on 2 instances)."""
+        return max(0, sum(1 for iid in obs.roles if iid not in obs.moving) - 1)
 
     def _budget(self, now: float, fleet: int) -> int:
         """Moves the last minute leaves room for."""

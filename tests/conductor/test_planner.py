@@ -194,3 +194,17 @@ def test_a_minute_moves_at_most_a_share_of_the_fleet():
     assert moves[0] == [] and len(moves[1]) == 8  # half of 16 at once: a shift is followed within a minute
     with pytest.raises(ValueError):
         PlannerParams(move_share_per_min=0.0)
+
+
+def test_the_last_live_instance_is_never_moved():
+    # Decode missed its heartbeats under load: the planner sees a fleet of one prefill
+    # instance, whose pooled target is decode. Moving it would drain the only engine
+    # the Conductor can place on.
+    lone = obs(100.0, 1, 0, prompt=200, output=200, per_s=1.0)
+    planner = Planner(PREDICTOR, ADAPTIVE)
+    d = demand(lone, PREDICTOR, ADAPTIVE)
+    assert d.target_prefill == 0 and d.headroom(0, 1) > d.headroom(1, 0)  # it would gain by moving
+    assert planner.decide(lone) == [] and planner.decide(replace(lone, now=101.0)) == []
+    # With a second instance serving, the same demand moves it.
+    pair = obs(100.0, 1, 1, prompt=200, output=200, per_s=1.0)
+    assert [(m.instance_id, m.to) for m in Planner(PREDICTOR, ADAPTIVE).decide(pair)] == [("p0", "decode")]
