@@ -24,9 +24,9 @@ from shared.config import ClusterConfig, load_config
 from shared.engine.llm import engine_environment
 from tests.e2e.ops import openai_client
 from tests.reference import DTYPE, Reference
+from yuebing import process
 from yuebing.launcher import GATEWAY_PORTS
 from yuebing.model import default_model_dir
-from yuebing import process
 from yuebing.process import free_port, free_ports
 
 MAX_MODEL_LEN = 1024

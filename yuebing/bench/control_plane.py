@@ -188,27 +188,30 @@ def cpu_costs(before: dict[str, float], after: dict[str, float], requests: int, 
     with `idle` (each process's idle CPU, cores), also per token over what the role
     would have spent idle in the window's `seconds`."""
     roles: dict[str, list[float]] = {}
-    idle_by_role: dict[str, float] = {}
     for name in before:
         roles.setdefault(role_of(name), []).append(after[name] - before[name])
-        idle_by_role[role_of(name)] = idle_by_role.get(role_of(name), 0.0) + (idle or {}).get(name, 0.0)
     per_req, per_tok = 1e6 / max(1, requests), 1e6 / max(1, tokens)
     costs = {role: {"us_per_request": per_req * sum(used), "us_per_token": per_tok * sum(used),
                     "busiest_s": max(used), "processes": len(used)} for role, used in sorted(roles.items())}
     if idle is not None:
         for role, c in costs.items():
-            c["idle_cores"] = idle_by_role[role]
-            c["us_per_token_over_idle"] = per_tok * max(0.0, sum(roles[role]) - idle_by_role[role] * seconds)
+            c["idle_cores"] = sum(cores for name, cores in idle.items() if role_of(name) == role)
+            c["us_per_token_over_idle"] = per_tok * max(0.0, sum(roles[role]) - c["idle_cores"] * seconds)
     return costs
+
+
+def cpu_all(pids: dict[str, int]) -> dict[str, float]:
+    """Every process's CPU time so far, s."""
+    return {name: cpu_s(pid) for name, pid in pids.items()}
 
 
 async def idle_cores(pids: dict[str, int], seconds: float) -> dict[str, float] | None:
     """Each process's CPU over `seconds` with no load, in cores (None: no window)."""
     if seconds <= 0:
         return None
-    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    before = cpu_all(pids)
     await asyncio.sleep(seconds)
-    return {name: (cpu_s(pid) - before[name]) / seconds for name, pid in pids.items()}
+    return {name: (used - before[name]) / seconds for name, used in cpu_all(pids).items()}
 
 
 async def measure(urls: list[str], model: str, pids: dict[str, int], spec: ControlPlaneBench,
@@ -219,9 +222,9 @@ async def measure(urls: list[str], model: str, pids: dict[str, int], spec: Contr
     end = start + spec.seconds
     load = asyncio.create_task(clients.run(end))
     await asyncio.sleep(max(0.0, start - time.monotonic()))
-    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    before = cpu_all(pids)
     await asyncio.sleep(max(0.0, end - time.monotonic()))
-    after = {name: cpu_s(pid) for name, pid in pids.items()}
+    after = cpu_all(pids)
     await load  # the streams open at the end finish (outside the window)
     idle = await idle_cores(pids, spec.idle_s)
     seen = window(clients.done, start, end)

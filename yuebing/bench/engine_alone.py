@@ -47,15 +47,7 @@ async def measure(config_path: str, streams: int, max_tokens: int, warmup_s: flo
     # vLLM's parameters as decode makes them (token ids only, each output its new tokens).
     params = sampling_params(Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), max_tokens)
     window = {"counting": False, "tokens": 0}
-
-    async def client(i: int) -> None:
-        for n in itertools.count():
-            async for out in engine.generate({"prompt_token_ids": PROMPT_TOKEN_IDS}, params, f"r{i}-{n}"):
-                if window["counting"]:
-                    window["tokens"] += sum(len(c.token_ids) for c in out.outputs)
-
-    tasks = raw_clients(engine, params, streams, window) if raw else \
-        [asyncio.create_task(client(i)) for i in range(streams)]
+    tasks = (raw_clients if raw else asyncllm_clients)(engine, params, streams, window)
     await asyncio.sleep(warmup_s)
     start, before = time.monotonic(), cpu_s(os.getpid())
     window["counting"] = True
@@ -67,6 +59,18 @@ async def measure(config_path: str, streams: int, max_tokens: int, warmup_s: flo
     engine.shutdown()
     tokens = int(window["tokens"])
     return {"tokens": tokens, "tokens_per_s": tokens / span, "us_per_token": 1e6 * used / max(1, tokens)}
+
+
+def asyncllm_clients(engine: Any, params: Any, streams: int, window: dict[str, Any]) -> list[asyncio.Task]:
+    """`streams` requests back to back through AsyncLLM's `generate`, as decode sends them."""
+
+    async def client(i: int) -> None:
+        for n in itertools.count():
+            async for out in engine.generate({"prompt_token_ids": PROMPT_TOKEN_IDS}, params, f"r{i}-{n}"):
+                if window["counting"]:
+                    window["tokens"] += sum(len(c.token_ids) for c in out.outputs)
+
+    return [asyncio.create_task(client(i)) for i in range(streams)]
 
 
 def raw_clients(engine: Any, params: Any, streams: int, window: dict[str, Any]) -> list[asyncio.Task]:
