@@ -142,7 +142,8 @@ class Conductor:
         self.mode_params = mode_params(config)
         self.modes: dict[str, int] = {}  # serving-mode decisions, by ModeChoice.key
         self.routes: dict[str, int] = {}  # CPP group or single instance, by Route.key
-        params = PlannerParams(empty_prefill=config.mode == "adaptive")
+        params = PlannerParams(empty_prefill=config.mode == "adaptive", step_tokens=config.step_tokens,
+                               chunk_tokens=self.decode_chunk_tokens)
         self.roles = Roles(Planner(predictor, params) if config.planner else None)
         self.mine: set[str] = set()  # requests it placed itself, until they finish
         # With other Conductors (services/conductor/sync.py): what its books took in, for them (Wiring sends it).

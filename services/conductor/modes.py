@@ -315,9 +315,18 @@ def fullest_step_s(load: ColocatedLoad, req: Request, predictor: Predictor, bloc
     token gaps up to 436 ms; all 22 spilled onto the decode instance kept it."""
     cached = load.cached_tokens(req, block_size)
     joined = (load.batch + 1, load.ctx_tokens + req.prompt_len)
+    if _alone(load, req.prompt_len - cached, step_tokens):
+        return load.slowdown * predictor.decode_step_s(*joined)
     budget = max(0, _capped(load, step_budget(predictor, step_tokens, *joined, 0, req.slo_tbt_s)))
     chunk = budget if load.prefill_role else min(budget, load.queued_tokens + req.prompt_len - cached)
     return load.slowdown * mixed_step_s(predictor, *joined, [(chunk, 0)])
+
+
+def _alone(load: ColocatedLoad, new_tokens: int, step_tokens: int) -> bool:
+    """Whether the prompt is all an idle engine runs, in one step: nobody decodes or
+    prefills there, so that step stalls no one (vLLM caps a prompt's chunk only beside
+    other requests; one joining meanwhile waits it out, as it would any step)."""
+    return not (load.batch or load.queued_tokens or load.prefill_role) and 0 < step_tokens and new_tokens <= step_tokens
 
 
 def colocated_stall_s(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int) -> float:

@@ -54,6 +54,8 @@ from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Literal
 
+from services.conductor.modes import ColocatedLoad, fullest_step_s
+from services.conductor.policy import Request
 from shared.predictor import Predictor, prefill_marginal_s
 
 Role = Literal["prefill", "decode"]
@@ -81,6 +83,12 @@ class PlannerParams:
     # Adaptive mode: decode instances prefill what no prefill instance takes (modes.py),
     # so the prefill role may be left empty when it needs less than half an instance.
     empty_prefill: bool = False
+    # ... and how they prefill, as the cluster runs its engines: an engine step's token
+    # budget (ClusterConfig.step_tokens) and a decode engine's cap on one prompt's
+    # chunk (ClusterConfig.prompt_chunk_tokens; 0: none). A pooled instance takes
+    # only the prompts whose fullest step keeps the TBT SLO of those decoding there.
+    step_tokens: int = 2048
+    chunk_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.window_s <= 0 or self.interval_s <= 0 or self.dwell_s < 0 or self.confirm < 1:
@@ -141,13 +149,18 @@ class Demand:
     # The window's requests cheapest prompt first, each with the share of the window's
     # prefill work it and the cheaper ones need (rising to 1; empty: all alike).
     prefill_shares: tuple[float, ...] = ()
+    # The share of the window's requests a pooled instance would take at all: adaptive
+    # admission spills a prompt onto a decoding engine only where its fullest step keeps
+    # the TBT SLO there (modes.better_both); the rest are refused, whatever the room.
+    pooled_share: float = 1.0
 
     def headroom(self, prefills: int, decodes: int) -> float:
         """How many times over a split can serve the demand, its busier role the bound.
         With no prefill instance the fleet is pooled: every instance's time serves both
         roles, its prefill only in the room its decode steps leave (`pooled_free`)."""
         if not prefills:
-            return min(_times(decodes, self.prefill + self.decode), _times(decodes * self.pooled_free, self.prefill))
+            times = min(_times(decodes, self.prefill + self.decode), _times(decodes * self.pooled_free, self.prefill))
+            return min(times, self.pooled_share) if self.pooled_share < 1 else times
         return min(self._prefill_times(prefills), _times(decodes, self.decode))
 
     def _prefill_times(self, instances: int) -> float:
@@ -206,7 +219,30 @@ def demand(obs: Observation, predictor: Predictor, params: PlannerParams) -> Dem
     each = math.ceil(concurrent / len(obs.roles))
     free = max(0.0, 1 - predictor.decode_step_s(each, round(each * ctx)) * slow / step_cap_s) if each else 1.0
     forced = obs.decode_refusals > params.refusal_share * len(recent)
-    return _split(Demand(prefill, decode, 0, forced, free, _prefill_shares(recent, predictor)), obs, params)
+    taken = _pooled_share(recent, predictor, params, each, ctx, slow, obs.slo_tbt_s)
+    return _split(Demand(prefill, decode, 0, forced, free, _prefill_shares(recent, predictor), taken), obs, params)
+
+
+def _pooled_share(recent: list[Arrival], predictor: Predictor, params: PlannerParams, each: int, ctx: float,
+                  slow: float, slo_tbt_s: float) -> float:
+    """`Demand.pooled_share`: the window's requests whose prefill, on a pooled instance
+    decoding `each` requests with nothing queued (the state most in its favour), puts
+    no step past the TBT SLO there, priced by admission's own rule. On a host slower
+    than its profile a capped chunk beside a batch can break the SLO: the pooled fleet
+    then refuses every long prompt (`yuebing sim-planner`-style runs of the live
+    goodput trace, 2 CPU instances at half the profile's speed: 40 of 300 long-prompt
+    requests good pooled, 295 split)."""
+    if not params.empty_prefill:
+        return 1.0
+    load = ColocatedLoad("pooled", 0, 0, each, round(each * ctx), slowdown=slow, decode_chunk_tokens=params.chunk_tokens)
+    fits = sum(fullest_step_s(load, _as_request(a, slo_tbt_s), predictor, 1, params.step_tokens) <= slo_tbt_s
+               for a in recent)
+    return fits / len(recent)
+
+
+def _as_request(a: Arrival, slo_tbt_s: float) -> Request:
+    """An arrival as admission sees it, its cached tokens left out of its prompt."""
+    return Request("", max(1, a.uncached_tokens), 0, a.output_tokens, math.inf, slo_tbt_s)
 
 
 def _prefill_shares(recent: list[Arrival], predictor: Predictor) -> tuple[float, ...]:
@@ -245,10 +281,12 @@ def _split(d: Demand, obs: Observation, params: PlannerParams) -> Demand:
     split = min(n - 1, max(1, target))
     if not params.empty_prefill:
         return replace(d, target_prefill=split)
-    # Adaptive mode may pool the fleet: where prefill needs under half an instance,
-    # or (decode not refusing: its steps then have the room the models say) where
-    # pooled instances serve the demand with more room than the split.
-    pooled = target == 0 or (not d.forced and d.headroom(0, n) >= d.headroom(split, n - split))
+    # Adaptive mode may pool the fleet: where prefill needs under half an instance (and
+    # pooled engines would take every prompt, or serve more than the split), or (decode
+    # not refusing: its steps then have the room the models say) where pooled
+    # instances serve the demand with more room than the split.
+    roomier = d.headroom(0, n) >= d.headroom(split, n - split)
+    pooled = roomier and (target == 0 or not d.forced) or (target == 0 and d.pooled_share >= 1)
     return replace(d, target_prefill=0 if pooled else split)
 
 

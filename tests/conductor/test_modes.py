@@ -2,6 +2,7 @@
 rules' defining behaviour, and placement across colocated instances."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -10,6 +11,7 @@ from services.conductor.modes import (
     ColocatedLoad,
     LocalPrefill,
     ModeParams,
+    better_both,
     choose_mode,
     colocated_stall_s,
     colocated_ttft_s,
@@ -214,3 +216,22 @@ def test_an_engine_that_caps_a_prompts_chunk_prefills_a_long_spill_in_slo_sized_
     # vLLM caps each prompt: beside another prefilling there, or with nobody decoding, it is not chunked alone.
     assert not ColocatedLoad("d0", 100, 0, batch=4, ctx_tokens=4_000, decode_chunk_tokens=500).chunked
     assert not ColocatedLoad("d0", 0, 0, batch=0, ctx_tokens=0, decode_chunk_tokens=500).chunked
+
+
+def test_a_prompt_an_idle_engine_takes_in_one_step_stalls_nobody():
+    from services.conductor.modes import fullest_step_s
+
+    prompt = req(prompt_len=2_000, slo_tbt_s=0.05)
+    idle = ColocatedLoad("d0", 0, 0, batch=0, ctx_tokens=0, decode_chunk_tokens=500)
+    # Alone there, vLLM takes it whole (its cap binds only beside other requests), and
+    # no one decodes there to wait the step out: only its own decode step counts.
+    assert fullest_step_s(idle, prompt, PRED, BS, 2048) == pytest.approx(PRED.decode_step_s(1, 2_000))
+    choice = place_colocated(prompt, [idle], PRED, BS, 2048)
+    assert isinstance(choice, ColocatedChoice) and choice.mixed_steps == 1
+    assert better_both(choice, Rejection("unavailable", "no live prefill instance", 1.0), prompt)
+    # Beside one decode, the same prompt's capped chunks share its steps.
+    busy = replace(idle, batch=1, ctx_tokens=1_000)
+    assert fullest_step_s(busy, prompt, PRED, BS, 2048) == pytest.approx(mixed_step_s(PRED, 2, 3_000, [(500, 0)]))
+    # Longer than a step, it would be chunked beside whoever joins: priced as before.
+    long_prompt = req(prompt_len=4_000, slo_tbt_s=0.05)
+    assert fullest_step_s(idle, long_prompt, PRED, BS, 2048) > PRED.decode_step_s(1, 4_000)

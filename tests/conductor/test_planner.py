@@ -131,7 +131,8 @@ def test_bad_parameters_are_refused():
         PlannerParams(decode_utilization=0)
 
 
-ADAPTIVE = PlannerParams(window_s=10.0, interval_s=1.0, confirm=1, dwell_s=0.0, empty_prefill=True)
+# Decode engines cap a prompt's chunk at 1,024 tokens (a 30 ms step beside a small batch).
+ADAPTIVE = PlannerParams(window_s=10.0, interval_s=1.0, confirm=1, dwell_s=0.0, empty_prefill=True, chunk_tokens=1024)
 
 
 def test_in_adaptive_mode_a_prefill_role_that_needs_under_half_an_instance_is_emptied():
@@ -166,6 +167,26 @@ def test_in_adaptive_mode_the_fleet_pools_where_decode_steps_leave_prefill_room(
     back = demand(tight, PREDICTOR, ADAPTIVE)
     assert back.pooled_free < 0.5 and back.target_prefill == 1 and back.headroom(1, 1) > back.headroom(0, 2)
     assert Planner(PREDICTOR, ADAPTIVE).decide(tight)[0].to == "prefill"
+
+
+def test_a_pooled_fleet_is_priced_by_the_prompts_its_engines_would_take():
+    # Pooled engines take a long prompt in capped chunks beside their decodes...
+    fast = obs(100.0, 1, 1, prompt=4000, output=400, per_s=2.0)
+    assert demand(fast, PREDICTOR, ADAPTIVE).pooled_share == 1.0
+    # ... but on a host whose steps run 2x the profile's, a 1,024-token chunk beside a
+    # batch breaks the 50 ms SLO: admission would refuse every such prompt there.
+    slow = replace(fast, decode_slowdown=2.0)
+    d = demand(slow, PREDICTOR, ADAPTIVE)
+    assert d.pooled_share == 0.0 and d.headroom(0, 2) == 0.0 and d.target_prefill == 1
+    assert Planner(PREDICTOR, ADAPTIVE).decide(slow) == []
+    # Short prompts fit a step there whatever the cap: half of them, half pooled.
+    mixed = replace(slow, arrivals=tuple(replace(a, uncached_tokens=200, prompt_tokens=200) if i % 2 else a
+                                         for i, a in enumerate(slow.arrivals)))
+    assert demand(mixed, PREDICTOR, ADAPTIVE).pooled_share == pytest.approx(0.5)
+    # Where nothing decodes at once (one-token answers), a prompt is an idle engine's only work.
+    alone = replace(slow, arrivals=tuple(replace(a, uncached_tokens=2000, prompt_tokens=2000, output_tokens=1)
+                                         for a in slow.arrivals))
+    assert demand(alone, PREDICTOR, ADAPTIVE).pooled_share == 1.0
 
 
 def test_pooled_and_split_within_min_gain_of_each_other_move_nothing():

@@ -161,8 +161,7 @@ class Simulation:
         self.decode_chunk_tokens = 0  # decode engines' cap on one prompt's chunk, as ClusterConfig.prompt_chunk_tokens
         if config.planner and config.mode not in PLANNER_MODES:
             raise ValueError("the planner moves instances between prefill and decode: adaptive or disaggregated mode")
-        self.plan = (RolePlan.of(self.predictor, config.max_batch, empty_prefill=config.mode == "adaptive")
-                     if config.planner else None)
+        self.plan: RolePlan | None = None  # with config.planner, made in `run` (it needs the chunk cap)
 
     def _decode_chunk_tokens(self) -> int:
         """As the live cluster sizes it (0 where decode instances prefill nothing, or
@@ -186,6 +185,9 @@ class Simulation:
         # vLLM's max_model_len: the longest request it must serve, here the trace's.
         self.max_model_len = max((r.input_length + r.output_length for r in trace), default=0)
         self.decode_chunk_tokens = self._decode_chunk_tokens()
+        if self.config.planner:
+            self.plan = RolePlan.of(self.predictor, self.config.max_batch, self.config.mode == "adaptive",
+                                    self.config.step_tokens, self.decode_chunk_tokens)
         self.unsettled = len(requests)
         for r in requests:
             self.at(r.arrival, "arrive", r)
