@@ -229,9 +229,7 @@ def _pooled_share(recent: list[Arrival], predictor: Predictor, params: PlannerPa
     decoding `each` requests with nothing queued (the state most in its favour), puts
     no step past the TBT SLO there, priced by admission's own rule. On a host slower
     than its profile a capped chunk beside a batch can break the SLO: the pooled fleet
-    then refuses every long prompt (`yuebing sim-planner`-style runs of the live
-    goodput trace, 2 CPU instances at half the profile's speed: 40 of 300 long-prompt
-    requests good pooled, 295 split)."""
+    then refuses long prompts however much room the time models give it."""
     if not params.empty_prefill:
         return 1.0
     load = ColocatedLoad("pooled", 0, 0, each, round(each * ctx), slowdown=slow, decode_chunk_tokens=params.chunk_tokens)
