@@ -374,7 +374,7 @@ class Conductor:
         """The host among `hosts` that would prefill and decode the request soonest, as colocated placement picks."""
         queues = {x.instance_id: x.queue_s for x in view.prefills}  # a prefill instance's own work comes first
         loads = [replace(self._colocated_load(x, ask.block_hashes, view, now), queue_s=queues.get(x.instance_id, 0.0),
-                         prefill_role=x.instance_id in queues) for x in hosts]
+                         prefill_role=x.instance_id in queues, pooled=not queues) for x in hosts]
         return place_colocated(req, loads, self.state.predictor, self.config.block_size, self.config.step_tokens,
                                self.config.admission)
 

@@ -244,6 +244,9 @@ class ColocatedLoad:
     queue_s: float = 0.0  # predicted work ahead besides `queued_tokens` (a prefill instance's own queue)
     decode_chunk_tokens: int = 0  # its engine's cap on one prompt's tokens per step (0: none)
     prefill_role: bool = False  # a prefill instance: its role's prompts keep coming, whatever it decodes
+    # No prefill instance in the fleet (pooled, or none live): nothing joins its batch
+    # from another engine's prefill, only spills, each judged with its queue.
+    pooled: bool = False
 
     def cached_tokens(self, req: Request, block_size: int) -> int:
         """Prompt tokens of `req` it would not compute (at least one token always is)."""
@@ -323,10 +326,13 @@ def fullest_step_s(load: ColocatedLoad, req: Request, predictor: Predictor, bloc
 
 
 def _alone(load: ColocatedLoad, new_tokens: int, step_tokens: int) -> bool:
-    """Whether the prompt is all an idle engine runs, in one step: nobody decodes or
-    prefills there, so that step stalls no one (vLLM caps a prompt's chunk only beside
-    other requests; one joining meanwhile waits it out, as it would any step)."""
-    return not (load.batch or load.queued_tokens or load.prefill_role) and 0 < step_tokens and new_tokens <= step_tokens
+    """Whether the prompt is all an idle engine of a pooled fleet runs, in one step: vLLM
+    caps a prompt's chunk only beside other requests, and nobody decodes or prefills
+    there to wait the step out. (Beside prefill instances, a transferred request could
+    join meanwhile and wait out the whole step: its TBT is not judged against it, so
+    there the step is priced as before, beside the joined batch.)"""
+    idle = load.pooled and not (load.batch or load.queued_tokens or load.prefill_role)
+    return idle and 0 < step_tokens and new_tokens <= step_tokens
 
 
 def colocated_stall_s(load: ColocatedLoad, req: Request, predictor: Predictor, block_size: int) -> float:

@@ -24,6 +24,9 @@ less than half an instance or pooled instances have more room than the split. A
 pooled instance prefills only in the room its own decode steps leave: a step that
 carries a prompt chunk is held to the TBT SLO, so the more it decodes, the less
 prompt each step takes (the interference disaggregation avoids; Demand.headroom).
+And it takes only the prompts admission would spill onto it: those whose fullest
+step there keeps the TBT SLO (Demand.pooled_share; on a host slower than its
+profile, a capped chunk beside a batch may not, and every long prompt is refused).
 
 While decode refuses requests for want of room (more than `refusal_share` of the
 window's arrivals: admission's TBT rejections, decodes refusing what prefill
@@ -232,7 +235,8 @@ def _pooled_share(recent: list[Arrival], predictor: Predictor, params: PlannerPa
     then refuses long prompts however much room the time models give it."""
     if not params.empty_prefill:
         return 1.0
-    load = ColocatedLoad("pooled", 0, 0, each, round(each * ctx), slowdown=slow, decode_chunk_tokens=params.chunk_tokens)
+    load = ColocatedLoad("pooled", 0, 0, each, round(each * ctx), slowdown=slow, decode_chunk_tokens=params.chunk_tokens,
+                         pooled=True)
     fits = sum(fullest_step_s(load, _as_request(a, slo_tbt_s), predictor, 1, params.step_tokens) <= slo_tbt_s
                for a in recent)
     return fits / len(recent)

@@ -218,17 +218,22 @@ def test_an_engine_that_caps_a_prompts_chunk_prefills_a_long_spill_in_slo_sized_
     assert not ColocatedLoad("d0", 0, 0, batch=0, ctx_tokens=0, decode_chunk_tokens=500).chunked
 
 
-def test_a_prompt_an_idle_engine_takes_in_one_step_stalls_nobody():
+def test_a_prompt_an_idle_pooled_engine_takes_in_one_step_stalls_nobody():
     from services.conductor.modes import fullest_step_s
 
     prompt = req(prompt_len=2_000, slo_tbt_s=0.05)
-    idle = ColocatedLoad("d0", 0, 0, batch=0, ctx_tokens=0, decode_chunk_tokens=500)
+    idle = ColocatedLoad("d0", 0, 0, batch=0, ctx_tokens=0, decode_chunk_tokens=500, pooled=True)
     # Alone there, vLLM takes it whole (its cap binds only beside other requests), and
-    # no one decodes there to wait the step out: only its own decode step counts.
+    # with no prefill instance nothing joins to wait the step out: its own step counts.
     assert fullest_step_s(idle, prompt, PRED, BS, 2048) == pytest.approx(PRED.decode_step_s(1, 2_000))
     choice = place_colocated(prompt, [idle], PRED, BS, 2048)
     assert isinstance(choice, ColocatedChoice) and choice.mixed_steps == 1
     assert better_both(choice, Rejection("unavailable", "no live prefill instance", 1.0), prompt)
+    # Beside a prefill instance, a request it prefilled could join meanwhile and wait
+    # the whole step out: the step is priced beside the joined batch, and refused.
+    fed = replace(idle, pooled=False)
+    assert fullest_step_s(fed, prompt, PRED, BS, 2048) == pytest.approx(mixed_step_s(PRED, 1, 2_000, [(2_000, 0)]))
+    assert not better_both(place_colocated(prompt, [fed], PRED, BS, 2048), Rejection("overloaded", "", 1.0), prompt)
     # Beside one decode, the same prompt's capped chunks share its steps.
     busy = replace(idle, batch=1, ctx_tokens=1_000)
     assert fullest_step_s(busy, prompt, PRED, BS, 2048) == pytest.approx(mixed_step_s(PRED, 2, 3_000, [(500, 0)]))

@@ -340,7 +340,7 @@ class Simulation:
         decoding = [*inst.batch, *inst.waiting]
         return modes.ColocatedLoad(inst.iid, sum(self._uncomputed(x) for x in inst.prefill_queue), prefix_blocks,
                                    len(decoding), sum(x.ctx for x in decoding), capacity=self.config.max_batch,
-                                   decode_chunk_tokens=self.decode_chunk_tokens)
+                                   decode_chunk_tokens=self.decode_chunk_tokens, pooled=not self.prefills)
 
     def _spill(self, r: SimRequest, out: Decision | Rejection) -> bool:
         """Adaptive mode, as the Conductor's (`modes.spills`, `modes.sooner`): a request
