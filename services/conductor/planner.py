@@ -288,7 +288,7 @@ def _split(d: Demand, obs: Observation, params: PlannerParams) -> Demand:
     # not refusing: its steps then have the room the models say) where pooled
     # instances serve the demand with more room than the split.
     roomier = d.headroom(0, n) >= d.headroom(split, n - split)
-    pooled = roomier and (target == 0 or not d.forced) or (target == 0 and d.pooled_share >= 1)
+    pooled = (roomier and (target == 0 or not d.forced)) or (target == 0 and d.pooled_share >= 1)
     return replace(d, target_prefill=0 if pooled else split)
 
 
