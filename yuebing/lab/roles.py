@@ -28,12 +28,8 @@ class RolePlan:
     polling: bool = False  # a drain check is scheduled
 
     @classmethod
-    def of(cls, predictor: Predictor, max_batch: int, empty_prefill: bool = False, step_tokens: int = 2048,
-           chunk_tokens: int = 0) -> RolePlan:
-        params = PlannerParams(max_batch=max_batch, empty_prefill=empty_prefill, step_tokens=step_tokens,
-                               chunk_tokens=chunk_tokens)
-        planner = Planner(predictor, params)
-        return cls(Roles(planner, since=0.0))  # the simulated clock starts at 0, with the trace
+    def of(cls, predictor: Predictor, params: PlannerParams) -> RolePlan:
+        return cls(Roles(Planner(predictor, params), since=0.0))  # the simulated clock starts at 0, with the trace
 
     @property
     def params(self) -> PlannerParams:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 
 from services.conductor import modes
 from services.conductor.index import PrefixIndex
-from services.conductor.planner import Arrival
+from services.conductor.planner import Arrival, PlannerParams
 from services.conductor.policy import Decision, DecodeLoad, Params, Rejection, Request, Scheduler
 from services.conductor.roles import DRAIN_POLL_S
 from services.conductor.state import ClusterState
@@ -186,8 +186,9 @@ class Simulation:
         self.max_model_len = max((r.input_length + r.output_length for r in trace), default=0)
         self.decode_chunk_tokens = self._decode_chunk_tokens()
         if self.config.planner:
-            self.plan = RolePlan.of(self.predictor, self.config.max_batch, self.config.mode == "adaptive",
-                                    self.config.step_tokens, self.decode_chunk_tokens)
+            self.plan = RolePlan.of(self.predictor, PlannerParams(
+                max_batch=self.config.max_batch, empty_prefill=self.config.mode == "adaptive",
+                step_tokens=self.config.step_tokens, chunk_tokens=self.decode_chunk_tokens))
         self.unsettled = len(requests)
         for r in requests:
             self.at(r.arrival, "arrive", r)
