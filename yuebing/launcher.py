@@ -134,8 +134,9 @@ class UpOptions:
 
 @dataclass
 class Child:
-    """One supervised process. Every child is started again when it dies: each rebuilds
-    its state from the others (heartbeats, snapshots), and the others reconnect."""
+    """One supervised process. Every child is started again when it dies (each rebuilds
+    its state from the others: heartbeats, snapshots; the others reconnect), on a new
+    metrics port if its own was taken, unless it keeps failing the same way."""
 
     name: str
     argv: list[str]
@@ -145,6 +146,8 @@ class Child:
     deaths: list[float] = field(default_factory=list)  # monotonic times
     start_at: float | None = None  # dead, and due to start again then
     restarts: int = 0
+    failures: list[str] = field(default_factory=list)  # how each death read ("": by a signal)
+    failed: bool = False  # given up: it failed the same way too many times in a row
 
 
 @dataclass
@@ -160,6 +163,7 @@ class Cluster:
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     run_lock: int | None = None  # held while this launcher uses its run folder (closed with the process)
     kv_lock: int | None = None  # held while this launcher uses its KV folder (yuebing/kv_folders.py)
+    ready: dict | None = None  # what the ready file says, once written
 
     @property
     def url(self) -> str:
@@ -185,9 +189,7 @@ class Cluster:
         add("nats", [str(nats_bin), "-c", str(secrets.nats_config)])
         faults = ["--fault-injection"] if o.fault_injection else []
         for n in range(o.nodes):
-            port = free_port()
-            self.metrics[f"messenger-{n}"] = f"http://127.0.0.1:{port}/metrics"
-            ids = ["--instance-id", f"messenger-{n}", "--node", f"node-{n}", "--metrics-port", str(port)]
+            ids = ["--instance-id", f"messenger-{n}", "--node", f"node-{n}", *self._metrics_port(f"messenger-{n}")]
             kv_key = ["--kv-key-file", str(secrets.kv_key)]
             add(f"messenger-{n}", [*py, "services.messenger", *ids, *kv_key, *faults])
         for name in secrets_layout(self.options).conductor_names():
@@ -249,11 +251,17 @@ class Cluster:
                 process.wait_for_port(nats_port, timeout_s=10)
         self.wait_ready(started)
         elapsed = time.monotonic() - started
-        if o.ready_file:  # written whole and renamed: a reader never sees half of it
-            part = o.ready_file.with_name(o.ready_file.name + ".part")
-            part.write_text(json.dumps(self.ready_state(config, run_dir, elapsed), indent=2))
-            part.replace(o.ready_file)
+        self.ready = self.ready_state(config, run_dir, elapsed)
+        self.write_ready()
         return elapsed
+
+    def write_ready(self) -> None:
+        """The ready file, written whole and renamed: a reader never sees half of it."""
+        ready_file = self.options.ready_file
+        if ready_file and self.ready is not None:
+            part = ready_file.with_name(ready_file.name + ".part")
+            part.write_text(json.dumps(self.ready, indent=2))
+            part.replace(ready_file)
 
     def give_gpus(self, devices: dict[str, str]) -> None:
         """Each planned engine sees only its own GPUs (`gpus.assign`'s plan)."""
@@ -293,6 +301,7 @@ class Cluster:
             "run_dir": str(run_dir),
             "pids": {c.name: c.process.pid for c in self.children if c.process},
             "startup_s": elapsed,
+            "layout": self.options.layout(),
             "metrics": {"gateway": f"{self.url}/metrics", **self.metrics},
         }
 
@@ -309,6 +318,8 @@ class Cluster:
             looping = self.check_children()
             if looping:
                 raise RuntimeError(f"{', '.join(looping)} kept dying during start-up")
+            if failed := [c.name for c in self.children if c.failed]:
+                raise RuntimeError(f"{', '.join(failed)} could not start (see its log)")
             if self.stopping:
                 raise RuntimeError("stopped before the cluster was ready")
             seen = self.live_instances()
@@ -334,16 +345,19 @@ class Cluster:
                 break
             if child.start_at is not None and now >= child.start_at:
                 self.restart(child)
-            elif child.start_at is None and child.process is not None and child.process.poll() is not None:
+            elif child.start_at is None and not child.failed and child.process is not None \
+                    and child.process.poll() is not None:
                 if not self.died(child, now):
                     looping.append(child.name)
         return looping
 
     def died(self, child: Child, now: float) -> bool:
-        """Report a death and schedule the restart; False if it is a crash loop."""
+        """Report a death and schedule the restart; False if the cluster must stop (a
+        crash loop, or a required child given up)."""
         child.deaths.append(now)
-        say(f"{child.name} (pid {child.process.pid}) {process.describe_exit(child.process.returncode)}; "
-            f"last lines of {child.log_path}:")
+        code = child.process.returncode
+        child.failures.append(f"{process.describe_exit(code)}: {process.tail(child.log_path, 1)}" if code > 0 else "")
+        say(f"{child.name} (pid {child.process.pid}) {process.describe_exit(code)}; last lines of {child.log_path}:")
         print(process.tail(child.log_path), file=sys.stderr, flush=True)
         delay = self.policy.delay(child.deaths, now)
         if delay is None:
@@ -351,15 +365,48 @@ class Cluster:
                 "stopping the cluster")
             self.stopping = self.failed = True
             return False
+        if self.policy.gives_up(child.failures):
+            return self.give_up(child)
         child.start_at = now + delay
         say(f"restarting {child.name} in {delay:.1f}s")
         return True
 
+    def give_up(self, child: Child) -> bool:
+        """Mark a child that keeps failing the same way as failed, in one line; an
+        engine instance's slot stays empty (the Conductor places around it), any other
+        child stops the cluster. False if the cluster must stop."""
+        child.failed = True
+        say(f"{child.name} failed {self.policy.same_in_a_row} times in a row the same way "
+            f"({child.failures[-1]}); not starting it again")
+        if child.name.split("-")[0] in ("prefill", "decode"):
+            return True
+        say("stopping the cluster")
+        self.stopping = self.failed = True
+        return False
+
     def restart(self, child: Child) -> None:
         child.start_at = None
         child.restarts += 1
+        self.rebook_metrics_port(child)
         self.launch(child)
         say(f"{child.name} restarted (pid {child.process.pid}, restart {child.restarts})")
+
+    def rebook_metrics_port(self, child: Child) -> None:
+        """A child whose metrics port another program holds now (its bind failed, or
+        the port was taken while it was down) starts again on a free one."""
+        if "--metrics-port" not in child.argv:
+            return
+        at = child.argv.index("--metrics-port") + 1
+        old = int(child.argv[at])
+        if not process.port_taken(old):
+            return
+        port = free_port()
+        child.argv[at] = str(port)
+        self.metrics[child.name] = f"http://127.0.0.1:{port}/metrics"
+        if self.ready is not None:
+            self.ready["metrics"][child.name] = self.metrics[child.name]
+            self.write_ready()
+        say(f"{child.name}'s metrics port {old} is taken: it starts again on {port}")
 
     def supervise(self) -> None:
         while not self.stopping:

@@ -11,7 +11,8 @@ the benchmarks' servers, nats-server and messengers).
 - `describe_exit(code)`, `tail(log, lines)`: for reporting a child that died.
 - `wait_until(check, proc, timeout_s, what)`: poll `check()` until it returns
   something, failing as soon as `proc` exits.
-- `free_port()`, `free_ports(count)`, `wait_for_port(port, timeout_s)`.
+- `free_port()`, `free_ports(count)`: ports no other draw on this machine holds
+  (yuebing/ports.py); `wait_for_port(port, timeout_s)`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from shared.lifetime import die_with_parent
+from yuebing.ports import PortBook, pick
 
 T = TypeVar("T")
 
@@ -111,20 +113,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> int:
+def free_ports(count: int, host: str = "127.0.0.1", book: PortBook | None = None) -> int:
     """The first of `count` consecutive free ports (`yuebing up --gateways N` takes
-    --port … --port+N-1). Drawn below the kernel's ephemeral range: a port the kernel
-    picks is in it, and any outgoing connection may take it, or its neighbours,
-    before the server binds."""
+    --port … --port+N-1), booked (yuebing/ports.py) so that no other draw on this
+    machine hands them out before the server binds them. Drawn below the kernel's
+    ephemeral range: a port the kernel picks is in it, and any outgoing connection may
+    take it, or its neighbours, before the server binds."""
     low = _ephemeral_low()
     first, last = max(1024, low - 12_000), low - count
     if last <= first:  # an unusual range that starts near 1024: draw anywhere unprivileged
         first, last = 1024, 65_535 - count
-    for _ in range(200):
-        base = random.randrange(first, last)
-        if not any(port_taken(base + i, host) for i in range(count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports below {low} on {host}")
+    candidates = [random.randrange(first, last) for _ in range(200)]
+    try:
+        base = (book or PortBook()).book(count, candidates, lambda p: port_taken(p, host))
+    except OSError:  # no book to be had (a read-only temp folder): draw unbooked
+        base = pick(candidates, count, set(), lambda p: port_taken(p, host))
+    if base is None:
+        raise RuntimeError(f"no {count} consecutive free ports below {low} on {host}")
+    return base
 
 
 def _ephemeral_low() -> int:

@@ -1,6 +1,8 @@
 """`yuebing up`'s supervision of its children, on real (tiny) processes."""
 
+import json
 import signal
+import socket
 import sys
 import time
 
@@ -8,6 +10,7 @@ import pytest
 
 from shared.config import ClusterConfig
 from shared.model_identity import fingerprint
+from yuebing import process
 from yuebing.launcher import Child, Cluster, UpOptions, api_key, child_environment, make_secrets
 from yuebing.restarts import RestartPolicy
 
@@ -50,6 +53,58 @@ def test_a_crash_loop_stops_the_cluster_and_says_which_child(tmp_path, capsys):
     assert supervise_until(c, lambda: c.failed) == ["gateway"]
     assert c.stopping and len(gateway.deaths) == FAST.crash_loop
     assert "gateway died 3 times in 60s: a crash loop" in capsys.readouterr().err
+
+
+PATIENT = RestartPolicy(first_delay_s=0.01, max_delay_s=0.05, window_s=60.0, crash_loop=10, same_in_a_row=3)
+# Binds the port after --metrics-port, as a service's metrics page does, and serves on.
+BINDS = [sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+         "s.bind(('127.0.0.1', int(sys.argv[sys.argv.index('--metrics-port') + 1]))); s.listen(); "
+         "print('bound', flush=True); time.sleep(60)"]
+
+
+def test_a_child_whose_metrics_port_was_taken_starts_again_on_a_free_one(tmp_path, capsys):
+    c = cluster(PATIENT)
+    c.options = UpOptions(config=ClusterConfig(), ready_file=tmp_path / "ready.json")
+    with socket.socket() as thief:  # another program took the port the launcher drew
+        thief.bind(("127.0.0.1", 0))
+        taken = thief.getsockname()[1]
+        conductor = Child("conductor", [*BINDS, "--metrics-port", str(taken)], tmp_path / "conductor.log")
+        c.children, c.metrics = [conductor], {"conductor": f"http://127.0.0.1:{taken}/metrics"}
+        c.ready = {"metrics": dict(c.metrics)}
+        c.launch(conductor)
+        supervise_until(c, lambda: conductor.restarts == 1 and "bound" in process.tail(conductor.log_path, 1))
+        port = int(conductor.argv[-1])
+        assert port != taken and conductor.process.poll() is None and not conductor.failed
+        assert c.metrics["conductor"] == f"http://127.0.0.1:{port}/metrics"
+        assert json.loads((tmp_path / "ready.json").read_text())["metrics"]["conductor"] == c.metrics["conductor"]
+    assert f"conductor's metrics port {taken} is taken: it starts again on {port}" in capsys.readouterr().err
+    c.stop(grace_s=2)
+
+
+EXIT_1_SAYING = [sys.executable, "-c", "import sys; print('cannot start: a reason'); sys.exit(1)"]
+
+
+def test_an_engine_failing_the_same_way_in_a_row_is_marked_failed_in_one_line_and_the_rest_serves_on(tmp_path, capsys):
+    c = cluster(PATIENT)
+    decode = Child("decode-1", EXIT_1_SAYING, tmp_path / "decode-1.log")
+    c.children = [decode]
+    c.launch(decode)
+    assert supervise_until(c, lambda: decode.failed) == []
+    assert not c.stopping and len(decode.deaths) == 3
+    supervise_until(c, lambda: True)
+    assert len(decode.deaths) == 3  # not started again
+    err = capsys.readouterr().err
+    assert "decode-1 failed 3 times in a row the same way (exited with code 1: cannot start: a reason); " \
+           "not starting it again" in err
+
+
+def test_a_required_child_failing_the_same_way_stops_the_cluster(tmp_path):
+    c = cluster(PATIENT)
+    conductor = Child("conductor", EXIT_1_SAYING, tmp_path / "conductor.log")
+    c.children = [conductor]
+    c.launch(conductor)
+    assert supervise_until(c, lambda: c.stopping) == ["conductor"]
+    assert c.failed and conductor.failed
 
 
 IGNORES_TERM = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

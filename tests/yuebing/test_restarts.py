@@ -21,3 +21,12 @@ def test_so_many_deaths_in_the_window_is_a_crash_loop():
 
 def test_deaths_outside_the_window_are_forgiven():
     assert POLICY.delay([0, 1, 2, 3, 100], 100) == 0.5
+
+
+def test_a_child_failing_the_same_way_in_a_row_is_given_up():
+    policy = RestartPolicy(same_in_a_row=3)
+    bind = "exited with code 1: OSError: [Errno 98] address already in use"
+    assert not policy.gives_up([bind, bind])
+    assert policy.gives_up(["exited with code 2: other", bind, bind, bind])
+    assert not policy.gives_up([bind, "exited with code 1: another reason", bind])
+    assert not policy.gives_up(["", "", ""])  # killed by signals: nothing said of the child itself
