@@ -4,13 +4,18 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 MODEL   := models/yuebing-tiny
 
-.PHONY: run test install model clean mooncake compose-up compose-down aiperf prometheus
+# `make check`: everything that starts no cluster (unit tests, code shape, the docs'
+# build), for the inner loop; `make test`: the whole suite. docs/development.md says when.
+.PHONY: run test check install model clean mooncake compose-up compose-down aiperf prometheus
 
 run: $(STAMP) $(MODEL)/config.json
 	$(VENV)/bin/yuebing up --model $(MODEL)
 
 test: $(STAMP) $(MODEL)/config.json prometheus
 	$(PY) -m pytest -ra --durations=25; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+check: $(STAMP) $(MODEL)/config.json
+	$(PY) -m pytest -q -m "not e2e" --durations=10; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # The cluster as containers (compose/docker-compose.yml): installs and starts Docker where
 # it is missing and we are root, builds the image, makes secrets, waits until serving.

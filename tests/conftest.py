@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest_plugins = ["tests.suite_report"]  # where the time went, printed at the end of each run
+
 SHARED = "cluster_process"  # the fixture that starts the shared cluster (tests/e2e/conftest.py)
 OWN = "launcher"  # the fixture that starts a cluster of a test's own
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.reference import DTYPE, Reference
+from tests.suite_report import suite_report
 from yuebing.compose import COMPOSE_DIR, ComposeOptions, DockerUnavailable, compose, down, ensure_engine, run, up
 from yuebing.model import default_model_dir
 from yuebing.process import free_port
@@ -56,7 +57,7 @@ def _config(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="package")
-def compose_cluster(tmp_path_factory) -> ComposeCluster:
+def compose_cluster(tmp_path_factory, request) -> ComposeCluster:
     tmp = tmp_path_factory.mktemp("compose")
     try:
         ensure_engine(tmp / "dockerd.log")
@@ -72,7 +73,10 @@ def compose_cluster(tmp_path_factory) -> ComposeCluster:
         down(options)
         raise
     print(f"compose cluster up in {time.monotonic() - started:.0f}s")
-    yield ComposeCluster(options, env)
+    cluster = ComposeCluster(options, env)
+    suite_report(request.config).started("compose", "compose/docker-compose.yml, containers", 2,
+                                         time.monotonic() - started, cluster)
+    yield cluster
     down(options)
 
 

@@ -21,7 +21,7 @@ BLOCK = 128  # compose/cluster.json's block_size
 MAX_TOKENS = 12
 SERVED = "yuebing-tiny"
 # The first test also builds the image and starts the cluster (minutes on a fresh machine).
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 def prompt(length: int, seed: int) -> list[int]:

@@ -24,6 +24,7 @@ from shared.config import ClusterConfig, load_config
 from shared.engine.llm import engine_environment
 from tests.e2e.ops import openai_client
 from tests.reference import DTYPE, Reference
+from tests.suite_report import SuiteReport, suite_report
 from yuebing import process
 from yuebing.launcher import GATEWAY_PORTS
 from yuebing.model import default_model_dir
@@ -79,6 +80,8 @@ class Launch:
     proc: subprocess.Popen
     ready: Path
     log: Path
+    flags: tuple[str, ...] = ()
+    report: SuiteReport | None = None  # told of the cluster once it is ready
 
     def wait(self) -> Cluster:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -89,10 +92,16 @@ class Launch:
                 pytest.fail(f"cluster not ready after {START_TIMEOUT_S}s:\n{self.log.read_text()[-4000:]}")
             time.sleep(0.5)
         state = json.loads(self.ready.read_text())
-        return Cluster(
+        cluster = Cluster(
             state["url"], state["nats_url"], state["pids"], Path(state["run_dir"]), self.proc, self.log, state["metrics"],
             Path(state["admin_credentials"]), state["urls"],
         )
+        if self.report is not None:
+            fake = "--fake-engine-step-ms" in self.flags
+            engines = 0 if fake else sum(1 for name in state["pids"] if name.startswith(("prefill-", "decode-")))
+            layout = state["layout"] + (" (fake engines)" if fake else "") + f" [{' '.join(self.flags)}]"
+            self.report.started(self.ready.parent.name, layout, engines, state["startup_s"], cluster)
+        return cluster
 
     def stop(self) -> None:
         """Ctrl-C, then check that every process it started is gone (once: a second call does nothing)."""
@@ -111,7 +120,7 @@ class Launch:
         assert "stopped" in self.log.read_text()
 
 
-def launch(model_dir: Path, tmp: Path, *flags: str) -> Launch:
+def launch(model_dir: Path, tmp: Path, *flags: str, report: SuiteReport | None = None) -> Launch:
     argv = [
         sys.executable, "-m", "yuebing", "up",
         "--model", str(model_dir),
@@ -131,7 +140,7 @@ def launch(model_dir: Path, tmp: Path, *flags: str) -> Launch:
     log = tmp / "launcher.log"
     # Its own process group, and SIGTERM (an orderly stop) if pytest dies: a pytest
     # killed before its teardown would otherwise leave the whole cluster running.
-    return Launch(process.spawn(argv, log), tmp / "ready.json", log)
+    return Launch(process.spawn(argv, log), tmp / "ready.json", log, flags, report)
 
 
 # The shared cluster, stopped as soon as the last test that uses it has ended
@@ -156,9 +165,9 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 @pytest.fixture(scope="session")
-def launcher(model_dir):
+def launcher(model_dir, request):
     """Starts another cluster: launcher(tmp_dir, *flags) → Launch (wait() it, stop() it)."""
-    return lambda tmp, *flags: launch(model_dir, tmp, *flags)
+    return lambda tmp, *flags: launch(model_dir, tmp, *flags, report=suite_report(request.config))
 
 
 @pytest.fixture(scope="session")
@@ -167,7 +176,7 @@ def cluster_process(model_dir, tmp_path_factory, request):
     started = launch(
         model_dir, tmp_path_factory.mktemp("cluster"), "--policy", "kvcentric", "--admission", "predictive", "--nodes", "2",
         "--fault-injection",  # tests/e2e/test_transfer.py arms the messengers' fault switches
-        "--tool-call-parser", TOOL_CALL_PARSER,
+        "--tool-call-parser", TOOL_CALL_PARSER, report=suite_report(request.config),
     )
     request.config.stash[SHARED] = started
     yield started
@@ -182,7 +191,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def vllm_serve(model_dir, cluster, tmp_path_factory):
+def vllm_serve(model_dir, cluster, tmp_path_factory, request):
     """Plain vLLM's OpenAI server on the same model, dtype and tool parser, for the
     tests that compare whole API responses (started after the cluster, so that the
     two do not load at once); its /v1 URL. One per module, stopped at its end: a
@@ -196,8 +205,12 @@ def vllm_serve(model_dir, cluster, tmp_path_factory):
     proc = process.spawn(argv, log, env)
     url = f"http://127.0.0.1:{port}"
     try:
+        started = time.monotonic()
         _wait_healthy(url, proc, log)
-        yield f"{url}/v1"
+        served = f"{url}/v1"
+        suite_report(request.config).started("vllm serve", "plain vLLM's OpenAI server", 1, time.monotonic() - started,
+                                             served)
+        yield served
     finally:
         proc.terminate()
         try:
@@ -225,9 +238,11 @@ def cluster(cluster_process) -> Cluster:
 
 
 @pytest.fixture(scope="session")
-def reference(model_dir) -> Reference:
+def reference(model_dir, request) -> Reference:
     """Kept for the whole session: the tests of clusters of their own compare with it too."""
+    started = time.monotonic()
     ref = Reference(model_dir)
+    suite_report(request.config).started("reference", "plain vLLM engine in pytest", 1, time.monotonic() - started, ref)
     yield ref
     ref.close()
 

@@ -4,7 +4,10 @@ ready file, and a scrape after a request reads data from it."""
 from __future__ import annotations
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.e2e
 
 
 def scrape(url: str) -> dict[str, float]:

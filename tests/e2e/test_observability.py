@@ -23,8 +23,9 @@ DEADLINE_S = 60.0
 # A metric a rule reads: ours, vLLM's, or Prometheus' own.
 METRIC = re.compile(r"\b(yuebing_[a-z_]+|vllm:[a-z_:]+|process_start_time_seconds|up)\b")
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
-                                reason="Debian's prometheus package is not installed (make test installs it as root)")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(shutil.which("prometheus") is None,
+                                                 reason="Debian's prometheus package is not installed (make test "
+                                                        "installs it as root)")]
 
 
 def dashboard_queries() -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 
 from shared.config import ClusterConfig
 from tests.e2e.ops import eventually
+from tests.suite_report import suite_report
 from yuebing.launcher import Cluster, UpOptions
 from yuebing.process import free_ports
 
@@ -31,12 +32,14 @@ class Thief(Cluster):
         self.thief.listen()
 
 
-def test_a_child_whose_port_was_taken_before_it_bound_comes_up_on_another(model_dir, tmp_path, capsys):
+def test_a_child_whose_port_was_taken_before_it_bound_comes_up_on_another(model_dir, tmp_path, capsys, request):
     config = ClusterConfig(model=str(model_dir), fake_engine_step_ms=5)
     cluster = Thief(UpOptions(config=config, port=free_ports(1), run_dir=tmp_path / "run",
                               ready_file=tmp_path / "ready.json", start_timeout_s=180))
     try:
-        cluster.start()
+        seconds = cluster.start()
+        suite_report(request.config).started("ports", cluster.options.layout() + " (fake engines, in pytest)", 0,
+                                             seconds, cluster)
         conductor = next(c for c in cluster.children if c.name == "conductor")
         port = int(conductor.argv[conductor.argv.index("--metrics-port") + 1])
         assert conductor.restarts >= 1 and port != cluster.taken and not conductor.failed

@@ -18,6 +18,8 @@ import pytest
 from tests.e2e.ops import eventually, log_events
 from yuebing.lab.otlp import Receiver, Span, receiving
 
+pytestmark = pytest.mark.e2e
+
 DEADLINE_S = 30.0  # each process's exporter sends every 5 s
 
 
