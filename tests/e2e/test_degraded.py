@@ -1,5 +1,6 @@
 """A cluster that loses every instance of one role degrades instead of refusing
-(services/conductor/modes.py `fallback`), on one prefill and one decode instance:
+(services/conductor/modes.py `fallback`), on the shared cluster's one prefill and one
+decode instance:
 
 - its decode service SIGKILLed in the middle of a greedy stream: the stream goes on
   on the prefill instance, which prefills and decodes, equal to the reference
@@ -33,13 +34,12 @@ RESTART_S = 120  # a killed service is back within this (its supervisor's backof
 
 
 @pytest.fixture(scope="module")
-def one_of_each(launcher, tmp_path_factory):
-    # Disaggregated: each stream's place is then known (adaptive mode may spill one onto
-    # the prefill engine, and the kill below must hit the engine decoding it).
-    started = launcher(tmp_path_factory.mktemp("degraded"), "--prefill", "1", "--decode", "1", "--mode",
-                       "disaggregated")
-    yield started.wait()
-    started.stop()
+def one_of_each(cluster):
+    """The shared cluster (one prefill and one decode instance): these tests kill its
+    processes, so they run after its other tests. Each stream's decode is checked
+    before the kill (an idle cluster places a lone stream disaggregated; adaptive
+    admission would run it whole on the prefill engine only to save it from a refusal)."""
+    return cluster
 
 
 def prompt(seed: int, n: int = PROMPT_TOKENS) -> list[int]:
