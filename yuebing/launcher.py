@@ -215,10 +215,13 @@ class Cluster:
             add(name, [*py, "services.gateway", "--host", o.host, "--port", str(o.port + i), *key], login="gateway")
 
     def _metrics_port(self, name: str) -> list[str]:
+        return ["--metrics-port", str(self._draw_metrics_port(name))]
+
+    def _draw_metrics_port(self, name: str) -> int:
         """A free port for the process's Prometheus page, listed in the ready file."""
         port = free_port()
         self.metrics[name] = f"http://127.0.0.1:{port}/metrics"
-        return ["--metrics-port", str(port)]
+        return port
 
     def start(self) -> float:
         """Start every child and wait until every gateway sees every instance; the seconds it took."""
@@ -400,9 +403,8 @@ class Cluster:
         old = int(child.argv[at])
         if not process.port_taken(old):
             return
-        port = free_port()
+        port = self._draw_metrics_port(child.name)
         child.argv[at] = str(port)
-        self.metrics[child.name] = f"http://127.0.0.1:{port}/metrics"
         if self.ready is not None:
             self.ready["metrics"][child.name] = self.metrics[child.name]
             self.write_ready()

@@ -38,8 +38,9 @@ def test_a_child_whose_port_was_taken_before_it_bound_comes_up_on_another(model_
                               ready_file=tmp_path / "ready.json", start_timeout_s=180))
     try:
         seconds = cluster.start()
-        suite_report(request.config).started("ports", cluster.options.layout() + " (fake engines, in pytest)", 0,
-                                             seconds, cluster)
+        report = suite_report(request.config)
+        report.started("ports", cluster.options.layout() + " (fake engines, in pytest)", 0, seconds, cluster)
+        report.used(request.node.nodeid.split("::", 1)[0], [cluster])  # no fixture hands it to the test
         conductor = next(c for c in cluster.children if c.name == "conductor")
         port = int(conductor.argv[conductor.argv.index("--metrics-port") + 1])
         assert conductor.restarts >= 1 and port != cluster.taken and not conductor.failed
