@@ -98,7 +98,7 @@ def test_killing_the_only_decode_mid_stream_continues_the_stream_on_the_prefill_
     chunks = iter(stream)
     for _ in range(5):
         next(chunks)
-    service = psutil.Process(cluster.pids["decode-0"])
+    service = psutil.Process(beating(cluster, "decode-0"))  # its pid now: earlier tests restart it
     engine = service.children(recursive=True)
     assert engine, "the decode service runs its vLLM engine in processes of its own"
     os.kill(service.pid, signal.SIGKILL)
