@@ -1,38 +1,58 @@
 """Suite-wide order. Two clusters and the reference engine at once do not fit this
 machine's memory (an engine is three processes and ~3.4 GB; with twenty-odd GB in
-use the engines thrashed and every heartbeat missed), so tests run in four groups
-(the reference engine, one engine, lives through the session):
+use the engines thrashed and every heartbeat missed), so tests run in groups (the
+reference engine, one engine, lives through the session):
 
 0. everything that starts no cluster;
-1. the tests on the session's shared cluster (tests/e2e/conftest.py);
-2. those of them marked `destructive` (they kill its processes);
-3. the modules that start clusters of their own, once the shared one has stopped
-   (it stops after the last test of groups 1-2: tests/e2e/conftest.py).
+1. for each shared layout in turn (tests/layouts.py), the tests that use it, then
+   those of them marked `destructive` (they kill its processes; `last=True`: after
+   the other destructive ones). Each layout stops after its last test
+   (tests/e2e/conftest.py), before the next one starts;
+2. the modules that start clusters of their own, once the shared ones have stopped.
 
-A module goes whole into the group of its first test, so that its own module-scoped
-cluster starts once."""
+A module goes whole into the group of its first layout, so that its own
+module-scoped fixtures start once. Within a layout, the modules that compare against plain
+`vllm serve` run first, one after another, so that its engine stops early."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.layouts import LAYOUTS
+
 pytest_plugins = ["tests.suite_report"]  # where the time went, printed at the end of each run
 
-SHARED = "cluster_process"  # the fixture that starts the shared cluster (tests/e2e/conftest.py)
 OWN = "launcher"  # the fixture that starts a cluster of a test's own
+SERVE = "vllm_serve"  # plain vLLM's server (tests/e2e/conftest.py)
 
 
 def _module(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
-def _group(item: pytest.Item, shared_modules: set[str], own_modules: set[str]) -> int:
-    if _module(item) in shared_modules:
-        return 2 if item.get_closest_marker("destructive") else 1
-    return 3 if _module(item) in own_modules else 0
+def _layout(item: pytest.Item) -> int | None:
+    """The index of the shared layout the item uses (None: none)."""
+    return next((i for i, name in enumerate(LAYOUTS) if name in item.fixturenames), None)
+
+
+def _destructive(item: pytest.Item) -> int:
+    """0: leaves its cluster as it found it; 1: kills its processes; 2: so, and last."""
+    marker = item.get_closest_marker("destructive")
+    return 0 if marker is None else 2 if marker.kwargs.get("last") else 1
 
 
 def pytest_collection_modifyitems(config, items):
-    shared = {_module(i) for i in items if SHARED in i.fixturenames}
-    own = {_module(i) for i in items if OWN in i.fixturenames} - shared
-    items.sort(key=lambda item: _group(item, shared, own))
+    layout: dict[str, int | None] = {}
+    for item in items:
+        found = [i for i in (layout.get(_module(item)), _layout(item)) if i is not None]
+        layout[_module(item)] = min(found, default=None)
+    own = {_module(i) for i in items if OWN in i.fixturenames}
+    serving = {_module(i) for i in items if SERVE in i.fixturenames}
+
+    def key(item: pytest.Item) -> tuple[int, ...]:
+        module = _module(item)
+        if layout[module] is not None:
+            return (1, layout[module], _destructive(item), module not in serving)
+        return (2,) if module in own else (0,)
+
+    items.sort(key=key)

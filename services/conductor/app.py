@@ -37,7 +37,7 @@ from services.conductor.modes import (
     spill,
     spills,
 )
-from services.conductor.planner import Arrival, Planner, PlannerParams
+from services.conductor.planner import Arrival, Planner, PlannerParams, planner_timing
 from services.conductor.policy import (
     Decision,
     DecodeDecision,
@@ -143,7 +143,7 @@ class Conductor:
         self.modes: dict[str, int] = {}  # serving-mode decisions, by ModeChoice.key
         self.routes: dict[str, int] = {}  # CPP group or single instance, by Route.key
         params = PlannerParams(empty_prefill=config.mode == "adaptive", step_tokens=config.step_tokens,
-                               chunk_tokens=self.decode_chunk_tokens)
+                               chunk_tokens=self.decode_chunk_tokens, **planner_timing(config))
         self.roles = Roles(Planner(predictor, params) if config.planner else None)
         self.mine: set[str] = set()  # requests it placed itself, until they finish
         # With other Conductors (services/conductor/sync.py): what its books took in, for them (Wiring sends it).

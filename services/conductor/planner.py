@@ -59,6 +59,7 @@ from typing import Literal
 
 from services.conductor.modes import ColocatedLoad, fullest_step_s
 from services.conductor.policy import Request
+from shared.config import PLANNER_CONFIRM, PLANNER_DWELL_S, PLANNER_INTERVAL_S, PLANNER_WINDOW_S
 from shared.predictor import Predictor, prefill_marginal_s
 
 Role = Literal["prefill", "decode"]
@@ -67,14 +68,11 @@ MINUTE_S = 60.0
 
 @dataclass(frozen=True)
 class PlannerParams:
-    # How fast it follows a shift: on `yuebing sim-planner`'s shifting trace a 60 s
-    # window, 3 confirmations, 4 moves a minute and no burst room gained 1.09x the best
-    # static split where these gain 1.22x; the dwell time and the confirmations still
-    # stop a burst.
-    window_s: float = 30.0  # the arrivals demand is judged on
-    interval_s: float = 10.0  # between decisions
-    confirm: int = 2  # decisions in a row that must want the same move
-    dwell_s: float = 60.0  # an instance keeps a role at least this long
+    # How fast it follows a shift (shared/config.py says why these defaults).
+    window_s: float = PLANNER_WINDOW_S  # the arrivals demand is judged on
+    interval_s: float = PLANNER_INTERVAL_S  # between decisions
+    confirm: int = PLANNER_CONFIRM  # decisions in a row that must want the same move
+    dwell_s: float = PLANNER_DWELL_S  # an instance keeps a role at least this long
     move_share_per_min: float = 0.5  # of the fleet, moved in any minute at most (at least one instance)
     prefill_utilization: float = 0.8  # the share of a prefill instance's time planned busy
     decode_utilization: float = 0.7  # the share of a decode instance's batch planned full (bursts need room)
@@ -101,6 +99,12 @@ class PlannerParams:
         if not all(0 < x <= 1 for x in (self.prefill_utilization, self.decode_utilization, self.tbt_headroom)):
             raise ValueError("planner: prefill_utilization, decode_utilization and tbt_headroom must be in (0, 1]")
 
+
+
+def planner_timing(config) -> dict[str, float | int]:
+    """PlannerParams' timing fields from a ClusterConfig (`--planner-window-s`, ...)."""
+    return {"window_s": config.planner_window_s, "interval_s": config.planner_interval_s,
+            "confirm": config.planner_confirm, "dwell_s": config.planner_dwell_s}
 
 @dataclass(frozen=True)
 class Arrival:

@@ -1,9 +1,11 @@
-"""One real local cluster (`yuebing up`: nats-server, two nodes' messengers,
-conductor, 1 prefill on node-0, 1 decode on node-1, gateway) for the whole session, and a plain in-process vLLM engine on the
-same model as the reference for greedy outputs.
+"""The suite's real local clusters (`yuebing up`), one shared layout at a time
+(tests/layouts.py): first the shared cluster (nats-server, two nodes' messengers,
+conductor, 1 prefill on node-0, 1 decode on node-1, gateway), then two of each
+role on two nodes; and a plain in-process vLLM engine on the same model as the
+reference for greedy outputs, for the whole session.
 
-The cluster runs with predictive admission and the default (loose) SLOs, so only
-requests that ask for tight SLOs in their headers can be rejected."""
+The clusters run with the default (loose) SLOs, so only requests that ask for tight
+SLOs in their headers can be rejected."""
 
 from __future__ import annotations
 
@@ -23,9 +25,11 @@ import pytest
 from shared.config import ClusterConfig, load_config
 from shared.engine.llm import engine_environment
 from tests.e2e.ops import openai_client
+from tests.layouts import LAYOUTS, TOOL_CALL_PARSER
 from tests.reference import DTYPE, Reference
 from tests.suite_report import SuiteReport, suite_report
 from yuebing import process
+from yuebing.lab.otlp import receiving
 from yuebing.launcher import GATEWAY_PORTS
 from yuebing.model import default_model_dir
 from yuebing.process import free_port, free_ports
@@ -34,7 +38,6 @@ MAX_MODEL_LEN = 1024
 POOL_MIB = 128  # the tiny model's KV: 512 KiB a 128-token block, so 256 blocks a node
 START_TIMEOUT_S = 420
 SERVE_START_TIMEOUT_S = 240
-TOOL_CALL_PARSER = "hermes"  # the tiny model's chat template speaks Hermes' tool-call format
 
 
 @dataclass
@@ -143,25 +146,38 @@ def launch(model_dir: Path, tmp: Path, *flags: str, report: SuiteReport | None =
     return Launch(process.spawn(argv, log), tmp / "ready.json", log, flags, report)
 
 
-# The shared cluster, stopped as soon as the last test that uses it has ended
-# (tests/conftest.py orders the suite so that this is before the tests that start
-# clusters of their own), not at the session's end.
-SHARED = pytest.StashKey[Launch]()
-LAST_SHARED = pytest.StashKey[str]()  # the node id of the last test that uses it
+# The shared layouts (tests/conftest.py, LAYOUTS), each stopped as soon as the last
+# test that uses it has ended (tests/conftest.py orders the suite so that each one's
+# users run together, one layout after another), not at the session's end. The same
+# goes for plain vLLM's server, which tests on the first layout compare against.
+STARTED = pytest.StashKey[dict]()  # fixture name → what it started (anything with a stop())
+LAST_USER = pytest.StashKey[dict]()  # fixture name → the node id of the last test that uses it
 
 
 @pytest.hookimpl(trylast=True)  # after tests/conftest.py has put the suite in order
 def pytest_collection_modifyitems(config, items):
-    users = [i.nodeid for i in items if "cluster_process" in i.fixturenames]
-    config.stash[LAST_SHARED] = users[-1] if users else ""
+    last = {}
+    for item in items:
+        for name in (*LAYOUTS, "vllm_serve"):
+            if name in item.fixturenames:
+                last[name] = item.nodeid
+    config.stash[LAST_USER] = last
+    config.stash[STARTED] = {}
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield
-    shared = item.config.stash.get(SHARED, None)
-    if shared is not None and item.nodeid == item.config.stash.get(LAST_SHARED, None):
-        shared.stop()
+    started = item.config.stash.get(STARTED, {})
+    for name, nodeid in item.config.stash.get(LAST_USER, {}).items():
+        if nodeid == item.nodeid and name in started:
+            started.pop(name).stop()
+
+
+def started_for(request, name: str, it):
+    """Remember what a shared fixture started, so that its last user's teardown stops it."""
+    request.config.stash[STARTED][name] = it
+    return it
 
 
 @pytest.fixture(scope="session")
@@ -171,16 +187,49 @@ def launcher(model_dir, request):
 
 
 @pytest.fixture(scope="session")
-def cluster_process(model_dir, tmp_path_factory, request):
-    """Starts `yuebing up` without waiting, so the reference engine loads meanwhile."""
-    started = launch(
-        model_dir, tmp_path_factory.mktemp("cluster"), "--policy", "kvcentric", "--admission", "predictive", "--nodes", "2",
-        "--fault-injection",  # tests/e2e/test_transfer.py arms the messengers' fault switches
-        "--tool-call-parser", TOOL_CALL_PARSER, report=suite_report(request.config),
-    )
-    request.config.stash[SHARED] = started
-    yield started
+def otlp():
+    """An OTLP/HTTP receiver the shared cluster sends its spans to (tests/e2e/test_tracing.py)."""
+    with receiving() as receiver:
+        yield receiver
+
+
+def _layout(model_dir: Path, tmp_path_factory, request, name: str, *more: str):
+    """Starts the shared layout `name` (tests/layouts.py) without waiting; stopped
+    after its last user, or at the session's end."""
+    started = launch(model_dir, tmp_path_factory.mktemp(name.removesuffix("_process")), *LAYOUTS[name], *more,
+                     report=suite_report(request.config))
+    yield started_for(request, name, started)
     started.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_process(model_dir, tmp_path_factory, request, otlp):
+    """The shared cluster, started without waiting so the reference engine loads meanwhile."""
+    yield from _layout(model_dir, tmp_path_factory, request, "cluster_process", "--otlp-endpoint", otlp.endpoint)
+
+
+@pytest.fixture(scope="session")
+def two_of_each_process(model_dir, tmp_path_factory, request):
+    yield from _layout(model_dir, tmp_path_factory, request, "two_of_each_process")
+
+
+@pytest.fixture(scope="session")
+def two_of_each(two_of_each_process) -> Cluster:
+    """Two nodes, two prefill and two decode instances (cache-aware placement), for the
+    tests that need a second instance of a role: retry and migration, scheduling, chaos."""
+    return two_of_each_process.wait()
+
+
+@pytest.fixture(scope="session")
+def two_conductors_process(model_dir, tmp_path_factory, request):
+    yield from _layout(model_dir, tmp_path_factory, request, "two_conductors_process")
+
+
+@pytest.fixture(scope="session")
+def two_conductors(two_conductors_process) -> Cluster:
+    """Two Conductors over one prefill and one decode instance, KV over ZeroMQ: the
+    Conductors' tests and the KV-transfer tests over that transport."""
+    return two_conductors_process.wait()
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -190,33 +239,46 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-@pytest.fixture(scope="module")
+@dataclass
+class Served:
+    """Plain vLLM's OpenAI server, started by `vllm_serve`."""
+
+    proc: subprocess.Popen
+    api: str  # its /v1 URL
+
+    def stop(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="session")
 def vllm_serve(model_dir, cluster, tmp_path_factory, request):
     """Plain vLLM's OpenAI server on the same model, dtype and tool parser, for the
     tests that compare whole API responses (started after the cluster, so that the
-    two do not load at once); its /v1 URL. One per module, stopped at its end: a
-    resident engine more would crowd the later modules' clusters out of memory."""
+    two do not load at once); its /v1 URL. Its users run one after another and it
+    stops after the last: a resident engine more would crowd the later layouts out
+    of memory."""
     port = free_port()
     env = {**os.environ, **engine_environment(ClusterConfig(kv_cache_gib=1))}
     log = tmp_path_factory.mktemp("vllm") / "serve.log"
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--port", str(port),
             "--served-model-name", model_dir.name, "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN),
             "--enforce-eager", "--seed", "0", "--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER]
-    proc = process.spawn(argv, log, env)
-    url = f"http://127.0.0.1:{port}"
+    served = Served(process.spawn(argv, log, env), f"http://127.0.0.1:{port}/v1")
     try:
         started = time.monotonic()
-        _wait_healthy(url, proc, log)
-        served = f"{url}/v1"
+        _wait_healthy(served.api.removesuffix("/v1"), served.proc, log)
         suite_report(request.config).started("vllm serve", "plain vLLM's OpenAI server", 1, time.monotonic() - started,
-                                             served)
-        yield served
+                                             served.api)
+        started_for(request, "vllm_serve", served)
+        yield served.api
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        served.stop()
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:

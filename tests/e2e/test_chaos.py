@@ -1,5 +1,5 @@
-"""Chaos against a live `--nodes 2` cluster (two prefill and two decode instances)
-under steady streaming load: a process of each kind killed (SIGKILL) once, and one
+"""Chaos against a live `--nodes 2` cluster (two prefill and two decode instances:
+the shared two-of-each layout, after its other tests) under steady streaming load: a process of each kind killed (SIGKILL) once, and one
 of each of the Conductor, a messenger and a decode service stalled (SIGSTOP past the
 liveness timeout), one after another. For each: no request runs past its deadline,
 the errors clients see are only those EXPECTED_ERRORS (yuebing/bench/chaos.py) lists
@@ -23,14 +23,6 @@ from yuebing.bench.chaos import DEADLINE_S, EXPECTED_ERRORS, HEADER, ChaosSpec, 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def chaos_cluster(launcher, tmp_path_factory):
-    started = launcher(tmp_path_factory.mktemp("chaos"), "--nodes", "2", "--prefill", "2", "--decode", "2",
-                       "--request-timeout", str(DEADLINE_S))
-    yield started.wait()
-    started.stop()
-
-
 SUITE_FAULTS = [Fault(target, "kill") for target in ("gateway", "conductor", "nats", "messenger-1", "prefill-0",
                                                      "engine:decode-0")] \
     + [Fault(target, "stop") for target in ("conductor", "messenger-0", "decode-0")]
@@ -39,9 +31,11 @@ SUITE_FAULTS = [Fault(target, "kill") for target in ("gateway", "conductor", "na
 # Nine faults, two of them engine restarts of a minute each on this machine, plus the
 # cluster's start (the fixture counts).
 @pytest.mark.timeout(900)
-def test_no_request_hangs_and_every_process_can_die_or_stall(chaos_cluster, model_dir):
+@pytest.mark.destructive(last=True)
+def test_no_request_hangs_and_every_process_can_die_or_stall(two_of_each, model_dir):
+    assert two_of_each.config().request_timeout_s == DEADLINE_S  # what the bench's deadlines assume
     lines = []
-    outcomes = asyncio.run(chaos(chaos_cluster.url, model_dir.name, chaos_cluster.launcher.pid, SUITE_FAULTS,
+    outcomes = asyncio.run(chaos(two_of_each.url, model_dir.name, two_of_each.launcher.pid, SUITE_FAULTS,
                                  ChaosSpec(concurrency=4), lines.append))
     print("\n".join([HEADER, *lines]))
     problems = []
@@ -51,7 +45,7 @@ def test_no_request_hangs_and_every_process_can_die_or_stall(chaos_cluster, mode
         if o.hung or o.recovery_s is None or unexpected:
             problems.append(f"{row(o)}  (unexpected: {sorted(unexpected) or '-'})")
     assert not problems, "\n".join([HEADER, *problems])
-    stalls, lost = conductor_stalls(chaos_cluster.run_dir / "conductor.log")
+    stalls, lost = conductor_stalls(two_of_each.run_dir / "conductor.log")
     assert stalls, "the Conductor's SIGSTOP was not noticed as a stall of its own loop"
     assert not lost, f"instances taken for lost as the stalled Conductor resumed: {lost}"
 

@@ -1,5 +1,5 @@
 """Two Conductors sharing one cluster (`yuebing up --conductors 2`), on one prefill
-and one decode instance:
+and one decode instance (the shared two-conductors layout, tests/layouts.py):
 
 - requests sent together are placed by both Conductors, both hold the same books
   while they run (each one's stats, read over NATS), and greedy outputs equal the
@@ -27,14 +27,6 @@ pytestmark = pytest.mark.e2e
 MODEL = "yuebing-tiny"
 NAMES = {"conductor", "conductor-1"}
 MAX_TOKENS = 200  # long enough to read both Conductors' books while they run
-
-
-@pytest.fixture(scope="module")
-def two_conductors(launcher, tmp_path_factory):
-    started = launcher(tmp_path_factory.mktemp("conductors"), "--prefill", "1", "--decode", "1", "--conductors", "2",
-                       "--mode", "disaggregated")
-    yield started.wait()
-    started.stop()
 
 
 def prompt(seed: int, n: int = 120) -> list[int]:

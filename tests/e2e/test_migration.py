@@ -32,13 +32,6 @@ MAX_TOKENS = 500  # the prompt and all of it fit in the test clusters' 1024-toke
 KILL_AFTER = 40  # tokens the client has when its decode service is killed
 
 
-@pytest.fixture(scope="module")
-def two_of_each(launcher, tmp_path_factory):
-    started = launcher(tmp_path_factory.mktemp("migration"), "--prefill", "2", "--decode", "2")
-    yield started.wait()
-    started.stop()
-
-
 def heartbeats(cluster, seconds: float = 1.2,
                until: Callable[[Heartbeat], bool] | None = None) -> dict[str, Heartbeat]:
     """Every instance's latest heartbeat, heard for `seconds`, or until one that
@@ -159,7 +152,7 @@ def test_a_decode_killed_mid_stream_hands_the_stream_to_another_that_finishes_it
     assert (where["decode_instance"], where["migrations"], where["attempts"]) == (other, 1, 2)
     assert retries(cluster, "migration") == before + 1
     # Each attempt logged with the request's id; the continuation's decode loaded the
-    # prompt's blocks from the node pool (one node here) and computed only the rest.
+    # prompt's blocks from its node's pool and computed only the rest.
     assert [e["stage"] for e in log_events(cluster, "gateway", "retrying") if e.get("request_id") == request_id] == [
         "migration"]
     continued = eventually(lambda: [e for e in log_events(cluster, other, "decode kv")

@@ -5,8 +5,8 @@ colocated: two engines that prefill and decode. conditional (Mooncake's rule) wi
 256-token step budget: a prompt that fits one step is prefilled on its decode
 instance, a longer one goes through the prefill instance, as the decision counters
 show. pooled: adaptive mode with no prefill instance, two decode instances each
-prefilling its own requests. disaggregated is the session cluster every other e2e
-test uses."""
+prefilling its own requests. disaggregated is the shared cluster's mode
+(tests/e2e/test_transfer.py says so)."""
 
 from __future__ import annotations
 
@@ -111,8 +111,3 @@ def test_a_pooled_cluster_is_ready_without_a_prefill_instance_and_says_why_decod
     _, report = complete(moded_client, prompt(200, seed=41))
     assert (report["serving_mode"]["rule"], report["serving_mode"]["reason"]) == ("pooled", "no_prefill_instance")
     assert conductor_stats(cluster).modes["local:no_prefill_instance"] >= 1
-
-
-def test_the_session_cluster_runs_disaggregated_and_says_so(client):
-    _, report = complete(client, prompt(200, seed=31))
-    assert report["serving_mode"]["mode"] == "disaggregated" and report["prefill_instance"] == "prefill-0"

@@ -18,12 +18,14 @@ from tests.e2e.test_migration import log_events
 pytestmark = pytest.mark.e2e
 
 MODEL = "yuebing-tiny"
-LOAD_S = 150  # the planner decides every 10 s on a minute's window, 3 times in a row before it moves
+LOAD_S = 120  # the longest load before the planner moves (it decides every 2 s here, twice in a row)
+# The planner at test speed: a decision every 2 s on the last 10 s of arrivals.
+FAST_PLANNER = ("--planner", "--planner-interval-s", "2", "--planner-window-s", "10")
 
 
 @pytest.fixture(scope="module")
 def planned(launcher, tmp_path_factory):
-    started = launcher(tmp_path_factory.mktemp("roles"), "--prefill", "1", "--decode", "2", "--planner",
+    started = launcher(tmp_path_factory.mktemp("roles"), "--prefill", "1", "--decode", "2", *FAST_PLANNER,
                        "--mode", "disaggregated")
     yield started.wait()
     started.stop()

@@ -110,3 +110,8 @@ def test_decode_does_not_wait_for_blocks_prefills_pool_had_no_room_for(cluster, 
     # What decode was told to wait for, from its own log of the request.
     (start,) = [line for line in cluster.log("decode-0").splitlines() if '"decode start"' in line and request_id in line]
     assert '"kv_blocks":0' in start, start
+
+
+def test_the_shared_cluster_runs_disaggregated_and_says_so(client):
+    _, report = complete(client, prompt(200, seed=31))
+    assert report["serving_mode"]["mode"] == "disaggregated" and report["prefill_instance"] == "prefill-0"

@@ -33,6 +33,7 @@ def test_decode_does_not_wait_for_blocks_prefills_pool_had_no_room_for(cluster, 
     test_transfer.test_decode_does_not_wait_for_blocks_prefills_pool_had_no_room_for(cluster, client, reference)
 
 
+@pytest.mark.destructive
 def test_killing_the_decode_nodes_messenger_mid_transfer(cluster, client, reference):
-    """Last of the suite: it kills the module's own cluster's messenger (tests after it only read logs)."""
+    """Last of the suite: it kills its cluster's messenger (tests after it only read logs)."""
     test_faults.test_killing_the_decode_nodes_messenger_mid_transfer(cluster, client, reference)

@@ -1,6 +1,7 @@
 import msgspec
 import pytest
 
+from services.conductor.planner import PlannerParams, planner_timing
 from shared.config import ClusterConfig, check_id, load_config, save_config
 
 
@@ -84,3 +85,12 @@ def test_the_planner_runs_only_where_instances_have_roles_it_may_change():
             ClusterConfig(model="/m/tiny", mode=mode, planner=True)
     for mode in ("adaptive", "disaggregated"):
         assert ClusterConfig(model="/m/tiny", mode=mode, planner=True).planner
+
+
+def test_the_planners_timing_is_set_and_checked():
+    fast = ClusterConfig(model="/m/tiny", planner=True, planner_interval_s=2, planner_window_s=10, planner_dwell_s=0)
+    assert PlannerParams(**planner_timing(fast)) == PlannerParams(interval_s=2, window_s=10, dwell_s=0)
+    assert PlannerParams(**planner_timing(ClusterConfig(model="/m/tiny"))) == PlannerParams()  # one set of defaults
+    for bad in ({"planner_interval_s": 0}, {"planner_window_s": -1}, {"planner_dwell_s": -1}, {"planner_confirm": 0}):
+        with pytest.raises(ValueError, match="planner_"):
+            ClusterConfig(model="/m/tiny", **bad)
