@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from shared.messages import HEARTBEAT, Heartbeat
-from tests.e2e.ops import admin, collect, eventually, log_events
+from tests.e2e.ops import admin, beating, collect, eventually, log_events
 
 pytestmark = pytest.mark.e2e
 
@@ -116,6 +116,9 @@ def test_a_decode_killed_mid_stream_hands_the_stream_to_another_that_finishes_it
     body = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True, "logprobs": 1}
     before = retries(cluster, "migration")
+    for instance in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
+        beating(cluster, instance)  # all up: the tests before this one stop and restart instances
+    nodes = heartbeats(cluster, 1.5)  # each instance's node and pid now
     tokens: list[int] = []
     logprobs: list[float] = []
     with httpx.stream("POST", f"{cluster.api}/completions", json=body, timeout=120) as r:
@@ -128,11 +131,11 @@ def test_a_decode_killed_mid_stream_hands_the_stream_to_another_that_finishes_it
             logprobs += choice["logprobs"]["token_logprobs"] if choice["logprobs"] else []
         # The Conductor's placement of this very request: a heartbeat showing a decode
         # busy may be another's (a request the earlier test's resumed prefill handed on).
-        placed = eventually(lambda: [e["decode"] for e in log_events(cluster, "conductor", "scheduled")
+        placed = eventually(lambda: [e for e in log_events(cluster, "conductor", "scheduled")
                                      if e.get("request_id") == request_id], bool, "the request's placement logged")
-        serving = placed[-1:]
+        serving = [placed[-1]["decode"]]
         assert serving[0] in {"decode-0", "decode-1"}, f"a decode instance serves the stream: {placed}"
-        os.kill(cluster.pids[serving[0]], signal.SIGKILL)
+        os.kill(nodes[serving[0]].pid, signal.SIGKILL)
         killed_at = len(tokens)
         usage = None
         for event in events:
@@ -152,9 +155,12 @@ def test_a_decode_killed_mid_stream_hands_the_stream_to_another_that_finishes_it
     assert (where["decode_instance"], where["migrations"], where["attempts"]) == (other, 1, 2)
     assert retries(cluster, "migration") == before + 1
     # Each attempt logged with the request's id; the continuation's decode loaded the
-    # prompt's blocks from its node's pool and computed only the rest.
+    # prompt's blocks from its node's pool and computed only the rest, where that pool
+    # holds them: prefill's node and the first decode's do (a continuation on another
+    # node computes them: a decode pulls nothing from other nodes' pools).
     assert [e["stage"] for e in log_events(cluster, "gateway", "retrying") if e.get("request_id") == request_id] == [
         "migration"]
     continued = eventually(lambda: [e for e in log_events(cluster, other, "decode kv")
                                     if e.get("request_id") == f"{request_id}-a2"], bool, "the continuation's decode")
-    assert continued[0]["loaded_tokens"] == PROMPT_TOKENS // 128 * 128
+    held = {nodes[placed[-1]["prefill"]].node, nodes[serving[0]].node}
+    assert continued[0]["loaded_tokens"] == (PROMPT_TOKENS // 128 * 128 if nodes[other].node in held else 0)
