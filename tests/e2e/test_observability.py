@@ -90,7 +90,10 @@ def test_prometheus_scrapes_every_process_and_every_dashboard_and_rule_query_has
     up = eventually(base, 'up{job="yuebing"} == 1', lambda r: len(r) == targets)
     assert len(up) == targets >= 6  # gateway, Conductor, two messengers, prefill and decode
     load(client)
-    time.sleep(3)  # two scrapes after the load: rates need two samples
+    # A scrape of every process after the first load, then more load: rates need two
+    # samples with traffic between them (the queries below wait for the next scrape).
+    loaded_at = time.time()
+    eventually(base, 'min(timestamp(up{job="yuebing"}))', lambda r: bool(r) and float(r[0]["value"][1]) > loaded_at)
     load(client)
     for expr in dashboard_queries():
         eventually(base, expr, bool)

@@ -7,7 +7,7 @@ import pytest
 
 from shared.predictor import load_predictor
 from yuebing.model import default_model_dir
-from yuebing.profile import Grid, profile
+from yuebing.profile import Grid, fastest, profile
 
 pytestmark = pytest.mark.e2e
 
@@ -28,3 +28,13 @@ def test_profile_writes_a_loadable_profile(tmp_path):
     assert meta["transfer_GBps"] > 0 and set(meta["held_out_mape_percent"]) == {"prefill", "decode"}
     predictor = load_predictor(out)
     assert predictor.prefill_s(1024) > predictor.prefill_s(128) > 0
+
+
+def test_the_fastest_timing_skips_noise_that_is_not_positive():
+    ticks = []
+    timings = iter([50.0, -3.0, 0.0, 7.0, 9.0])  # untimed first, then two repeats of noise
+    assert fastest(lambda: next(timings), 2, lambda: ticks.append(1)) == 7.0
+    assert len(ticks) == 4  # it stopped at the first positive one
+    assert fastest(iter([1.0, 5.0, 4.0]).__next__, 2, lambda: None) == 4.0
+    with pytest.raises(RuntimeError, match="no positive timing"):
+        fastest(lambda: -1.0, 1, lambda: None)
