@@ -12,7 +12,7 @@ import pytest
 
 from tests.e2e.ops import conductor_stats, eventually
 from tests.e2e.test_migration import log_events
-from tests.e2e.test_roles import FAST_PLANNER, complete, load_until_moved, prompt
+from tests.e2e.test_roles import complete, load_until_moved, prompt
 
 pytestmark = pytest.mark.e2e
 
@@ -21,7 +21,7 @@ CLIENTS = 12
 
 @pytest.fixture(scope="module")
 def two(launcher, tmp_path_factory):
-    started = launcher(tmp_path_factory.mktemp("roles2"), "--prefill", "1", "--decode", "1", *FAST_PLANNER)
+    started = launcher(tmp_path_factory.mktemp("roles2"), "--prefill", "1", "--decode", "1", "--planner")
     yield started.wait()
     started.stop()
 
