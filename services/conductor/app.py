@@ -571,7 +571,12 @@ class Conductor:
         decodes = [hb for hb in engines if self.roles.of(hb) == "decode"]
         slowdown = sum(plausible_slowdown(hb.slowdown) for hb in decodes) / len(decodes) if decodes else 1.0
         slo = (self.config.slo_tbt_ms or 1e9) / 1e3
+        wanted = self.roles.planner.wanted if self.roles.planner else None
         self.roles.plan(now, engines, self.state, slo, slowdown if self.config.calibrate_time_model else 1.0)
+        planner = self.roles.planner
+        if planner is not None and planner.wanted != wanted:  # once per change: why a role moved, or never did
+            log.info("planner wants", role=planner.wanted or "no move", streak=planner.streak,
+                     confirm=planner.params.confirm, slowdown=round(slowdown, 2))
 
     def settle_roles(self) -> None:
         """Between the planner's turns: draining instances whose old work is done take their new role."""

@@ -285,3 +285,19 @@ def test_the_digest_leaves_with_a_handler_an_interval_on_and_by_the_timer_only_w
         await wiring.close()
 
     asyncio.run(run())
+
+
+def test_the_planners_turns_log_each_change_of_the_move_it_wants():
+    from structlog.testing import capture_logs
+
+    c = conductor((("p0", "prefill"), ("d0", "decode")), planner=True, mode="disaggregated")
+    with capture_logs() as logs:
+        c.plan(1.0)  # no arrivals yet: no move wanted, as before the first turn
+        c.plan(2.0)
+    assert [e for e in logs if e["event"] == "planner wants"] == []
+    c.roles.planner.wanted = "decode"  # as a turn that wanted a decode instance more leaves it
+    with capture_logs() as logs:
+        c.plan(3.0)
+        c.plan(4.0)
+    wants = [e for e in logs if e["event"] == "planner wants"]
+    assert len(wants) == 1 and wants[0]["role"] == "no move" and wants[0]["confirm"] == 2
