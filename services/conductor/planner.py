@@ -59,7 +59,7 @@ from typing import Literal
 
 from services.conductor.modes import ColocatedLoad, fullest_step_s
 from services.conductor.policy import Request
-from shared.config import PLANNER_CONFIRM, PLANNER_DWELL_S, PLANNER_INTERVAL_S, PLANNER_WINDOW_S
+from shared.config import ClusterConfig, PLANNER_CONFIRM, PLANNER_DWELL_S, PLANNER_INTERVAL_S, PLANNER_WINDOW_S
 from shared.predictor import Predictor, prefill_marginal_s
 
 Role = Literal["prefill", "decode"]
@@ -101,7 +101,7 @@ class PlannerParams:
 
 
 
-def planner_timing(config) -> dict[str, float | int]:
+def planner_timing(config: ClusterConfig) -> dict[str, float | int]:
     """PlannerParams' timing fields from a ClusterConfig (`--planner-window-s`, ...)."""
     return {"window_s": config.planner_window_s, "interval_s": config.planner_interval_s,
             "confirm": config.planner_confirm, "dwell_s": config.planner_dwell_s}

@@ -1,8 +1,8 @@
 """The suite's real local clusters (`yuebing up`), one shared layout at a time
-(tests/layouts.py): first the shared cluster (nats-server, two nodes' messengers,
-conductor, 1 prefill on node-0, 1 decode on node-1, gateway), then two of each
-role on two nodes; and a plain in-process vLLM engine on the same model as the
-reference for greedy outputs, for the whole session.
+(tests/layouts.py: first the shared cluster, nats-server, two nodes' messengers,
+conductor, 1 prefill on node-0, 1 decode on node-1, gateway; then the others), and
+a plain in-process vLLM engine on the same model as the reference for greedy
+outputs, for the whole session.
 
 The clusters run with the default (loose) SLOs, so only requests that ask for tight
 SLOs in their headers can be rejected."""
