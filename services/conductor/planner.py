@@ -59,7 +59,7 @@ from typing import Literal
 
 from services.conductor.modes import ColocatedLoad, fullest_step_s
 from services.conductor.policy import Request
-from shared.config import ClusterConfig, PLANNER_CONFIRM, PLANNER_DWELL_S, PLANNER_INTERVAL_S, PLANNER_WINDOW_S
+from shared.config import PLANNER_CONFIRM, PLANNER_DWELL_S, PLANNER_INTERVAL_S, PLANNER_WINDOW_S, ClusterConfig
 from shared.predictor import Predictor, prefill_marginal_s
 
 Role = Literal["prefill", "decode"]
