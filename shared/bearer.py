@@ -11,6 +11,14 @@ from aiohttp import web
 UNAUTHORIZED = {"message": "invalid or missing API key", "type": "authentication_error", "code": "invalid_api_key"}
 
 
+def bearer_key(request: web.Request) -> bytes:
+    """The key of an `Authorization: Bearer <key>` header (b"": none), its bytes as
+    they came (see bearer_matches)."""
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    scheme, _, key = given.partition(b" ")
+    return key if scheme == b"Bearer" else b""
+
+
 def bearer_matches(request: web.Request, key: str) -> bool:
     """The request's Authorization header is `Bearer <key>` (compared in constant time).
     A header's bytes as they came (aiohttp keeps undecodable ones as surrogates):

@@ -59,6 +59,13 @@ def block_hashes(tokens: Sequence[int], block_size: int, salt: bytes = b"") -> l
     return chain(tokens, block_size, salt, sha256_16)
 
 
+def request_salt(model_salt: bytes, cache_salt: str = "") -> bytes:
+    """A request's chain salt: the model's identity, and its cache's salt where it has
+    one (a tenant's cache group: shared/tenants.py). The gateway, a continuation and
+    the connector hashing a request alike all take it from here."""
+    return model_salt + b"\0" + cache_salt.encode() if cache_salt else model_salt
+
+
 def hex_hashes(tokens: Sequence[int], block_size: int, salt: bytes = b"") -> list[str]:
     """Same as block_hashes, as hex strings (the form carried in JSON messages)."""
     return [h.hex() for h in block_hashes(tokens, block_size, salt)]

@@ -12,6 +12,8 @@ from typing import Literal, TypeVar
 
 import msgspec
 
+from shared.tenants import DEFAULT_TENANT
+
 SCHEMA_VERSION = 1
 PREFIX = f"yb.v{SCHEMA_VERSION}"
 
@@ -101,6 +103,7 @@ class ScheduleRequest(Message):
     # its first decode refused it, or died under it); the Placement then has no prefill.
     avoid: list[str] = []
     stage: Literal["full", "decode"] = "full"
+    tenant: str = DEFAULT_TENANT  # whose request (shared/tenants.py): its limits and class at admission
 
 
 class Placement(Message):
@@ -279,6 +282,8 @@ class PrefillRequest(Message):
     sampling: Sampling
     deadline: float
     placement: Placement
+    tenant: str = DEFAULT_TENANT  # for its log lines
+    cache_salt: str = ""  # vLLM's: its engine's prefix cache split as the block hashes are
 
 
 class PrefillResult(Message):
@@ -311,6 +316,8 @@ class DecodeRequest(Message):
     slo_tbt_ms: float = 0.0  # decode double-checks it on arrival; 0: no check
     block_hashes: list[str] = []  # the prompt's, as the gateway hashed them
     kv_blocks: int = 0  # the placement's, as prefill reported it: decode waits for these and computes the rest
+    tenant: str = DEFAULT_TENANT  # for its log lines
+    cache_salt: str = ""  # as PrefillRequest's
 
 
 class DecodeAccept(Message):

@@ -8,6 +8,12 @@ values are their `yuebing up` flags beyond tests/e2e/conftest.py's `launch()` on
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from shared.private_file import write_private
+from shared.tenants import key_sha256
+
 TOOL_CALL_PARSER = "hermes"  # the tiny model's chat template speaks Hermes' tool-call format
 
 LAYOUTS: dict[str, tuple[str, ...]] = {
@@ -22,8 +28,33 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "two_of_each_process": (
         "--nodes", "2", "--prefill", "2", "--decode", "2", "--policy", "cache_aware", "--request-timeout", "30",
     ),
-    # Two Conductors sharing the schedule requests; KV between the nodes over ZeroMQ.
+    # Two gateways and two Conductors sharing the schedule requests; KV between the
+    # nodes over ZeroMQ; tenants (a file: tests/e2e/conftest.py `tenants_file`), the
+    # anonymous one every test sending no key is.
     "two_conductors_process": (
         "--nodes", "2", "--kv-transport", "zmq", "--fault-injection", "--conductors", "2", "--mode", "disaggregated",
+        "--gateways", "2",
     ),
 }  # fmt: skip
+
+
+# The shared cluster's tenants (tests/e2e/test_tenants.py): requests sending no key are
+# `public`'s (every other test's), each other tenant has a key; gamma and delta share a
+# cache group. Keys for tests only.
+TENANT_KEYS = {"acme": "key-acme-0123456789", "beta": "key-beta-0123456789", "gamma": "key-gamma-0123456789",
+               "delta": "key-delta-0123456789", "ops": "key-ops-0123456789"}
+TENANT_GROUPS = {"gamma": "team", "delta": "team"}
+
+
+def write_tenants(folder: Path, keys: dict[str, list[str]] | None = None) -> Path:
+    """The shared cluster's tenants file in `folder` (owner-only); `keys`: each
+    tenant's keys instead of its one (a rotation)."""
+    keys = keys or {t: [k] for t, k in TENANT_KEYS.items()}
+    tenants = [{"id": "public", "anonymous": True}]
+    for tenant, its_keys in keys.items():
+        entry = {"id": tenant, "key_sha256": [key_sha256(k) for k in its_keys], "metrics": tenant == "ops"}
+        tenants.append(entry | ({"cache_group": TENANT_GROUPS[tenant]} if tenant in TENANT_GROUPS else {}))
+    new, path = folder / "tenants.json.new", folder / "tenants.json"
+    new.unlink(missing_ok=True)
+    write_private(new, json.dumps({"tenants": tenants}).encode())
+    return new.replace(path)  # at once, as an operator's editor or a Secret's update would

@@ -35,6 +35,7 @@ from services.conductor.modes import CONDITIONAL_RULES, MODES
 from shared.config import ClusterConfig, save_config
 from shared.engine.llm import engine_environment
 from shared.private_file import read_private, write_private
+from shared import tenants
 from shared.service import resolved
 from yuebing import gpus, kv_folders, process
 from yuebing.compose import gateway_sees
@@ -75,6 +76,10 @@ class UpOptions:
     api_key_file: Annotated[
         Path | None, Meta(description="file holding the key clients must send as a bearer token (none: $YUEBING_API_KEY, "
                                       "else open)")
+    ] = None
+    tenants: Annotated[
+        Path | None, Meta(description="tenants file (docs/tenants.md): their keys, cache groups and limits, read again "
+                                      "when it changes; instead of --api-key-file")
     ] = None
     nats_tls: Annotated[bool, Meta(description="NATS over TLS, with a certificate authority made for this run")] = False
     fault_injection: Annotated[
@@ -208,6 +213,8 @@ class Cluster:
             add(f"decode-{i}", [*py, "services.decode", "--instance-id", f"decode-{i}", "--node", node,
                                 *self._metrics_port(f"decode-{i}")])
         key = ["--api-key-file", str(secrets.api_key)] if secrets.api_key is not None else []
+        key += ["--cache-key-file", str(secrets.cache_key)]
+        key += ["--tenants", str(o.tenants.absolute())] if o.tenants is not None else []
         for i, url in enumerate(self.urls):
             name = f"gateway-{i}" if i else "gateway"
             if i:
@@ -454,7 +461,17 @@ def make_secrets(folder: Path, o: UpOptions, nats_port: int) -> Secrets:
     """This run's secrets: NATS identities on loopback, and the API key if there is one."""
     made = generate(folder, secrets_layout(o), Listen("127.0.0.1", nats_port, tls=o.nats_tls))
     key = api_key(o.api_key_file)
+    if o.tenants is not None:
+        check_tenants(o.tenants, key)
     return dataclasses.replace(made, api_key=write_private(folder / "api-key", key.encode())) if key else made
+
+
+def check_tenants(path: Path, key: str) -> None:
+    """A tenants file that the gateways will serve (refused before anything starts)."""
+    if key:
+        raise ValueError("--tenants replaces the API key: unset $YUEBING_API_KEY or --api-key-file (give that key "
+                         "to a tenant in the file)")
+    tenants.load(str(path))
 
 
 def api_key(path: Path | None) -> str:
@@ -469,7 +486,8 @@ def api_key(path: Path | None) -> str:
 
 # Secrets a user may have in the launcher's environment: each child gets its own by
 # path instead, and the API key only reaches the gateway.
-PRIVATE_ENV = ("YUEBING_API_KEY", "YUEBING_API_KEY_FILE", "YUEBING_NATS_CREDENTIALS", "YUEBING_KV_KEY_FILE")
+PRIVATE_ENV = ("YUEBING_API_KEY", "YUEBING_API_KEY_FILE", "YUEBING_NATS_CREDENTIALS", "YUEBING_KV_KEY_FILE",
+               "YUEBING_TENANTS_FILE", "YUEBING_CACHE_KEY_FILE")
 
 
 def child_environment() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """A cluster's secrets, generated: one NATS identity per process, nats-server's
 configuration granting each only what shared/identity.py allows it, the messengers'
-KV-plane key, and (with TLS) a certificate authority and the server's certificate.
+KV-plane key, the gateways' cache key, and (with TLS) a certificate authority and the server's certificate.
 
 Everything goes into one owner-only folder, one owner-only file per secret, so a
 process is handed exactly its own file (a path on its command line, never the
@@ -86,6 +86,11 @@ class Secrets:
         return self.folder / f"{name}.nats.json"
 
     @property
+    def cache_key(self) -> Path:
+        """The gateways' cache key: every tenant's cache salt comes from it (shared/tenants.py)."""
+        return self.folder / "cache.key"
+
+    @property
     def kv_key(self) -> Path:
         """The messengers' shared KV-plane key (shared/kv/keys.py): only they get it."""
         return self.folder / "kv.key"
@@ -106,6 +111,7 @@ def generate(folder: Path, layout: Layout, listen: Listen, mounted_at: Path | No
         users.append(_user(identity, creds.password))
     write_private(out.nats_config, server_config(users, listen, seen).encode())
     write_keys(out.kv_key)
+    write_private(out.cache_key, secrets.token_urlsafe(32).encode())
     return out
 
 
@@ -161,6 +167,6 @@ def kubernetes_secrets(folder: Path, layout: Layout, namespace: str = "yuebing")
         engines = [e.name for e in layout.engines() if e.role == kind]
         return ["kv.key", *(f"{e}.nats.json" for e in engines), *(f"messenger-{e}.nats.json" for e in engines)]
 
-    return [secret("nats", [NATS_CONFIG]), secret("gateway", ["gateway.nats.json", "api-key"]),
+    return [secret("nats", [NATS_CONFIG]), secret("gateway", ["gateway.nats.json", "api-key", "cache.key"]),
             secret("conductor", ["conductor.nats.json"]), secret("prefill", role("prefill")),
             secret("decode", role("decode"))]

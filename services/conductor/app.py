@@ -575,8 +575,9 @@ class Conductor:
         self.roles.plan(now, engines, self.state, slo, slowdown if self.config.calibrate_time_model else 1.0)
         planner = self.roles.planner
         if planner is not None and planner.wanted != wanted:  # once per change: why a role moved, or never did
+            judged = planner.judged.summary() if planner.judged else "no arrivals"
             log.info("planner wants", role=planner.wanted or "no move", streak=planner.streak,
-                     confirm=planner.params.confirm, slowdown=round(slowdown, 2))
+                     confirm=planner.params.confirm, slowdown=round(slowdown, 2), demand=judged)
 
     def settle_roles(self) -> None:
         """Between the planner's turns: draining instances whose old work is done take their new role."""

@@ -189,6 +189,11 @@ class Demand:
     def detail(self) -> str:
         return f"needs {self.prefill:.2f} prefill and {self.decode:.2f} decode instances: {self.target_prefill} prefill"
 
+    def summary(self) -> str:
+        """`detail` with what decides between pooled and split (the planner's log line)."""
+        return (f"{self.detail()}; forced {self.forced}, pooled share {self.pooled_share:.2f}, "
+                f"pooled free {self.pooled_free:.2f}")
+
 
 def _times(capacity: float, need: float) -> float:
     return capacity / need if need > 0 else math.inf
@@ -317,13 +322,14 @@ class Planner:
     params: PlannerParams = PlannerParams()
     streak: int = 0
     wanted: Role | None = None
+    judged: Demand | None = None  # the last turn's demand, for the log line that explains a move or its absence
     changed_at: dict[str, float] = field(default_factory=dict)
     moves: deque[float] = field(default_factory=deque)
 
     def decide(self, obs: Observation) -> list[Move]:
         """The moves to start now (none, mostly): toward the target split, as many as
         the last minute's budget leaves, once the target has held `confirm` times."""
-        d = demand(obs, self.predictor, self.params)
+        d = self.judged = demand(obs, self.predictor, self.params)
         prefills = sum(1 for r in obs.roles.values() if r == "prefill")
         want = self._wanted(d, prefills, len(obs.roles))
         self.streak = self.streak + 1 if want is not None and want == self.wanted else int(want is not None)

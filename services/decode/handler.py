@@ -91,7 +91,7 @@ class Decoder(Handler):
         await msg.respond(encode(reply))
 
     async def _decode(self, req: DecodeRequest) -> None:
-        structlog.contextvars.bind_contextvars(request_id=req.request_id)
+        structlog.contextvars.bind_contextvars(request_id=req.request_id, tenant=req.tenant)
         context = decode_context(len(req.prompt_token_ids), req.sampling.max_tokens)
         self.context[req.request_id] = context
         self.context_tokens += context
@@ -127,7 +127,8 @@ class Decoder(Handler):
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
                 steps = generate(self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - done, kv,
-                                 done, req.sampling.n, prompt_logprobs=req.first_token_id == NO_TOKEN)
+                                 done, req.sampling.n, prompt_logprobs=req.first_token_id == NO_TOKEN,
+                                 cache_salt=req.cache_salt)
                 first = await self._first_step(req, steps)
                 if first is not None:
                     seq = await self._send(req, first, seq, pace)

@@ -30,19 +30,20 @@ import structlog
 from aiohttp import web
 
 from services.gateway import edge, openapi, protocol, server, tool_parser
+from services.gateway.access import CACHE_KEY_ENV, TENANTS_ENV, Access
 from services.gateway.choices import Choice, completion_tokens, role_chunk
 from services.gateway.limits import Admission, Shed
 from services.gateway.logprobs import Logprobs, load_logprobs, prompt_json, prompt_positions
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import Pipeline, Rejected, Report, Slo, UpstreamError
+from services.gateway.pipeline import Owner, Pipeline, Rejected, Report, Slo, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
 from services.gateway.text import LENGTH_SLACK, TextStream, Tokenizer
 from services.gateway.tool_parser import ToolParsing, ToolUse, template_tools
 from shared import bus, service, tracing
-from shared.bearer import bearer_matches
 from shared.config import ClusterConfig
 from shared.liveness import Deafness, Registry
 from shared.messages import HEARTBEAT, Heartbeat, Sampling, TokenChunk
+from shared.tenants import DEFAULT_TENANT, Tenant, Watched
 
 log = structlog.get_logger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -53,7 +54,7 @@ TOKENIZER_THREADS = 2
 # Commas a valid body may hold besides its prompt's text: token-id lists, the JSON
 # schema, stop strings, bad words, messages' punctuation (services/gateway/fields.py caps).
 BODY_COMMA_SLACK = 200_000
-TOKENIZER_PATHS = ("/tokenize", "/detokenize")  # vLLM's paths, outside /v1, behind the API key all the same
+TENANT = "yuebing.tenant"  # the request's key where the caller's tenant is kept (services/gateway/access.py)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class Prepared:
     echo: str | None = None  # completions with echo: the prompt's text, leading each choice's
     tools: ToolUse | None = None  # chat with tools: what vLLM's tool parser made of them
     created: int = field(default_factory=lambda: int(time.time()))  # one for the request, as vLLM's and OpenAI's
+    tenant: str = DEFAULT_TENANT  # the caller's (services/gateway/access.py)
+    cache_salt: str = ""  # its blocks' salt: its tenant's cache group's, with its own cache_salt folded in
 
     def headers(self) -> dict[str, str]:
         return {REQUEST_ID_HEADER: self.label or self.request_id, OWN_ID_HEADER: self.request_id}
@@ -77,15 +80,14 @@ class Prepared:
 
 class Gateway:
     def __init__(
-        self, config: ClusterConfig, tokenizer: Tokenizer, pipeline: Pipeline, api_key: str | None,
-        metrics_require_key: bool = False, metrics: GatewayMetrics | None = None, tools: ToolParsing | None = None,
+        self, config: ClusterConfig, tokenizer: Tokenizer, pipeline: Pipeline, access: Access,
+        metrics: GatewayMetrics | None = None, tools: ToolParsing | None = None,
     ) -> None:
         self.config = config
         self.model_name = config.served_model_name  # derived from a path: once, not per request
         self.tokenizer = tokenizer
         self.pipeline = pipeline
-        self.api_key = api_key
-        self.metrics_require_key = metrics_require_key
+        self.access = access
         self.openapi = orjson.dumps(openapi.document())
         self.metrics = metrics or GatewayMetrics()
         self.created = int(time.time())
@@ -127,10 +129,12 @@ class Gateway:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        guarded = request.path.startswith("/v1/") or request.path in TOKENIZER_PATHS or (
-            self.metrics_require_key and request.path == "/metrics")
-        if self.api_key and guarded and not bearer_matches(request, self.api_key):
-            raise edge.unauthorized()
+        if self.access.guarded(request.path):
+            tenant = self.access.tenant(request)
+            if tenant is None:
+                raise edge.unauthorized()
+            request[TENANT] = tenant
+            structlog.contextvars.bind_contextvars(tenant=tenant.id)
         return await handler(request)
 
     async def health(self, _request: web.Request) -> web.Response:
@@ -213,7 +217,7 @@ class Gateway:
             with tracing.span("gateway.request", request_id, endpoint=kind):
                 async with self.admission.slot():
                     with tracing.span("gateway.parse", request_id):
-                        prepared = await self._prepare(request_id, label, kind, raw, slo)
+                        prepared = self._owned(request[TENANT], await self._prepare(request_id, label, kind, raw, slo))
                     return await self._respond(request, prepared)
         except Shed as e:
             status = "429"
@@ -245,6 +249,10 @@ class Gateway:
             return await self._complete(prepared)
         finally:
             self.metrics.in_flight.dec()
+
+    def _owned(self, tenant: Tenant, p: Prepared) -> Prepared:
+        """`p` as its tenant's: in its cache group, split further by its own salt."""
+        return dataclasses.replace(p, tenant=tenant.id, cache_salt=self.access.salt(tenant, p.options.cache_salt))
 
     async def _prepare(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo) -> Prepared:
         """The body parsed, checked and tokenized: on a thread when it is large, so
@@ -393,7 +401,8 @@ class Gateway:
         timing = Timing(time.monotonic())
         deadline = time.time() + self.config.request_timeout_s
         try:
-            chunks = self.pipeline.run(p.request_id, p.prompt, self._sampling(p), deadline, p.slo, report)
+            chunks = self.pipeline.run(p.request_id, p.prompt, self._sampling(p), deadline, p.slo, report,
+                                       Owner(p.tenant, p.cache_salt))
             # Closed however this ends (a stop string, an error, a client that stops
             # reading): the pipeline then cancels the request on every instance.
             async with contextlib.aclosing(chunks):
@@ -676,14 +685,21 @@ def parser() -> argparse.ArgumentParser:
                    help="owner-only file holding the Bearer key clients must send (default: $YUEBING_API_KEY_FILE; "
                         "$YUEBING_API_KEY, when set, takes precedence; neither: the API is open)")
     p.add_argument("--metrics-require-key", action="store_true", help="require the API key on /metrics too")
+    p.add_argument("--tenants", default=os.environ.get(TENANTS_ENV),
+                   help="owner-only tenants file (docs/tenants.md; default: $YUEBING_TENANTS_FILE): many keys, a "
+                        "cache group each, read again when it changes; replaces the single API key")
+    p.add_argument("--cache-key-file", default=os.environ.get(CACHE_KEY_ENV),
+                   help="owner-only file holding the cluster's cache key, which the tenants' cache salts come from "
+                        "(default: $YUEBING_CACHE_KEY_FILE; every gateway needs the same)")
     return p
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
     try:
-        api_key = edge.load_api_key(args.api_key_file)
+        access = Access.from_files(edge.load_api_key(args.api_key_file), args.tenants, args.cache_key_file,
+                                   args.metrics_require_key)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"gateway: API key: {e}") from e
+        raise SystemExit(f"gateway: API keys: {e}") from e
     tokenizer = Tokenizer(config.model)
     tools = await asyncio.to_thread(_tool_parsing, config, tokenizer)
     metrics = GatewayMetrics()
@@ -691,14 +707,14 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     registry = Registry(timeout_s=config.liveness_timeout_s,
                         deafness=Deafness(tick_s=server.LAG_INTERVAL_S, grace_s=config.heartbeat_interval_s))
     link = await connect_link(config, args, registry, metrics)
-    gateway = Gateway(config, tokenizer, Pipeline(link, config, registry), api_key, args.metrics_require_key, metrics,
-                      tools)
+    gateway = Gateway(config, tokenizer, Pipeline(link, config, registry), access, metrics, tools)
     gateway.pipeline.register(metrics.registry)  # retries, serving modes, late chunks on /metrics
     runner = server.GatewayRunner(gateway.app(), server.Guard(gateway.limits, metrics))
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     lag = asyncio.create_task(server.LagMonitor(metrics, on_tick=registry.heard).run())
+    watch = asyncio.create_task(access.source.watch(stop)) if isinstance(access.source, Watched) else None
     # The tokenizer and the tool parsers bring transformers and vLLM in: some 680,000
     # objects a full collection would walk, in a pause of 0.3-0.4 s for every stream.
     service.freeze_heap()
@@ -706,6 +722,8 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     await stop.wait()
     log.info("gateway stopping")
     lag.cancel()
+    if watch is not None:
+        watch.cancel()
     await runner.cleanup()
     gateway.executor.shutdown(wait=False, cancel_futures=True)
     await gateway.pipeline.outbox.flush()  # the last streams' closing updates

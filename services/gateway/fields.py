@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from services.gateway.errors import invalid
+from shared.tenants import MAX_CLIENT_SALT, check_client_salt
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1  # vLLM's sampler keeps top_k in an int32 tensor
@@ -90,6 +91,19 @@ def string(max_chars: int) -> Spec:
         return v
 
     return Spec(parse, {"type": "string", "maxLength": max_chars})
+
+
+def cache_salt() -> Spec:
+    """vLLM's `cache_salt`, checked as vLLM checks it (and in its words); folded in
+    under the tenant's own salt, so it splits a tenant's cache and never joins another's."""
+
+    def parse(name: str, v: Any) -> str:
+        try:
+            return check_client_salt(v)
+        except ValueError as e:
+            raise invalid(str(e), name) from None
+
+    return Spec(parse, {"type": "string", "minLength": 1, "maxLength": MAX_CLIENT_SALT})
 
 
 def int_list(max_items: int, min_items: int = 0, default: tuple[int, ...] | None = ()) -> Spec:

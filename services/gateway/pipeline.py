@@ -35,7 +35,7 @@ from services.gateway.retry import (
 )
 from services.gateway.stream import Inbox, StreamEnded, TokenStream
 from shared import bus, tracing
-from shared.block_hash import hex_hashes
+from shared.block_hash import hex_hashes, request_salt
 from shared.config import ClusterConfig
 from shared.liveness import Registry, woke_late
 from shared.messages import (
@@ -61,6 +61,7 @@ from shared.messages import (
     prefill_subject,
 )
 from shared.outbox import Outbox
+from shared.tenants import DEFAULT_TENANT
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -75,6 +76,15 @@ class Slo:
 
     ttft_ms: float = 0.0
     tbt_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose request it is: its tenant, and the salt its blocks are hashed under
+    (its cache group's: services/gateway/access.py; "": the cluster's one cache)."""
+
+    tenant: str = DEFAULT_TENANT
+    cache_salt: str = ""
 
 
 @dataclass
@@ -159,6 +169,7 @@ class Job:
     sampling: Sampling
     deadline: float
     slo: Slo
+    owner: Owner = Owner()
 
 
 class Pipeline:
@@ -183,15 +194,15 @@ class Pipeline:
 
     async def run(
         self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo = Slo(),
-        report: Report | None = None,
+        report: Report | None = None, owner: Owner = Owner(),
     ) -> AsyncIterator[TokenChunk]:
         """The request's tokens, the first from prefill, the rest from decode; placed
         again (within max_attempts and the deadline) when an instance fails it."""
         report = report if report is not None else Report()
         # The one place the prompt is hashed: the Conductor and prefill take these.
         with tracing.span("gateway.hash", request_id, prompt_tokens=len(prompt)):
-            hashes = hex_hashes(prompt, self.config.block_size, self.config.model_salt)
-        job = Job(request_id, prompt, hashes, sampling, deadline, slo)
+            hashes = hex_hashes(prompt, self.config.block_size, request_salt(self.config.model_salt, owner.cache_salt))
+        job = Job(request_id, prompt, hashes, sampling, deadline, slo, owner)
         tries = Tries(request_id, self.config.max_attempts, self.retries)
         whole = True  # no continuation: the last attempt decoded the whole output
         try:
@@ -282,7 +293,8 @@ class Pipeline:
         """What the next decode is asked after `error` (see retry.continuation); a
         stream that cannot be continued exactly ends with a clean 503."""
         try:
-            return continuation(base, streamed, self.config.block_size, self.config.model_salt)
+            salt = request_salt(self.config.model_salt, job.owner.cache_salt)
+            return continuation(base, streamed, self.config.block_size, salt)
         except NotContinuable as e:
             if bus.remaining(job.deadline) <= 0:  # it could not have gone on anyway: the deadline is the news
                 raise error from None
@@ -392,6 +404,7 @@ class Pipeline:
             slo_tbt_ms=job.slo.tbt_ms,
             avoid=list(avoid),
             stage="full" if order is None else "decode",
+            tenant=job.owner.tenant,
         )
         try:
             with tracing.span("gateway.schedule", attempt_id, stage=ask.stage):
@@ -446,6 +459,8 @@ class Pipeline:
             sampling=job.sampling,
             deadline=job.deadline,
             placement=placement,
+            tenant=job.owner.tenant,
+            cache_salt=job.owner.cache_salt,
         )
         with tracing.span("gateway.prefill", attempt.id, instance=placement.prefill_id):
             asked = bus.request(self.nc, prefill_subject(placement.prefill_id), ask, PrefillResult,
@@ -476,6 +491,8 @@ class Pipeline:
             slo_tbt_ms=job.slo.tbt_ms or self.config.slo_tbt_ms,
             block_hashes=order.block_hashes,
             kv_blocks=order.kv_blocks_on(attempt.placement.decode_node),
+            tenant=job.owner.tenant,
+            cache_salt=job.owner.cache_salt,
         )
         timeout = min(self.config.schedule_timeout_s * 2, bus.remaining(job.deadline))
         try:

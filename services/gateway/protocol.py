@@ -29,6 +29,7 @@ from services.gateway.fields import (
     STREAM_OPTIONS,
     Spec,
     boolean,
+    cache_salt,
     exactly,
     int_list,
     integer,
@@ -79,6 +80,7 @@ class Options:
     n: int = 1  # choices, sampled from one prefill
     prompt_logprobs: int | None = None  # the prompt tokens' log probabilities, with this many alternatives
     echo: bool = False  # completions: the prompt leads the text (and the logprobs)
+    cache_salt: str | None = None  # the client's own split of its tenant's cache (vLLM's field)
 
     def token_ids(self) -> dict[str, tuple[int, ...]]:
         """Every token id the request names, by field: checked against the vocabulary."""
@@ -145,7 +147,7 @@ COMMON: dict[str, Spec] = {
     "return_token_offsets": refused(False),
     "mm_payload": refused("tensors"),
     "return_mm_kwargs": refused(False),
-    "cache_salt": refused(),
+    "cache_salt": cache_salt(),
     "kv_transfer_params": refused(),
     "ec_transfer_params": refused(),
     "vllm_xargs": refused(),
@@ -286,6 +288,7 @@ def _options(body: dict[str, Any], v: dict[str, Any], max_tokens: int | None, ch
         add_special_tokens=v["add_special_tokens"], stream=v["stream"], include_usage=v["stream_options"][0],
         continuous_usage=v["stream_options"][1], return_token_ids=v["return_token_ids"], user=v["user"],
         logprobs=_logprobs(v, chat), n=v["n"], prompt_logprobs=v["prompt_logprobs"], echo=bool(v["echo"]),
+        cache_salt=v["cache_salt"],
     )  # fmt: skip
 
 

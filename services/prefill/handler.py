@@ -50,7 +50,7 @@ class Prefiller(Handler):
             await msg.respond(encode(PrefillResult(request_id=req.request_id, ok=False, error=str(e))))
 
     async def _prefill(self, req: PrefillRequest, msg: Msg) -> None:
-        structlog.contextvars.bind_contextvars(request_id=req.request_id)
+        structlog.contextvars.bind_contextvars(request_id=req.request_id, tenant=req.tenant)
         log.info("prefill start", prompt_len=len(req.prompt_token_ids), decode=req.placement.decode_id)
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
@@ -106,7 +106,7 @@ class Prefiller(Handler):
         # messenger streams them to the decode node meanwhile.
         kv = await self._kv_params(req)
         steps = [s async for s in generate(self.engine, req.request_id, req.prompt_token_ids, req.sampling, 1, kv,
-                                           prompt_logprobs=True)]
+                                           prompt_logprobs=True, cache_salt=req.cache_salt)]
         token_ids = [t for s in steps for t in s.token_ids]
         logprobs = [lp for s in steps for lp in s.logprobs or ()]
         if len(token_ids) != 1:

@@ -192,14 +192,18 @@ def generate(
     produced: int = 0,
     n: int = 1,
     prompt_logprobs: bool = False,
+    cache_salt: str = "",
 ) -> AsyncIterator[Step]:
     """Run one request; cancelling the consumer aborts it inside the engine.
     `kv_transfer_params` is what the Yuebing connector reads (see shared/kv/connector.py);
     `produced`, `n` and `prompt_logprobs`: see `sampling_params`. With n > 1, a step an output.
+    `cache_salt` splits vLLM's own prefix cache as the cluster's block hashes are split
+    (its tenant's cache group: shared/tenants.py).
     vLLM's own span of the request is a child of the caller's span now (not of whatever
     span the first step is awaited in)."""
     params = sampling_params(sampling, max_tokens, kv_transfer_params, produced, n, prompt_logprobs)
-    return _steps(engine.generate({"prompt_token_ids": prompt_token_ids}, params, request_id,
+    prompt = {"prompt_token_ids": prompt_token_ids, **({"cache_salt": cache_salt} if cache_salt else {})}
+    return _steps(engine.generate(prompt, params, request_id,
                                   trace_headers=tracing.headers()), params)
 
 

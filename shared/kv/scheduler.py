@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shared.block_hash import request_salt
 from shared.kv.chunk_cap import ChunkCaps
 from shared.kv.client import MessengerClient, PoolFollower
 from shared.kv.meta import YuebingMeta
@@ -74,8 +75,11 @@ class ConnectorScheduler:
     def on_new_request(self, request: Request) -> None:
         if self.chunk_caps.add(request.request_id, request.kv_transfer_params):
             self._set_chunk_cap()
-        t = track(request.kv_transfer_params, list(request.prompt_token_ids or []), self.opts.block_size,
-                  self.opts.salt, time.monotonic())
+        # Hashed here only where the request carries no hashes: under its own cache's
+        # salt (vLLM's cache_salt, a tenant's group), as the gateway hashes it.
+        salt = request_salt(self.opts.salt, request.cache_salt or "")
+        t = track(request.kv_transfer_params, list(request.prompt_token_ids or []), self.opts.block_size, salt,
+                  time.monotonic())
         if t is not None:
             self.tracked[request.request_id] = t
 

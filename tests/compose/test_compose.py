@@ -92,7 +92,7 @@ def test_each_container_gets_only_its_own_secrets(spec):
         mounted = {s["source"] for s in service.get("secrets", [])}
         assert {s for s in mounted if s.endswith(".nats.json")} == {f"{name}.nats.json"}
         assert ("kv.key" in mounted) == name.startswith("messenger-")
-        assert ("api-key" in mounted) == (name == "gateway")
+        assert ("api-key" in mounted) == ("cache.key" in mounted) == (name == "gateway")
     assert [s["source"] for s in spec["nats"]["secrets"]] == ["nats-server.conf"]
 
 

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import pytest
 from shared.config import ClusterConfig, load_config
 from shared.engine.llm import engine_environment
 from tests.e2e.ops import openai_client
-from tests.layouts import LAYOUTS, TOOL_CALL_PARSER
+from tests.layouts import LAYOUTS, TENANT_KEYS, TOOL_CALL_PARSER, write_tenants
 from tests.reference import DTYPE, Reference
 from tests.suite_report import SuiteReport, suite_report
 from yuebing import process
@@ -51,6 +52,7 @@ class Cluster:
     metrics: dict[str, str]  # service → its Prometheus page
     admin_credentials: Path  # the admin NATS identity: what tests ask the services with
     urls: list[str]  # every gateway's (`url` is the first's)
+    api_key: str = ""  # what its OpenAI clients send (tests/e2e/ops.py); "": none asked
 
     @property
     def api(self) -> str:
@@ -221,15 +223,23 @@ def two_of_each(two_of_each_process) -> Cluster:
 
 
 @pytest.fixture(scope="session")
-def two_conductors_process(model_dir, tmp_path_factory, request):
-    yield from _layout(model_dir, tmp_path_factory, request, "two_conductors_process")
+def tenants_file(tmp_path_factory) -> Path:
+    """The tenants of the two-Conductor layout (tests/layouts.py): rewritten by the tenants' tests."""
+    return write_tenants(tmp_path_factory.mktemp("tenants"))
+
+
+@pytest.fixture(scope="session")
+def two_conductors_process(model_dir, tmp_path_factory, request, tenants_file):
+    yield from _layout(model_dir, tmp_path_factory, request, "two_conductors_process", "--tenants", str(tenants_file))
 
 
 @pytest.fixture(scope="session")
 def two_conductors(two_conductors_process) -> Cluster:
-    """Two Conductors over one prefill and one decode instance, KV over ZeroMQ: the
-    Conductors' tests and the KV-transfer tests over that transport."""
-    return two_conductors_process.wait()
+    """Two gateways and two Conductors over one prefill and one decode instance, KV
+    over ZeroMQ, tenants: the Conductors' tests, the KV-transfer tests over that
+    transport, and the tenants' tests. Its OpenAI clients are a tenant's (`ops`);
+    plain HTTP requests sending no key, the anonymous tenant's."""
+    return dataclasses.replace(two_conductors_process.wait(), api_key=TENANT_KEYS["ops"])
 
 
 def _descendants(pid: int) -> list[psutil.Process]:

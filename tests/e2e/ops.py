@@ -56,7 +56,8 @@ def openai_client(cluster: Cluster):  # -> openai.OpenAI
     sees what the cluster answered)."""
     from openai import OpenAI
 
-    return OpenAI(base_url=cluster.api, api_key="unused", timeout=120, max_retries=0)
+    key = getattr(cluster, "api_key", "") or "unused"  # an open cluster takes any
+    return OpenAI(base_url=cluster.api, api_key=key, timeout=120, max_retries=0)
 
 
 async def admin(cluster: Cluster) -> Client:

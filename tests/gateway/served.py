@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from services.gateway.access import Access
 from services.gateway import server
 from services.gateway.app import Gateway
 from services.gateway.text import Tokenizer
@@ -51,8 +52,10 @@ class EndlessPipeline:
         self.running = 0
         self.fail: BaseException | None = None  # raised by run() instead of any token
         self.endless = False  # past max_tokens: until the gateway closes it
+        self.owners: list = []  # whose each run was (services/gateway/pipeline.py Owner)
 
-    async def run(self, request_id, prompt, sampling, deadline, slo, report):
+    async def run(self, request_id, prompt, sampling, deadline, slo, report, owner=None):
+        self.owners.append(owner)
         self.running += 1
         self.started.set()
         try:
@@ -79,7 +82,7 @@ class Served:
 
     def __init__(self, config: ClusterConfig, pipeline: Any, tokenizer: Tokenizer | None = None) -> None:
         self.pipeline = pipeline
-        self.gateway = Gateway(config, tokenizer or Tokenizer(str(MODEL)), pipeline, KEY)
+        self.gateway = Gateway(config, tokenizer or Tokenizer(str(MODEL)), pipeline, Access.single(KEY))
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

@@ -6,6 +6,7 @@ end to end in tests/e2e."""
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from services.gateway.access import Access
 from services.gateway.app import Gateway
 from shared.config import ClusterConfig
 
@@ -14,7 +15,7 @@ CONFIG = ClusterConfig(model="/models/tiny", max_model_len=512)
 
 @pytest.fixture
 async def client():
-    gateway = Gateway(CONFIG, tokenizer=None, pipeline=None, api_key="sesame")
+    gateway = Gateway(CONFIG, tokenizer=None, pipeline=None, access=Access.single("sesame"))
     async with TestClient(TestServer(gateway.app())) as c:
         yield c
 

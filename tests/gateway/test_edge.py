@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, event, given, settings
 
+from services.gateway.access import Access
 from services.gateway import edge, server
 from services.gateway.app import Gateway, parser
 from services.gateway.protocol import CHAT, COMPLETION
@@ -26,6 +27,7 @@ from services.gateway.text import Tokenizer
 from services.gateway.tool_parser import ToolParsing
 from shared.config import ClusterConfig
 from shared.liveness import Registry
+from services.gateway.pipeline import Owner
 from shared.messages import Sampling, TokenChunk, TokenLogprobs
 from tests.gateway.edge_cases import KEY, Case, cases, check, send, tool_bodies
 
@@ -40,9 +42,11 @@ class FakePipeline:
         self.registry = Registry(timeout_s=5.0)
         self.nc = SimpleNamespace(is_connected=True)
         self.seen: list[Sampling] = []
+        self.owners: list[Owner | None] = []  # whose each run was, as the gateway said
 
-    async def run(self, request_id, prompt, sampling, deadline, slo, report) -> AsyncIterator[TokenChunk]:
+    async def run(self, request_id, prompt, sampling, deadline, slo, report, owner=None) -> AsyncIterator[TokenChunk]:
         self.seen.append(sampling)
+        self.owners.append(owner)
         for i in range(sampling.max_tokens):
             last, token = i == sampling.max_tokens - 1, 97 + i % 26
             yield TokenChunk(request_id=request_id, seq=i, token_ids=[token], finish_reason="length" if last else None,
@@ -63,7 +67,7 @@ class Served:
         config = ClusterConfig(model=str(MODEL), max_model_len=512)
         tokenizer = Tokenizer(str(MODEL))
         tools = ToolParsing("hermes", tokenizer.hf)  # every request with tools goes through vLLM's parser
-        self.gateway = Gateway(config, tokenizer, self.pipeline, KEY, metrics_require_key=True, tools=tools)
+        self.gateway = Gateway(config, tokenizer, self.pipeline, Access.single(KEY, metrics_require_key=True), tools=tools)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

@@ -3,6 +3,7 @@
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from services.gateway.access import Access
 from services.gateway.app import Gateway
 from shared.config import ClusterConfig
 
@@ -12,7 +13,7 @@ AUTH = {"Authorization": "Bearer sesame"}
 @pytest.fixture
 async def client(tokenizer):
     gateway = Gateway(ClusterConfig(model="/models/tiny", max_model_len=512), tokenizer=tokenizer, pipeline=None,
-                      api_key="sesame")
+                      access=Access.single("sesame"))
     async with TestClient(TestServer(gateway.app())) as c:
         yield c
 

@@ -112,6 +112,6 @@ def test_kubernetes_secrets_split_the_set_by_component(tmp_path):
     write_api_key(tmp_path)
     secrets = {s["metadata"]["name"]: s["data"] for s in kubernetes_secrets(tmp_path, layout)}
     assert set(secrets["yuebing-decode"]) == {"kv.key", "decode-0.nats.json", "messenger-decode-0.nats.json"}
-    assert set(secrets["yuebing-gateway"]) == {"gateway.nats.json", "api-key"}
+    assert set(secrets["yuebing-gateway"]) == {"gateway.nats.json", "api-key", "cache.key"}
     assert "admin.nats.json" not in {k for data in secrets.values() for k in data}  # the operator's, kept out
     assert base64.b64decode(secrets["yuebing-gateway"]["api-key"]) == (tmp_path / "api-key").read_bytes()

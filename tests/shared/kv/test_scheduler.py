@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from shared.block_hash import block_hashes
+from shared.block_hash import block_hashes, request_salt
 from shared.kv.options import Options
 from shared.kv.plan import Load, Save
 from shared.kv.scheduler import ConnectorScheduler
@@ -57,7 +57,8 @@ def scheduler(messenger: Messenger) -> ConnectorScheduler:
 
 
 def request(**params: object) -> SimpleNamespace:
-    return SimpleNamespace(request_id="r", kv_transfer_params=params, prompt_token_ids=PROMPT, num_tokens=len(PROMPT))
+    return SimpleNamespace(request_id="r", kv_transfer_params=params, prompt_token_ids=PROMPT, num_tokens=len(PROMPT),
+                           cache_salt=None)
 
 
 def step(computed: int, scheduled: int) -> SimpleNamespace:
@@ -153,8 +154,20 @@ def test_a_decode_request_caps_the_engines_prompt_chunks_while_it_runs():
     s.on_new_request(request(kv_blocks=3, kv_chunk_cap=256))
     assert config.long_prefill_token_threshold == 256
     s.on_new_request(SimpleNamespace(request_id="p", kv_transfer_params={"kv_dest": "n"}, prompt_token_ids=PROMPT,
-                                     num_tokens=len(PROMPT)))
+                                     num_tokens=len(PROMPT), cache_salt=None))
     s.request_finished(SimpleNamespace(request_id="p"), [])  # a prefill's end changes nothing
     assert config.long_prefill_token_threshold == 256
     s.request_finished(request(), [])
     assert config.long_prefill_token_threshold == 0
+
+
+def test_a_request_carrying_no_hashes_is_hashed_under_its_own_cache_salt():
+    # As the gateway hashes it (a tenant's group): a prompt of one group never names
+    # another's blocks, whoever computes its hashes.
+    s = scheduler(Messenger())
+    plain, salted = request(kv_blocks=3), request(kv_blocks=3)
+    salted.request_id, salted.cache_salt = "t", "group-salt"
+    s.on_new_request(plain)
+    s.on_new_request(salted)
+    assert s.tracked["r"].hashes == block_hashes(PROMPT, 4, b"s")
+    assert s.tracked["t"].hashes == block_hashes(PROMPT, 4, request_salt(b"s", "group-salt")) != s.tracked["r"].hashes

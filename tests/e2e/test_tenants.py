@@ -1,0 +1,146 @@
+"""Tenants on a live cluster (two gateways, two Conductors, KV across two nodes; the
+tenants file of tests/layouts.py): no tenant reads another's cache, by
+`cached_tokens` or by timing; one cache group is shared; a client's own
+`cache_salt` splits its tenant's cache; keys rotate in the live file."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+
+import httpx
+import pytest
+from scipy.stats import mannwhitneyu
+
+from tests.e2e.ops import eventually
+from tests.layouts import TENANT_KEYS, write_tenants
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "yuebing-tiny"
+PROMPT_TOKENS = 900  # 7 full blocks of 128
+FULL_BLOCKS = PROMPT_TOKENS // 128 * 128
+TIMED = 20  # prompts of each kind the timing test compares
+
+
+@pytest.fixture
+def cluster(two_conductors):
+    return two_conductors
+
+
+def prompt(rnd: random.Random) -> list[int]:
+    return [rnd.randrange(32, 127) for _ in range(PROMPT_TOKENS)]
+
+
+def ask(cluster, tenant: str | None, tokens: list[int], salt: str | None = None, key: str | None = None,
+        gateway: int = 0, max_tokens: int = 1) -> httpx.Response:
+    key = key or (TENANT_KEYS[tenant] if tenant else None)
+    body = {"model": MODEL, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0,
+            **({"cache_salt": salt} if salt is not None else {})}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(f"{cluster.urls[gateway]}/v1/completions", json=body, headers=headers, timeout=60)
+
+
+def cached(r: httpx.Response) -> int:
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_another_tenant_computes_what_one_cached_and_its_responses_never_name_it(cluster):
+    rnd = random.Random(11)
+    p = prompt(rnd)
+    assert cached(ask(cluster, "acme", p)) == 0
+    assert cached(ask(cluster, "acme", p, gateway=1)) == FULL_BLOCKS  # its repeat, on the other gateway too
+    seen = ask(cluster, "beta", p)
+    assert cached(seen) == 0
+    assert seen.json()["yuebing"]["kv_blocks"] in (None, 0, PROMPT_TOKENS // 128)  # its own blocks, computed
+    assert "acme" not in seen.text and not any("acme" in v for v in seen.headers.values())
+    assert cached(ask(cluster, None, p)) == 0  # nor the anonymous tenant
+    # B's own repeat is B's cache: each tenant is served from its own blocks.
+    assert cached(ask(cluster, "beta", p)) == FULL_BLOCKS
+    own = seen.headers["x-yuebing-request-id"]
+    lines = [line for line in cluster.log("gateway").splitlines() if own in line]
+    assert lines and all('"tenant":"beta"' in line and "acme" not in line for line in lines), lines[:3]
+
+
+def test_one_cache_group_is_shared_and_a_clients_salt_splits_its_tenants(cluster):
+    rnd = random.Random(12)
+    shared, split = prompt(rnd), prompt(rnd)
+    assert cached(ask(cluster, "gamma", shared)) == 0
+    assert cached(ask(cluster, "delta", shared)) == FULL_BLOCKS  # gamma and delta: one group
+    assert cached(ask(cluster, "acme", split, salt="x")) == 0
+    assert cached(ask(cluster, "acme", split, salt="y")) == 0
+    assert cached(ask(cluster, "acme", split)) == 0
+    assert cached(ask(cluster, "acme", split, salt="x")) == FULL_BLOCKS
+    assert cached(ask(cluster, "beta", split, salt="x")) == 0  # the same salt never joins another's cache
+
+
+def test_a_tenant_cannot_tell_by_timing_which_prompts_another_sent(cluster):
+    rnd = random.Random(13)
+    theirs, fresh, repeats = [], [], []
+    for _ in range(TIMED):  # interleaved: a slow minute of the host falls on every kind alike
+        p, f = prompt(rnd), prompt(rnd)
+        ask(cluster, "acme", p)
+        repeats.append(ask(cluster, "acme", p).elapsed.total_seconds())
+        theirs.append(ask(cluster, "beta", p).elapsed.total_seconds())
+        fresh.append(ask(cluster, "beta", f).elapsed.total_seconds())
+    same = mannwhitneyu(theirs, fresh, alternative="two-sided").pvalue
+    faster = mannwhitneyu(repeats, fresh, alternative="less").pvalue
+    print(f"\nTTFT medians, ms: beta on acme's prompts {sorted(theirs)[TIMED // 2] * 1e3:.1f}, beta fresh "
+          f"{sorted(fresh)[TIMED // 2] * 1e3:.1f}, acme's repeats {sorted(repeats)[TIMED // 2] * 1e3:.1f}; "
+          f"p(same) {same:.3f}, p(repeats faster) {faster:.2g}")
+    assert same > 0.01, "beta's TTFT tells acme's prompts from fresh ones"
+    assert faster < 0.01, "acme's repeats were not served from its cache"
+
+
+def test_a_bad_key_is_a_401_and_metrics_are_an_operators(cluster):
+    r = ask(cluster, None, [1, 2, 3], key="not-a-key")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    acme = {"Authorization": f"Bearer {TENANT_KEYS['acme']}"}
+    assert httpx.get(f"{cluster.url}/metrics", headers=acme, timeout=10).status_code == 401
+    assert httpx.get(f"{cluster.url}/metrics", timeout=10).status_code == 401
+    ops = {"Authorization": f"Bearer {TENANT_KEYS['ops']}"}
+    assert httpx.get(f"{cluster.url}/metrics", headers=ops, timeout=10).status_code == 200
+    bad = ask(cluster, "acme", [1, 2, 3], salt="a/b")
+    assert bad.status_code == 400 and "cache_salt" in bad.json()["error"]["message"]
+
+
+@pytest.mark.destructive
+def test_a_key_rotates_in_the_live_file_with_no_stream_cut(cluster, tenants_file):
+    old, new = TENANT_KEYS["acme"], "key-acme-rotated-9876543210"
+    keys = {t: [k] for t, k in TENANT_KEYS.items()}
+    stream: dict[str, object] = {}
+
+    def long_stream() -> None:  # under the old key, read slowly: open across the rotation
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 800, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{cluster.api}/completions", json=body, timeout=120,
+                          headers={"Authorization": f"Bearer {old}"}) as r:
+            stream["status"] = r.status_code
+            events = [line for line in r.iter_lines() if line and not time.sleep(0.01)]
+        stream["ended"], stream["last"] = time.monotonic(), json.loads(events[-2].removeprefix("data: "))
+
+    try:
+        reader = threading.Thread(target=long_stream)
+        reader.start()
+        write_tenants(tenants_file.parent, {**keys, "acme": [old, new]})
+        for gateway in (0, 1):  # each gateway reads the file again on its own
+            eventually(lambda g=gateway: ask(cluster, None, [5, 6], key=new, gateway=g).status_code, lambda s: s == 200,
+                       f"the new key on gateway {gateway}", 10)
+        write_tenants(tenants_file.parent, {**keys, "acme": [new]})
+        for gateway in (0, 1):
+            eventually(lambda g=gateway: ask(cluster, None, [5, 6], key=old, gateway=g).status_code, lambda s: s == 401,
+                       f"the old key refused on gateway {gateway}", 10)
+        refused_at = time.monotonic()
+        bad = tenants_file.parent / "tenants.json.new"
+        bad.write_text("{not json")
+        bad.chmod(0o600)
+        bad.replace(tenants_file)  # a bad edit: the last good file stays in force
+        eventually(lambda: "tenants file refused" in cluster.log("gateway"), bool, "the bad file's log line", 10)
+        assert ask(cluster, None, [5, 6], key=new).status_code == 200
+        reader.join(timeout=120)
+        assert stream["status"] == 200 and stream["last"]["choices"][0]["finish_reason"] == "length", stream
+        assert stream["ended"] > refused_at, "the stream ended before its key was refused: rotate sooner"
+    finally:
+        write_tenants(tenants_file.parent)
