@@ -149,13 +149,16 @@ class ScheduleReply(Message):
     placement: Placement | None = None  # when accepted
     predicted_ttft_ms: float = 0.0
     predicted_tbt_ms: float = 0.0
-    # When not accepted: "overloaded" (HTTP 429) or "unavailable" (HTTP 503).
-    rejection: Literal["", "overloaded", "unavailable"] = ""
+    # When not accepted: "overloaded" (HTTP 429), "quota" (HTTP 429: the tenant's
+    # own limit, `quota` which) or "unavailable" (HTTP 503).
+    rejection: Literal["", "overloaded", "quota", "unavailable"] = ""
     reason: str = ""
     retry_after_s: float = 0.0
     mode: ModeRecord | None = None  # when accepted
     # With a CPP group live: "cpp:faster", "single:short_input" or "single:group_slower_now" (policy.Route).
     route: str = ""
+    quota: Literal["", "requests", "tokens", "streams"] = ""  # rejection "quota": the limit reached
+    limits: list[RateLimit] = []  # the tenant's per-minute quotas after this request (none: no limits)
 
 
 class Booking(Message):
@@ -182,6 +185,26 @@ class Booking(Message):
     age_s: float = 0.0  # in a BookDigest: how long ago it was booked
 
 
+class Admission(Message):
+    """A request one Conductor admitted against its tenant's quotas, for the others'
+    counts (services/conductor/quotas.py)."""
+
+    tenant: str
+    request_id: str
+    tokens: int  # prompt plus max_tokens, reserved
+    deadline: float  # unix time: its stream counts until its end or then
+    age_s: float = 0.0  # in a BookDigest: how long ago it was admitted
+
+
+class RateLimit(Message):
+    """One of a tenant's per-minute quotas as it stands: OpenAI's x-ratelimit-* headers."""
+
+    name: Literal["requests", "tokens"]
+    limit: int
+    remaining: int
+    reset_s: float
+
+
 class BookDigest(Message):
     """What one Conductor's books took in since its last digest, for the others: its
     own placements, and the updates of its requests (which reach only it), each
@@ -192,6 +215,7 @@ class BookDigest(Message):
     incarnation: str  # the sending process's, random at its start: a restart within the timeout is a new one
     bookings: list[Booking] = []
     updates: list[RequestUpdate] = []
+    admissions: list[Admission] = []  # against tenants' quotas
 
 
 class ConductorStats(Message):

@@ -21,9 +21,10 @@ import hmac
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
 import structlog
 
 from shared.private_file import read_private
@@ -33,6 +34,7 @@ log = structlog.get_logger(__name__)
 Priority = Literal["critical", "standard", "sheddable"]
 PRIORITIES: tuple[Priority, ...] = ("critical", "standard", "sheddable")  # refused last to first
 DEFAULT_TENANT = "default"  # the single-key settings' one tenant
+TENANTS_ENV = "YUEBING_TENANTS_FILE"  # where the gateways and Conductors find the file, without a flag
 # Tenant ids reach metrics labels, log lines and subjects' payloads: a short, plain name.
 TENANT_ID = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -41,18 +43,29 @@ CLIENT_SALT_FORBIDDEN = "@/\\\0"  # vLLM's: a salt names cache files in some bac
 
 
 class TenantEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """One tenant as the file writes it (0: no limit)."""
+    """One tenant as the file writes it (the configuration reference's table is made from this)."""
 
-    id: str
-    key_sha256: str | list[str] = []  # one key's digest, or several while a key is rotated
-    cache_group: str = ""  # tenants naming one group share its cache; default: the tenant's own
-    requests_per_minute: int = 0
-    tokens_per_minute: int = 0  # prompt plus max_tokens, reserved at admission
-    max_streams: int = 0  # requests in flight at once
-    priority: str = "standard"
-    weight: float = 1.0  # its share of its class's admission under overload
-    metrics: bool = False  # its keys may read the gateway's /metrics (every tenant's figures): an operator's
-    anonymous: bool = False  # requests sending no key are its (at most one tenant: a public tier)
+    id: Annotated[str, Meta(description="its name in logs, spans and metrics: 1-63 of a-z 0-9 _ . -")]
+    key_sha256: Annotated[
+        str | list[str], Meta(description="a key's SHA-256 (lowercase hex), or a list of them while a key is "
+                                          "rotated; none only for the anonymous tenant")
+    ] = []
+    cache_group: Annotated[
+        str, Meta(description="tenants naming one group share its KV cache (empty: the tenant's own, its id)")
+    ] = ""
+    requests_per_minute: Annotated[int, Meta(description="requests admitted in any minute (0: no limit)")] = 0
+    tokens_per_minute: Annotated[
+        int, Meta(description="prompt plus max_tokens tokens admitted in any minute (0: no limit)")
+    ] = 0
+    max_streams: Annotated[int, Meta(description="requests in flight at once (0: no limit)")] = 0
+    priority: Annotated[str, Meta(description="its class under overload: critical, standard or sheddable")] = "standard"
+    weight: Annotated[float, Meta(description="its share of its class's admission under overload")] = 1.0
+    metrics: Annotated[
+        bool, Meta(description="its keys may read the gateway's /metrics (every tenant's figures): an operator's")
+    ] = False
+    anonymous: Annotated[
+        bool, Meta(description="requests sending no key are its (at most one tenant: a public tier)")
+    ] = False
 
 
 class TenantsFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -217,6 +230,11 @@ class Watched:
                 await asyncio.wait_for(stop.wait(), every_s)
             except TimeoutError:
                 self.refresh()
+
+
+def in_force(source: Watched | Tenants) -> Tenants:
+    """The tenants a watched file holds now, or fixed ones."""
+    return source.current if isinstance(source, Watched) else source
 
 
 def _version(path: str) -> tuple[int, int, int]:

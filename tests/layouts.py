@@ -42,8 +42,11 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
 # `public`'s (every other test's), each other tenant has a key; gamma and delta share a
 # cache group. Keys for tests only.
 TENANT_KEYS = {"acme": "key-acme-0123456789", "beta": "key-beta-0123456789", "gamma": "key-gamma-0123456789",
-               "delta": "key-delta-0123456789", "ops": "key-ops-0123456789"}
+               "delta": "key-delta-0123456789", "ops": "key-ops-0123456789", "capped": "key-capped-0123456789",
+               "tokcap": "key-tokcap-0123456789", "streamcap": "key-streamcap-0123456789"}
 TENANT_GROUPS = {"gamma": "team", "delta": "team"}
+TENANT_LIMITS = {"capped": {"requests_per_minute": 6}, "tokcap": {"tokens_per_minute": 2000},
+                 "streamcap": {"max_streams": 1}}
 
 
 def write_tenants(folder: Path, keys: dict[str, list[str]] | None = None) -> Path:
@@ -52,7 +55,8 @@ def write_tenants(folder: Path, keys: dict[str, list[str]] | None = None) -> Pat
     keys = keys or {t: [k] for t, k in TENANT_KEYS.items()}
     tenants = [{"id": "public", "anonymous": True}]
     for tenant, its_keys in keys.items():
-        entry = {"id": tenant, "key_sha256": [key_sha256(k) for k in its_keys], "metrics": tenant == "ops"}
+        entry = {"id": tenant, "key_sha256": [key_sha256(k) for k in its_keys], "metrics": tenant == "ops",
+                 **TENANT_LIMITS.get(tenant, {})}
         tenants.append(entry | ({"cache_group": TENANT_GROUPS[tenant]} if tenant in TENANT_GROUPS else {}))
     new, path = folder / "tenants.json.new", folder / "tenants.json"
     new.unlink(missing_ok=True)

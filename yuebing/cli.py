@@ -17,6 +17,7 @@ from yuebing.commands import (
     bench_long_context,
     bench_reuse,
     bench_soak,
+    bench_tenants,
     bench_transfer,
     bench_ttft,
     compose,
@@ -37,7 +38,8 @@ from yuebing.commands import (
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
     model, up, secrets, compose, docs, profile, sim, sim_long_context, sim_paper, sim_planner, sim_fleet, bench_conductor, bench_control_plane, bench_hash, bench_transfer,
-    bench_connector, bench_ttft, bench_reuse, bench_chaos, bench_soak, bench_goodput, bench_long_context, replay, trace,
+    bench_connector, bench_ttft, bench_reuse, bench_chaos, bench_soak, bench_goodput, bench_tenants, bench_long_context, replay,
+    trace,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from yuebing.process import wait_until
-from yuebing.secrets import Layout, Listen, generate, write_api_key
+from yuebing.secrets import Layout, Listen, generate, write_api_key, write_cache_key
 
 COMPOSE_DIR = Path(__file__).resolve().parents[1] / "compose"
 REGISTRY_BASE = "python:3.11-slim"
@@ -166,6 +166,9 @@ def ensure_secrets(folder: Path, wanted: Layout, say: Callable[[str], None] = pr
         generate(folder, wanted, Listen(host="0.0.0.0"), mounted_at=MOUNTED_AT)
         write_api_key(folder)
         say(f"wrote the cluster's secrets to {folder}")
+    if not (folder / "cache.key").exists():  # a folder made before the cache key was one of them
+        write_cache_key(folder)
+        say(f"wrote the gateways' cache key to {folder}")
     missing = [i.name for i in wanted.identities() if not (folder / f"{i.name}.nats.json").exists()]
     if missing:
         raise RuntimeError(f"the secrets in {folder} were made for another layout (no {', '.join(missing)}): "

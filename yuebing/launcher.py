@@ -198,7 +198,8 @@ class Cluster:
             kv_key = ["--kv-key-file", str(secrets.kv_key)]
             add(f"messenger-{n}", [*py, "services.messenger", *ids, *kv_key, *faults])
         for name in secrets_layout(self.options).conductor_names():
-            add(name, [*py, "services.conductor", "--instance-id", name, *self._metrics_port(name)])
+            tenants = ["--tenants", str(o.tenants.absolute())] if o.tenants is not None else []
+            add(name, [*py, "services.conductor", "--instance-id", name, *tenants, *self._metrics_port(name)])
         # Instances are spread over the nodes: prefills from the first node, decodes from the last.
         # One whose engine died exits (shared/engine/runtime.py) and comes back with a
         # new engine, announcing a new pid the Conductor starts afresh from.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,19 @@ def config_page() -> str:
             "Every service reads one JSON file of these keys (`--config`, or `$YUEBING_CONFIG`); "
             "`yuebing up` writes it from its flags. A key left out takes its default. A flag scaled "
             "to another unit says so in `yuebing up --help` (`--pool-mib` sets `pool_bytes`).\n\n"
-            + "\n".join(rows) + "\n")
+            + "\n".join(rows) + "\n\n" + _tenants_table())
+
+
+def _tenants_table() -> str:
+    """The tenants file's fields (docs/tenants.md), from shared/tenants.py's TenantEntry."""
+    from shared.tenants import TenantEntry
+
+    required = typing.get_type_hints(TenantEntry, include_extras=True)["id"].__metadata__[0].description
+    rows = ["| field | default | what it sets |", "|---|---|---|", f"| `id` | required | {required} |"]
+    rows += [f"| `{s.name}` | `{_cell(s.default)}` | {s.help.replace('|', '/')} |" for s in settings(TenantEntry)]
+    return ("## The tenants file\n\n`yuebing up --tenants PATH` (the gateways' and Conductors' `--tenants`): "
+            "owner-only JSON, `{\"tenants\": [...]}`, one object of these fields per tenant, read again when it "
+            "changes ([Tenants](../tenants.md)).\n\n" + "\n".join(rows) + "\n")
 
 
 def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

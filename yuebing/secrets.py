@@ -111,8 +111,13 @@ def generate(folder: Path, layout: Layout, listen: Listen, mounted_at: Path | No
         users.append(_user(identity, creds.password))
     write_private(out.nats_config, server_config(users, listen, seen).encode())
     write_keys(out.kv_key)
-    write_private(out.cache_key, secrets.token_urlsafe(32).encode())
+    write_cache_key(folder)
     return out
+
+
+def write_cache_key(folder: Path) -> Path:
+    """The gateways' cache key (`cache.key`, owner-only): tenants' cache salts come from it."""
+    return write_private(folder / "cache.key", secrets.token_urlsafe(32).encode())
 
 
 def write_api_key(folder: Path) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -15,7 +16,7 @@ import structlog
 from nats.aio.msg import Msg
 from prometheus_client import Histogram
 
-from services.conductor import bookings
+from services.conductor import bookings, fairness
 from services.conductor.cpp import PipelineGroup
 from services.conductor.index import PoolIndex, PrefixIndex
 from services.conductor.metrics import ConductorMetrics
@@ -52,6 +53,7 @@ from services.conductor.policy import (
     pool_pull,
     usable,
 )
+from services.conductor.quotas import Quotas, Refusal
 from services.conductor.roles import DRAIN_POLL_S, Roles
 from services.conductor.state import ClusterState
 from services.conductor.sync import Digest, Peers
@@ -60,6 +62,8 @@ from shared.calibration import quantile_z
 from shared.config import ClusterConfig, profile_path
 from shared.liveness import Deafness, Registry
 from shared.messages import (
+    Admission,
+    RateLimit,
     BOOK_DIGESTS,
     CONDUCTOR_QUEUE,
     CONDUCTOR_STATS,
@@ -85,6 +89,7 @@ from shared.messages import (
     updates_subject,
 )
 from shared.predictor import load_predictor
+from shared.tenants import TENANTS_ENV, Tenant, Tenants, Watched, in_force
 
 log = structlog.get_logger(__name__)
 SLOWDOWN_RANGE = (0.1, 100.0)  # a reported slowdown outside it is a bug, clamped rather than obeyed
@@ -117,8 +122,12 @@ def plausible_slowdown(reported: float) -> float:
 class Conductor:
     """The live Conductor's logic, on the wall clock (time.monotonic)."""
 
-    def __init__(self, config: ClusterConfig, name: str = "conductor") -> None:
+    def __init__(self, config: ClusterConfig, name: str = "conductor",
+                 tenants: Watched | Tenants | None = None) -> None:
         self.config = config
+        self.tenants = tenants or Tenants()  # whose limits admission holds (shared/tenants.py)
+        self.quotas = Quotas()
+        self.quota_refusals: dict[tuple[str, str], int] = {}  # (tenant, limit) → requests refused
         self.name = name  # its identity: several Conductors may share the queue group
         predictor = load_predictor(profile_path(config))
         params = Params(block_size=config.block_size, decode_time_s=config.decode_time_s,
@@ -271,7 +280,13 @@ class Conductor:
         view = self._view(ask.block_hashes, now, self.scheduler.shortlist, req.avoid)
         if ask.stage == "decode":
             return self._schedule_decode(req, ask, view, now)
+        counted = not ask.avoid  # a retry is the same request: counted once, at its first ask
+        tenant = self._tenant(ask.tenant)
+        if counted and (refusal := self.quotas.check(tenant, ask.prompt_len + ask.max_tokens, now)) is not None:
+            return self._over_quota(req, tenant, refusal, now)
         reply = self._schedule_new(req, ask, view, now)
+        if counted and reply.accepted:
+            reply.limits = self._count(ask, tenant, now)
         held = max((x.prefix_blocks for x in view.prefills), default=0) * self.config.block_size
         # Its output is not known yet (max_tokens is only a bound): the planner prices
         # decode by the learned t_d instead (Observation.decode_time_s).
@@ -286,6 +301,8 @@ class Conductor:
             return self._schedule_fallback(req, ask, view, missing, now)
         out = self.scheduler.schedule(req, view.prefills, view.decodes, now, self.state.decode_time_s)
         log.debug("decision", request_id=req.request_id, request=req, prefills=view.prefills, decodes=view.decodes, out=out)
+        if isinstance(out, Decision) and ask.avoid == [] and (refused := self._unfair(req, ask, out, now)) is not None:
+            return self._rejected(req, refused, now)
         if self.config.mode == "adaptive" and spills(out, req):
             return self._spill(req, ask, view, out, now)
         if not isinstance(out, Decision):
@@ -423,6 +440,57 @@ class Conductor:
                              predicted_ttft_ms=choice.ttft_s * 1e3, predicted_tbt_ms=choice.tbt_s * 1e3,
                              mode=ModeRecord(**choice.record()))
 
+    def _unfair(self, req: Request, ask: ScheduleRequest, out: Decision, now: float) -> Rejection | None:
+        """Past the loaded mark, the room left goes by the tenants' classes and shares
+        (services/conductor/fairness.py); one tenant alone is never held back."""
+        tenants = self._tenants()
+        if tenants.open:
+            return None
+        pressure = max(out.prefill.ttft_s / req.slo_ttft_s if req.slo_ttft_s > 0 else 0.0,
+                       out.tbt_s / req.slo_tbt_s if req.slo_tbt_s > 0 else 0.0)
+        in_flight = self.quotas.in_flight(now)
+        refused = fairness.judge(self._tenant(ask.tenant), pressure, in_flight,
+                                 {t: tenants.get(t).weight for t in in_flight})
+        if refused is None:
+            return None
+        return Rejection("overloaded", refused.reason, retry_after_s=1.0, cause=refused.cause)
+
+    def _tenants(self) -> Tenants:
+        return in_force(self.tenants)
+
+    def _tenant(self, tenant_id: str) -> Tenant:
+        return self._tenants().get(tenant_id)
+
+    def _over_quota(self, req: Request, tenant: Tenant, refusal: Refusal, now: float) -> ScheduleReply:
+        """A 429 of the tenant's own making: its quota, not the cluster's load."""
+        self.rejections["quota"] = self.rejections.get("quota", 0) + 1
+        key = (tenant.id, refusal.limit)
+        self.quota_refusals[key] = self.quota_refusals.get(key, 0) + 1
+        log.info("over quota", request_id=req.request_id, tenant=tenant.id, quota=refusal.limit, bound=refusal.bound)
+        return ScheduleReply(request_id=req.request_id, accepted=False, rejection="quota", quota=refusal.limit,
+                             reason=refusal.reason, retry_after_s=refusal.reset_s,
+                             limits=self._limits(tenant, now, refusal))
+
+    def _count(self, ask: ScheduleRequest, tenant: Tenant, now: float) -> list[RateLimit]:
+        """An admitted request against its tenant's quotas, here and, by the digest, at the others."""
+        a = Admission(tenant=tenant.id, request_id=ask.request_id, tokens=ask.prompt_len + ask.max_tokens,
+                      deadline=ask.deadline)
+        self.on_admission(a, now)
+        if self.digest is not None:
+            self.digest.admitted(a, now)
+        return self._limits(tenant, now)
+
+    def on_admission(self, a: Admission, now: float) -> None:
+        """A request admitted against its tenant's quotas (a peer's: dated back by its age)."""
+        self.quotas.admitted(a.tenant, a.request_id, a.tokens, now, now + max(0.0, a.deadline - time.time()))
+
+    def _limits(self, tenant: Tenant, now: float, refusal: Refusal | None = None) -> list[RateLimit]:
+        left = self.quotas.remaining(tenant, now)
+        reset = refusal.reset_s if refusal is not None else 0.0
+        return [RateLimit(name=name, limit=getattr(tenant, f"{name}_per_minute"), remaining=n,  # type: ignore[arg-type]
+                          reset_s=reset if refusal is not None and refusal.limit == name else self.quotas.reset(tenant.id, now))
+                for name, n in left.items()]
+
     def _rejected(self, req: Request, out: Rejection, now: float) -> ScheduleReply:
         self.rejections[out.cause] = self.rejections.get(out.cause, 0) + 1
         if out.decode:
@@ -532,6 +600,8 @@ class Conductor:
             self.on_booking(b, now - b.age_s)
         for u in d.updates:
             self.on_update(u, now - u.age_s, own=False)
+        for a in d.admissions:
+            self.on_admission(a, now - a.age_s)
 
     def forget_lost_peers(self, now: float) -> None:
         """A Conductor whose digests stopped: its placements leave the books (sync.py)."""
@@ -559,6 +629,7 @@ class Conductor:
         self.finish(update.request_id, now, completed=update.kind == "finished" and update.completed)
 
     def finish(self, request_id: str, now: float, completed: bool = False) -> None:
+        self.quotas.finished(request_id)
         self.deadlines.pop(request_id, None)
         self.mine.discard(request_id)
         self.placed_by.pop(request_id, None)
@@ -607,6 +678,9 @@ def parser() -> argparse.ArgumentParser:
     p = service.parser("conductor", instance=False)
     p.add_argument("--instance-id", default="conductor",
                    help="its identity, [A-Za-z0-9_-]: one per Conductor where several share the cluster")
+    p.add_argument("--tenants", default=os.environ.get(TENANTS_ENV),
+                   help="owner-only tenants file (docs/tenants.md; default: $YUEBING_TENANTS_FILE), the gateways' "
+                        "too: their quotas, read again when it changes")
     metrics_page.add_arguments(p)
     return p
 
@@ -771,19 +845,26 @@ class Wiring:
 
 
 async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Event) -> None:
-    conductor = Conductor(config, args.instance_id)
+    try:
+        tenants = Watched.open(args.tenants) if args.tenants else None
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"conductor: tenants: {e}") from e
+    conductor = Conductor(config, args.instance_id, tenants)
     metrics = ConductorMetrics(conductor)
     page = await metrics_page.serve_for(args, metrics.registry, "conductor")
     # No echo: its own bookings (BOOKINGS, which it also listens to) never come back to it.
     nc = await bus.connect(config.nats_url, args.instance_id, args.nats_credentials, no_echo=True)
     wiring = Wiring(conductor, nc, metrics.decision)
     await wiring.start()
+    watch = asyncio.create_task(tenants.watch(stop)) if tenants is not None else None
     # The books' tables exist now: frozen, a full collection never walks their entries
     # again (a million, in time: `yuebing bench conductor` times such a walk).
     service.freeze_heap()
     log.info("conductor ready", policy=config.policy, admission=config.admission, profile=str(profile_path(config)))
     await stop.wait()
     log.info("conductor stopping", rejected=conductor.rejected, **conductor.counts)
+    if watch is not None:
+        watch.cancel()
     await wiring.close()
     await bus.close(nc)
     if page is not None:

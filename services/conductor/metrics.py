@@ -52,7 +52,14 @@ class BooksCollector:
             requests.add_metric([outcome], n)
         yield requests
         yield _counter("yuebing_conductor_rejections", "Requests refused, by cause (ttft_slo, tbt_slo, no_room, "
-                       "no_instance)", "cause", {cause: c.rejections.get(cause, 0) for cause in CAUSES})
+                       "no_instance; fair_share, shed_class: among tenants once loaded; quota: a tenant's own "
+                       "limit, not the cluster's load)", "cause",
+                       {cause: c.rejections.get(cause, 0) for cause in (*CAUSES, "quota")})
+        quotas = CounterMetricFamily("yuebing_conductor_quota_refusals", "Requests refused over their tenant's quota, "
+                                     "by tenant (the tenants file's ids) and limit", labels=["tenant", "limit"])
+        for (tenant, limit), n in sorted(c.quota_refusals.items()):
+            quotas.add_metric([tenant, limit], n)
+        yield quotas
         modes = CounterMetricFamily("yuebing_conductor_placements", "Accepted requests by serving mode and reason",
                                     labels=["mode", "reason"])
         for key, n in sorted(c.modes.items()):

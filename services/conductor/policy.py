@@ -129,7 +129,8 @@ class DecodeDecision:
     tbt_s: float
 
 
-Cause = Literal["ttft_slo", "tbt_slo", "no_room", "no_instance"]
+# fair_share and shed_class: among tenants once loaded (services/conductor/fairness.py).
+Cause = Literal["ttft_slo", "tbt_slo", "no_room", "no_instance", "fair_share", "shed_class"]
 CAUSES: tuple[str, ...] = get_args(Cause)
 
 

@@ -35,9 +35,10 @@ within the timeout (the launcher or Kubernetes restarted it) is a new incarnatio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from shared.liveness import shift_seen
-from shared.messages import BookDigest, Booking, RequestUpdate
+from shared.messages import Admission, BookDigest, Booking, RequestUpdate
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Digest:
     incarnation: str
     bookings: list[tuple[Booking, float]] = field(default_factory=list)
     updates: list[tuple[RequestUpdate, float]] = field(default_factory=list)
+    admissions: list[tuple[Admission, float]] = field(default_factory=list)
     sent_at: float = float("-inf")
 
     def booked(self, b: Booking, now: float) -> None:
@@ -56,9 +58,12 @@ class Digest:
     def updated(self, u: RequestUpdate, now: float) -> None:
         self.updates.append((u, now))
 
+    def admitted(self, a: Admission, now: float) -> None:
+        self.admissions.append((a, now))
+
     @property
     def pending(self) -> bool:
-        return bool(self.bookings or self.updates)
+        return bool(self.bookings or self.updates or self.admissions)
 
     def due(self, now: float, wait_s: float, beat_s: float) -> bool:
         """Something to send `wait_s` after the last send, or a beat owed: nothing
@@ -74,17 +79,22 @@ class Digest:
         """All of it, as one message, each item aged by how long it waited here."""
         out = BookDigest(conductor=self.conductor, incarnation=self.incarnation,
                          bookings=[_aged(b, now - at) for b, at in self.bookings],
-                         updates=[_aged(u, now - at) for u, at in self.updates])
-        self.bookings, self.updates, self.sent_at = [], [], now
+                         updates=[_aged(u, now - at) for u, at in self.updates],
+                         admissions=[_aged(a, now - at) for a, at in self.admissions])
+        self.bookings, self.updates, self.admissions, self.sent_at = [], [], [], now
         return out
 
     def put_back(self, out: BookDigest, now: float) -> None:
         """A digest that could not be sent: its items go out with the next one, first."""
         self.bookings[:0] = [(b, now - b.age_s) for b in out.bookings]
         self.updates[:0] = [(u, now - u.age_s) for u in out.updates]
+        self.admissions[:0] = [(a, now - a.age_s) for a in out.admissions]
 
 
-def _aged(item: Booking | RequestUpdate, age_s: float) -> Booking | RequestUpdate:
+Aged = TypeVar("Aged", Booking, RequestUpdate, Admission)
+
+
+def _aged(item: Aged, age_s: float) -> Aged:
     item.age_s = max(0.0, age_s)
     return item
 

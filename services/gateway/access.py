@@ -15,11 +15,10 @@ from aiohttp import web
 
 from shared.bearer import bearer_key
 from shared.private_file import read_private
-from shared.tenants import Tenant, Tenants, Watched, cache_salt, single
+from shared.tenants import TENANTS_ENV, Tenant, Tenants, Watched, cache_salt, in_force, single
 
 GUARDED_OUTSIDE_V1 = ("/tokenize", "/detokenize")  # vLLM's paths, outside /v1, behind the key all the same
 CACHE_KEY_BYTES = 32
-TENANTS_ENV = "YUEBING_TENANTS_FILE"
 CACHE_KEY_ENV = "YUEBING_CACHE_KEY_FILE"
 
 
@@ -50,7 +49,7 @@ class Access:
 
     @property
     def tenants(self) -> Tenants:
-        return self.source.current if isinstance(self.source, Watched) else self.source
+        return in_force(self.source)
 
     def guarded(self, path: str) -> bool:
         return path.startswith("/v1/") or path in GUARDED_OUTSIDE_V1 or (

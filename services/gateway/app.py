@@ -42,7 +42,7 @@ from services.gateway.tool_parser import ToolParsing, ToolUse, template_tools
 from shared import bus, service, tracing
 from shared.config import ClusterConfig
 from shared.liveness import Deafness, Registry
-from shared.messages import HEARTBEAT, Heartbeat, Sampling, TokenChunk
+from shared.messages import HEARTBEAT, Heartbeat, RateLimit, Sampling, TokenChunk
 from shared.tenants import DEFAULT_TENANT, Tenant, Watched
 
 log = structlog.get_logger(__name__)
@@ -592,9 +592,30 @@ def api_error(e: Rejected | UpstreamError) -> ApiError:
         log.warning("request failed", status=e.status, error=str(e))
         return ApiError(e.status, str(e), type="server_error" if e.status >= 500 else "invalid_request_error")
     retry = {"Retry-After": str(max(1, round(e.reply.retry_after_s)))}
+    if e.reply.rejection == "quota":  # the tenant's own limit, not the cluster's load: OpenAI's answer
+        limit = e.reply.quota or "requests"
+        return ApiError(429, f"rate limit reached: {e.reply.reason}", limit, code="rate_limit_exceeded",
+                        headers={**retry, **rate_limit_headers(e.reply.limits)})
     if e.reply.rejection == "overloaded":
         return ApiError(429, f"cluster overloaded: {e.reply.reason}", "rate_limit_error", code="overloaded", headers=retry)
     return ApiError(503, f"cluster unavailable: {e.reply.reason}", "server_error", code="unavailable", headers=retry)
+
+
+def rate_limit_headers(limits: list[RateLimit]) -> dict[str, str]:
+    """OpenAI's x-ratelimit-* headers for the tenant's per-minute quotas."""
+    out = {}
+    for q in limits:
+        out |= {f"x-ratelimit-limit-{q.name}": str(q.limit), f"x-ratelimit-remaining-{q.name}": str(q.remaining),
+                f"x-ratelimit-reset-{q.name}": duration(q.reset_s)}
+    return out
+
+
+def duration(seconds: float) -> str:
+    """As OpenAI writes a reset: 20ms, 1s, 6m0s."""
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))}ms"
+    minutes, s = divmod(round(seconds), 60)
+    return f"{minutes}m{s}s" if minutes else f"{s}s"
 
 
 def bus_error(e: Exception) -> ApiError:

@@ -142,3 +142,14 @@ def test_the_gpu_override_builds_cuda_vllm_and_gives_every_engine_its_own_gpus()
     ids = [i for devices in reserving.values() for d in devices for i in d["device_ids"]]
     assert len(ids) == len(set(ids))
     assert all(d["driver"] == "nvidia" and d["capabilities"] == ["gpu"] for ds in reserving.values() for d in ds)
+
+
+def test_the_tenants_override_mounts_the_folder_and_drops_the_single_key():
+    whole = _model(COMPOSE_DIR / "docker-compose.tenants.yml")["services"]
+    for name in ("gateway", "conductor"):
+        assert _flag(whole[name]["command"], "--tenants") == "/run/tenants/tenants.json", name
+        assert _bind(whole[name], "/run/tenants") is not None, name  # a folder: a renamed file is seen
+        assert _bind(whole[name], "/config/cluster.json") is not None  # the base's mounts stay
+    gateway = whole["gateway"]
+    assert _flag(gateway["command"], "--api-key-file") is None
+    assert {s["source"] for s in gateway["secrets"]} == {"gateway.nats.json", "cache.key"}

@@ -22,6 +22,7 @@ from yuebing.secrets import Layout, Listen, generate, kubernetes_secrets, write_
 KUBERNETES = "1.33.0"  # native sidecars (the messenger) are on by default from 1.29, GA in 1.33
 BASE = COMPOSE_DIR / "kubernetes"
 GPU = BASE / "gpu"
+TENANTS = BASE / "tenants"
 
 
 def documents(folder: Path = BASE) -> list[dict]:
@@ -30,11 +31,15 @@ def documents(folder: Path = BASE) -> list[dict]:
 
 
 def gpu_documents() -> list[dict]:
-    """The GPU overlay applied the way kustomize applies its JSON 6902 patches."""
+    return overlay_documents(GPU)
+
+
+def overlay_documents(overlay: Path) -> list[dict]:
+    """An overlay applied the way kustomize applies its JSON 6902 patches."""
     docs = copy.deepcopy(documents())
-    for patch in yaml.safe_load((GPU / "kustomization.yaml").read_text())["patches"]:
+    for patch in yaml.safe_load((overlay / "kustomization.yaml").read_text())["patches"]:
         target = patch["target"]
-        ops = yaml.safe_load((GPU / patch["path"]).read_text())
+        ops = yaml.safe_load((overlay / patch["path"]).read_text())
         for doc in docs:
             if doc["kind"] == target["kind"] and doc["metadata"]["name"] == target["name"]:
                 for op in ops:
@@ -47,6 +52,9 @@ def _apply(doc: dict, op: dict) -> None:
     node = doc
     for token in parents:
         node = node[int(token)] if isinstance(node, list) else node[token]
+    if op["op"] == "add" and last == "-":  # the end of a list
+        node.append(op["value"])
+        return
     assert op["op"] == "add" or last in node or (isinstance(node, list) and int(last) < len(node)), op["path"]
     node[int(last) if isinstance(node, list) else last] = op["value"]
 
@@ -60,10 +68,25 @@ def containers(workload: dict) -> list[dict]:
     return [*spec.get("initContainers", []), *spec["containers"]]
 
 
-@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+@pytest.mark.parametrize("variant", ["cpu", "gpu", "tenants"])
 def test_every_manifest_is_valid_for_the_pinned_kubernetes(variant):
-    for doc in documents() if variant == "cpu" else gpu_documents():
+    docs = {"cpu": documents, "gpu": gpu_documents, "tenants": lambda: overlay_documents(TENANTS)}[variant]()
+    for doc in docs:
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_the_tenants_overlay_mounts_the_secret_as_a_folder_for_the_gateway_and_the_conductor():
+    found = workloads(overlay_documents(TENANTS))
+    for name in ("gateway", "conductor"):
+        (container,) = found[name]["spec"]["template"]["spec"]["containers"]
+        command = container["command"]
+        assert command[command.index("--tenants") + 1] == "/run/tenants/tenants.json"
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "tenants")
+        assert mount["mountPath"] == "/run/tenants" and "subPath" not in mount  # updates reach the pod
+        volumes = {v["name"]: v for v in found[name]["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["tenants"]["secret"]["secretName"] == "yuebing-tenants"
+    gateway = found["gateway"]["spec"]["template"]["spec"]["containers"][0]
+    assert "--api-key-file" not in gateway["command"] and "--cache-key-file" in gateway["command"]
 
 
 def test_the_kustomization_lists_every_manifest():

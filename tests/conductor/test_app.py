@@ -9,6 +9,7 @@ import pytest
 from services.conductor.app import Conductor, Wiring
 from shared.config import ClusterConfig
 from shared.messages import BookDigest, Heartbeat, RequestUpdate, ScheduleRequest
+from shared.tenants import Tenant, Tenants
 
 
 def hb(iid: str, role: str) -> Heartbeat:
@@ -301,3 +302,57 @@ def test_the_planners_turns_log_each_change_of_the_move_it_wants():
         c.plan(4.0)
     wants = [e for e in logs if e["event"] == "planner wants"]
     assert len(wants) == 1 and wants[0]["role"] == "no move" and wants[0]["confirm"] == 2
+
+
+def tenant_ask(rid: str, tenant: str, avoid: tuple[str, ...] = ()) -> ScheduleRequest:
+    return msgspec.structs.replace(ask(rid, ["a"]), tenant=tenant, avoid=list(avoid))
+
+
+def test_a_tenant_past_its_requests_quota_gets_a_quota_refusal_and_the_others_are_served():
+    tenants = Tenants({"acme": Tenant("acme", requests_per_minute=2), "beta": Tenant("beta")}, open=False)
+    c = Conductor(config(policy="cache_aware"), tenants=tenants)
+    for iid, role in (("p0", "prefill"), ("d0", "decode")):
+        c.on_heartbeat(hb(iid, role), now=0.0)
+    first = c.schedule(tenant_ask("r1", "acme"), now=0.0)
+    assert first.accepted and [(q.name, q.limit, q.remaining) for q in first.limits] == [("requests", 2, 1)]
+    assert c.schedule(tenant_ask("r2", "acme"), now=1.0).accepted
+    assert c.schedule(tenant_ask("r2b", "acme", avoid=("p9",)), now=1.5).accepted  # a retry: counted once
+    over = c.schedule(tenant_ask("r3", "acme"), now=2.0)
+    assert (over.accepted, over.rejection, over.quota, over.retry_after_s) == (False, "quota", "requests", 58.0)
+    assert over.limits[0].remaining == 0
+    assert c.schedule(tenant_ask("r4", "beta"), now=2.0).accepted and c.rejections == {"quota": 1}
+    for iid, role in (("p0", "prefill"), ("d0", "decode")):
+        c.on_heartbeat(hb(iid, role), now=60.0)
+    assert c.schedule(tenant_ask("r5", "acme"), now=60.5).accepted  # r1 left the minute
+
+
+def test_a_peers_admissions_count_against_the_tenant_here():
+    tenants = Tenants({"acme": Tenant("acme", requests_per_minute=2)}, open=False)
+    here, there = (Conductor(config(policy="cache_aware", conductors=2), name, tenants=tenants)
+                   for name in ("conductor", "conductor-1"))
+    for c in (here, there):
+        for iid, role in (("p0", "prefill"), ("d0", "decode")):
+            c.on_heartbeat(hb(iid, role), now=0.0)
+    assert there.schedule(tenant_ask("t1", "acme"), now=0.0).accepted
+    assert there.schedule(tenant_ask("t2", "acme"), now=0.0).accepted
+    here.on_digest(there.digest.take(0.1), now=0.1)
+    assert here.schedule(tenant_ask("h1", "acme"), now=0.2).rejection == "quota"
+
+
+def test_once_loaded_a_flooding_tenant_is_held_to_its_share_and_sheddable_goes_first():
+    tenants = Tenants({"flood": Tenant("flood"), "steady": Tenant("steady"),
+                       "spare": Tenant("spare", priority="sheddable")}, open=False)
+    c = Conductor(config(policy="cache_aware"), tenants=tenants)
+    for iid, role in (("p0", "prefill"), ("d0", "decode")):
+        c.on_heartbeat(hb(iid, role), now=0.0)
+
+    def loaded(rid: str, tenant: str) -> ScheduleRequest:  # its TTFT SLO far below any prediction: past the mark
+        return msgspec.structs.replace(ask(rid, ["a"], slo_ttft_ms=0.001), tenant=tenant)
+
+    assert all(c.schedule(loaded(f"f{i}", "flood"), now=0.0).accepted for i in range(4))  # alone: all its own
+    assert c.schedule(loaded("s1", "steady"), now=0.0).accepted  # below its share
+    refused = c.schedule(loaded("f5", "flood"), now=0.0)
+    assert (refused.rejection, c.rejections) == ("overloaded", {"fair_share": 1})
+    assert c.schedule(loaded("x1", "spare"), now=0.0).rejection == "overloaded"
+    assert c.rejections == {"fair_share": 1, "shed_class": 1}
+    assert c.schedule(ask("f6", ["a"]), now=0.0).accepted  # not loaded: everybody's (the default tenant)

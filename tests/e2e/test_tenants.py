@@ -144,3 +144,52 @@ def test_a_key_rotates_in_the_live_file_with_no_stream_cut(cluster, tenants_file
         assert stream["ended"] > refused_at, "the stream ended before its key was refused: rotate sooner"
     finally:
         write_tenants(tenants_file.parent)
+
+
+def test_a_tenant_past_its_requests_per_minute_gets_openais_429_across_gateways_and_conductors(cluster):
+    # Sequential, alternating gateways (so both Conductors take some): each admission
+    # reaches the other Conductor's count within a sync interval, less than a request's time.
+    statuses, refused = [], None
+    for i in range(9):
+        r = ask(cluster, "capped", [7, 8, 9, i], gateway=i % 2)
+        statuses.append(r.status_code)
+        refused = refused or (r if r.status_code == 429 else None)
+    assert statuses.count(200) == 6 and set(statuses) == {200, 429}, statuses
+    error = refused.json()["error"]
+    assert (error["code"], error["type"]) == ("rate_limit_exceeded", "requests") and "quota" in error["message"]
+    h = refused.headers
+    assert (h["x-ratelimit-limit-requests"], h["x-ratelimit-remaining-requests"]) == ("6", "0")
+    assert 1 <= int(h["retry-after"]) <= 60 and h["x-ratelimit-reset-requests"].endswith("s")
+    assert ask(cluster, "beta", [7, 8, 9]).status_code == 200  # the others are served meanwhile
+
+
+def test_tokens_per_minute_reserve_prompt_and_max_tokens(cluster):
+    p = prompt(random.Random(14))  # 900 tokens, and 16 out: 916 reserved a request
+    codes = [ask(cluster, "tokcap", p, max_tokens=16, gateway=i % 2).status_code for i in range(3)]
+    assert codes == [200, 200, 429], codes
+    r = ask(cluster, "tokcap", p, max_tokens=16)
+    assert r.json()["error"]["type"] == "tokens" and r.headers["x-ratelimit-limit-tokens"] == "2000"
+
+
+def test_a_tenant_at_its_streams_quota_waits_for_one_to_end(cluster):
+    done = threading.Event()
+
+    def slow_stream() -> None:
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 300, "ignore_eos": True, "stream": True}
+        headers = {"Authorization": f"Bearer {TENANT_KEYS['streamcap']}"}
+        with httpx.stream("POST", f"{cluster.api}/completions", json=body, headers=headers, timeout=120) as r:
+            for _ in r.iter_lines():
+                time.sleep(0.01)
+        done.set()
+
+    reader = threading.Thread(target=slow_stream)
+    reader.start()
+    try:
+        eventually(lambda: ask(cluster, "streamcap", [1, 2]).status_code, lambda s: s == 429, "the second stream refused",
+                   20)
+        r = ask(cluster, "streamcap", [1, 2], gateway=1)
+        assert r.status_code == 429 and "streams" in r.json()["error"]["message"]
+    finally:
+        reader.join(timeout=120)
+    assert done.is_set()
+    eventually(lambda: ask(cluster, "streamcap", [1, 2]).status_code, lambda s: s == 200, "served once it ended", 10)

@@ -51,3 +51,23 @@ async def test_a_hostile_request_id_header_is_a_400_never_a_subject(client, host
     assert r.status == 400
     error = (await r.json())["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == "x-request-id"
+
+
+def test_a_quota_refusal_is_openais_rate_limit_answer_with_its_headers():
+    from services.gateway.app import api_error, duration
+    from services.gateway.pipeline import Rejected
+    from shared.messages import RateLimit, ScheduleReply
+
+    reply = ScheduleReply(request_id="r", accepted=False, rejection="quota", quota="tokens", retry_after_s=12.4,
+                          reason="tokens quota of 1000 per minute reached",
+                          limits=[RateLimit(name="requests", limit=60, remaining=59, reset_s=0.02),
+                                  RateLimit(name="tokens", limit=1000, remaining=10, reset_s=12.4)])
+    e = api_error(Rejected(reply))
+    assert (e.status, e.type, e.code) == (429, "tokens", "rate_limit_exceeded")
+    assert "quota" in e.message and "overloaded" not in e.message
+    assert e.headers == {"Retry-After": "12", "x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "59",
+                         "x-ratelimit-reset-requests": "20ms", "x-ratelimit-limit-tokens": "1000",
+                         "x-ratelimit-remaining-tokens": "10", "x-ratelimit-reset-tokens": "12s"}
+    assert [duration(s) for s in (0.0, 0.5, 1.0, 59.6, 360.0)] == ["0ms", "500ms", "1s", "1m0s", "6m0s"]
+    overload = api_error(Rejected(ScheduleReply(request_id="r", accepted=False, rejection="overloaded", reason="x")))
+    assert overload.code == "overloaded"

@@ -185,6 +185,11 @@ def _compare(trace: Sequence[TraceRequest], configs: Sequence[SimConfig], predic
     runs = [simulate(trace, c, predictor, progress=True) for c in configs]
     print(f"{len(trace)} requests, {args.prefill} prefill + {args.decode} decode, speed {args.speed}×")
     print(table([r.result for r in runs]))
+    for r in runs:
+        for tenant, t in r.result["tenants"].items():
+            print(f"  {r.result['policy']}/{r.result['admission']} tenant {tenant}: {t['requests']} requests, "
+                  f"{t['rejected']} refused, {t['slo_attainment']:.0%} within both SLOs, "
+                  f"{t['goodput_rps']:.2f} good req/s")
     if args.pd_total:
         best = max(runs, key=lambda r: r.result["goodput_rps"]).result
         print(f"goodput peaks at {best['prefill']} prefill : {best['decode']} decode ({best['goodput_rps']:.2f} req/s)")

@@ -29,6 +29,7 @@ class Outcome:
     tbt_tail_s: float = 0.0
     end_s: float = 0.0
     cached_tokens: int = 0
+    tenant: str = ""  # whose (a simulation with tenants)
     # Live runs only (the replay's clock): when it was sent, and when each token came.
     sent_at: float = 0.0
     token_times: list[float] = field(default_factory=list)

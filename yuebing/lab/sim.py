@@ -39,13 +39,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from services.conductor import modes
+from services.conductor import fairness, modes
 from services.conductor.index import PrefixIndex
 from services.conductor.planner import Arrival, PlannerParams
 from services.conductor.policy import Decision, DecodeLoad, Params, Rejection, Request, Scheduler
@@ -53,11 +54,49 @@ from services.conductor.roles import DRAIN_POLL_S
 from services.conductor.state import ClusterState
 from shared.config import PLANNER_MODES
 from shared.predictor import MOST_STEP_TOKENS, Predictor, default_decode_chunk_tokens, mixed_step_s
+from shared.tenants import Tenant
 from yuebing.lab.outcome import Outcome, segment_stats, summarize
 from yuebing.lab.roles import RolePlan
 from yuebing.lab.sim_config import SimConfig
 from yuebing.lab.trace import TraceRequest, base_rate
 from yuebing.progress import progress as progress_bar
+
+
+@dataclass
+class Tenancy:
+    """The trace's tenants (SimConfig.tenants): whose each request is, drawn by share,
+    and each one's requests in flight, which the Conductor's fairness judges by
+    (services/conductor/fairness.py)."""
+
+    shares: list[tuple[Tenant, float]]
+    rng: random.Random
+    in_flight: Counter[str] = field(default_factory=Counter)
+    counted: dict[str, str] = field(default_factory=dict)  # request admitted → its tenant
+
+    def draw(self) -> str:
+        if not self.shares:
+            return ""
+        return self.rng.choices([t.id for t, _ in self.shares], weights=[s for _, s in self.shares])[0]
+
+    def judge(self, r: SimRequest, out: Decision | Rejection) -> Decision | Rejection:
+        """`out`, or the refusal fairness makes of it; an admitted request is counted in flight."""
+        if not self.shares or not isinstance(out, Decision):
+            return out
+        tenants = {t.id: t for t, _ in self.shares}
+        req = r.request
+        pressure = max(out.prefill.ttft_s / req.slo_ttft_s, out.tbt_s / req.slo_tbt_s)
+        refused = fairness.judge(tenants[r.outcome.tenant], pressure, self.in_flight,
+                                 {t: tenants[t].weight for t in self.in_flight})
+        if refused is not None:
+            return Rejection("overloaded", refused.reason, 1.0, cause=refused.cause)
+        self.in_flight[r.outcome.tenant] += 1
+        self.counted[r.rid] = r.outcome.tenant
+        return out
+
+    def settled(self, rid: str) -> None:
+        tenant = self.counted.pop(rid, None)
+        if tenant is not None:
+            self.in_flight[tenant] -= 1
 
 
 @dataclass(slots=True)
@@ -162,6 +201,7 @@ class Simulation:
         if config.planner and config.mode not in PLANNER_MODES:
             raise ValueError("the planner moves instances between prefill and decode: adaptive or disaggregated mode")
         self.plan: RolePlan | None = None  # with config.planner, made in `run` (it needs the chunk cap)
+        self.tenancy = Tenancy(config.tenant_shares, random.Random(config.seed))
 
     def _decode_chunk_tokens(self) -> int:
         """As the live cluster sizes it (0 where decode instances prefill nothing, or
@@ -226,7 +266,7 @@ class Simulation:
         tbt_slo = c.slo_tbt_x * self.predictor.decode_step_s(1, tr.input_length) if c.slo_tbt_x else c.slo_tbt_s
         arrival = tr.timestamp_ms / 1e3 / c.speed
         req = Request(f"r{i}", tr.input_length, len(hashes), tr.output_length, ttft_slo, tbt_slo)
-        outcome = Outcome(arrival, tr.input_length, tr.output_length, ttft_slo, tbt_slo)
+        outcome = Outcome(arrival, tr.input_length, tr.output_length, ttft_slo, tbt_slo, tenant=self.tenancy.draw())
         return SimRequest(f"r{i}", tr, arrival, hashes, req, outcome, remaining=tr.output_length - 1)
 
     def _arrive(self, r: SimRequest, _v: int) -> None:
@@ -237,7 +277,8 @@ class Simulation:
         loads = self.state.prefill_loads(r.hashes, self.now, shortlist=k,
                                          skip=lambda iid: iid not in self.prefills or self._draining(iid))
         decode_loads = self.state.decode_loads(self.now, shortlist=k, skip=self._draining)
-        out = self.scheduler.schedule(r.request, loads, decode_loads, self.now, self.state.decode_time_s)
+        out = self.tenancy.judge(r, self.scheduler.schedule(r.request, loads, decode_loads, self.now,
+                                                            self.state.decode_time_s))
         self.decision_s.append(time.perf_counter() - started)  # the Conductor's own share of the wall time
         if self._elsewhere(r, out, decode_loads):
             return
@@ -635,6 +676,7 @@ class Simulation:
     def _settle(self, r: SimRequest, completed: bool = False) -> None:
         """Its outcome is final (served, refused or timed out): it leaves the books."""
         self.unsettled -= 1
+        self.tenancy.settled(r.rid)
         self.state.finished(r.rid, self.now, completed)
 
     # --- load over time -----------------------------------------------------
@@ -696,6 +738,11 @@ class SimRun:
     outcomes: list[Outcome]  # one per request, for plots
 
 
+def _tenant_summary(outcomes: Sequence[Outcome], duration_s: float) -> dict:
+    s = summarize(outcomes, duration_s)
+    return {k: s[k] for k in ("requests", "rejected", "slo_attainment", "goodput_rps")}
+
+
 def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predictor, progress: bool = False) -> SimRun:
     """Run one configuration."""
     sim = Simulation(config, predictor)
@@ -725,6 +772,9 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, predictor: Predic
             # --planner: its moves, and the prefill instances (draining ones counted in their new role) over time
             "planner_moves": sim.plan.roles.changes if sim.plan else 0,
             "planner_split": sim.plan.split if sim.plan else [],
+            # --tenants: each tenant's share of the outcomes, summarized alike
+            "tenants": {t.id: _tenant_summary([o for o in outcomes if o.tenant == t.id], duration)
+                        for t, _ in config.tenant_shares},
         }
     )
     return SimRun(result, outcomes)

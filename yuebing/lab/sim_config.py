@@ -10,6 +10,7 @@ from typing import Annotated
 from msgspec import Meta
 
 from shared.config import REQUEST_TIMEOUT_S, SHORTLIST, SHORTLIST_DESCRIPTION
+from shared.tenants import PRIORITIES, TENANT_ID, Tenant
 from yuebing.lab.trace import TRACE_BLOCK_TOKENS
 
 
@@ -109,9 +110,28 @@ class SimConfig:
     planner: Annotated[bool, Meta(
         description="move instances between prefill and decode as the load shifts (services/conductor/planner.py); "
                     "--prefill and --decode are then the starting split")] = False
+    tenants: Annotated[str, Meta(
+        description="tenants sharing the trace, name:share[:priority] comma-separated (e.g. steady:1,flood:4): each "
+                    "request drawn to one by share, admitted with the Conductor's fairness (empty: none)")] = ""
     sample_every_s: float = 10.0  # load-over-time sampling
     seed: int = 0
     host: HostSharing = HostSharing()
+
+    @property
+    def tenant_shares(self) -> list[tuple[Tenant, float]]:
+        """`tenants` parsed: each tenant (its class) and its share of the requests."""
+        out = []
+        for item in filter(None, (part.strip() for part in self.tenants.split(","))):
+            try:
+                name, share, *priority = item.split(":")
+                tenant = Tenant(name, priority=priority[0] if priority else "standard")  # type: ignore[arg-type]
+                out.append((tenant, float(share)))
+            except (ValueError, IndexError):
+                raise ValueError(f"--tenants takes name:share[:priority], comma-separated; got {item!r}") from None
+            if not TENANT_ID.fullmatch(name) or float(share) <= 0 or tenant.priority not in PRIORITIES:
+                raise ValueError(f"--tenants: {item!r}: a tenant id, a positive share, a class of "
+                                 f"{', '.join(PRIORITIES)}")
+        return out
 
     @property
     def fewest_prefill(self) -> int:
@@ -120,6 +140,7 @@ class SimConfig:
         return 0 if self.mode == "adaptive" else 1
 
     def __post_init__(self) -> None:
+        self.tenant_shares  # noqa: B018 (checked at start: a bad --tenants fails before the run)
         if self.decode < 1 or self.prefill < self.fewest_prefill:
             raise ValueError("need at least one decode instance, and one prefill instance but in adaptive mode")
         if self.speed <= 0 or self.bandwidth_gbps <= 0 or self.pool_blocks <= 0:

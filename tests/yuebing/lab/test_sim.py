@@ -254,3 +254,27 @@ def test_the_planner_moves_roles_as_the_mix_shifts_and_drains_before_each_move()
 def test_the_planner_runs_only_disaggregated():
     with pytest.raises(ValueError, match="disaggregated"):
         simulate([TraceRequest(0.0, 100, 2, (1,))], SimConfig(mode="colocated", planner=True), FLAT)
+
+
+def test_tenants_share_the_trace_and_a_flood_is_held_to_its_share():
+    # One steady tenant well below capacity, one sending 16x as many requests, some 4x
+    # past it: with the Conductor's fairness the steady one keeps its goodput alone
+    # (within 10 %); first come, first served, it loses most of it.
+    h100 = load_predictor(GPU_PROFILE, "llama3-8b")
+    base = dict(prefill=1, decode=1, admission="predictive", slo_ttft_s=2.0, slo_tbt_s=0.1)
+
+    def steady_goodput(rate: float, tenants: str) -> float:
+        trace = synthetic(SyntheticSpec(requests=round(rate * 40), rate_per_s=rate, input_mean=8000, output_mean=100,
+                                        seed=3))
+        return simulate(trace, SimConfig(**base, tenants=tenants), h100).result["tenants"]["steady"]["goodput_rps"]
+
+    alone = steady_goodput(2.5, "steady:1")
+    fair = steady_goodput(42.5, "steady:1,flood:16")
+    fifo = steady_goodput(42.5, "steady:1:critical,flood:16:critical")
+    assert fair >= 0.9 * alone > fifo, (alone, fair, fifo)
+
+
+def test_a_bad_tenants_flag_is_refused():
+    for bad in ("steady", "steady:x", "Steady:1", "steady:1:gold", "steady:0"):
+        with pytest.raises(ValueError, match="--tenants"):
+            SimConfig(tenants=bad)

@@ -1,0 +1,126 @@
+"""Each tenant's quotas (shared/tenants.py): requests and tokens per minute, streams
+at once. Pure: the Conductor feeds it its own admissions and its peers' (their
+bookings, a sync interval late) and the requests' ends, and asks it before placing.
+
+Counted over a sliding minute: a request counts from its admission, with its
+prompt plus max_tokens reserved (what it may take at most), until a minute later; a
+stream, from its admission to its end. Where several Conductors share the requests,
+each counts its peers' admissions from their digests (services/conductor/sync.py):
+one interval late, so the Conductors together may admit up to (Conductors - 1) x a
+sync interval's worth of a tenant's arrivals past its limit (docs/tenants.md).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from shared.tenants import Tenant
+
+WINDOW_S = 60.0
+Limit = Literal["requests", "tokens", "streams"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a tenant's request is over its quota, and when asking again may pass."""
+
+    limit: Limit
+    bound: int  # the tenant's limit
+    remaining: int  # of it, now
+    reset_s: float  # until the oldest counted admission leaves the minute (streams: a guess)
+
+    @property
+    def reason(self) -> str:
+        per = "" if self.limit == "streams" else " per minute"
+        return f"{self.limit} quota of {self.bound}{per} reached"
+
+
+@dataclass
+class Usage:
+    """One tenant's last minute: its admissions (when, which, tokens) and open streams."""
+
+    admitted: deque[tuple[float, str, int]] = field(default_factory=deque)
+    streams: dict[str, float] = field(default_factory=dict)  # open ones, each until its deadline
+    tokens: int = 0  # the sum over `admitted`
+
+    def expire(self, now: float) -> None:
+        while self.admitted and self.admitted[0][0] <= now - WINDOW_S:
+            self.tokens -= self.admitted.popleft()[2]
+        # An end nobody heard of (its Conductor lost, its update with it) must not hold
+        # the tenant's streams for ever: none outlives its deadline.
+        for request_id in [r for r, until in self.streams.items() if until <= now]:
+            del self.streams[request_id]
+
+
+@dataclass
+class Quotas:
+    usage: dict[str, Usage] = field(default_factory=dict)
+    tenant_of: dict[str, str] = field(default_factory=dict)  # open stream → its tenant
+
+    def check(self, tenant: Tenant, tokens: int, now: float) -> Refusal | None:
+        """None where `tenant` may have a request of `tokens` (prompt + max_tokens) now."""
+        u = self._usage(tenant.id, now)
+        if tenant.requests_per_minute and len(u.admitted) >= tenant.requests_per_minute:
+            return Refusal("requests", tenant.requests_per_minute, 0, self._reset(u, now))
+        if tenant.tokens_per_minute and u.tokens + tokens > tenant.tokens_per_minute:
+            left = max(0, tenant.tokens_per_minute - u.tokens)
+            return Refusal("tokens", tenant.tokens_per_minute, left, self._tokens_reset(u, tenant, tokens, now))
+        if tenant.max_streams and len(u.streams) >= tenant.max_streams:
+            return Refusal("streams", tenant.max_streams, 0, 1.0)
+        return None
+
+    def admitted(self, tenant_id: str, request_id: str, tokens: int, at: float, until: float) -> None:
+        """A request admitted at `at` (a peer's: as long ago as its digest says), its
+        stream open at the latest `until` (its deadline)."""
+        u = self.usage.setdefault(tenant_id, Usage())
+        u.admitted.append((at, request_id, tokens))
+        if len(u.admitted) > 1 and u.admitted[-2][0] > at:  # a peer's, older than ours: keep the window ordered
+            u.admitted = deque(sorted(u.admitted))
+        u.tokens += tokens
+        u.streams[request_id] = until
+        self.tenant_of[request_id] = tenant_id
+
+    def finished(self, request_id: str) -> None:
+        """Its stream is over (its admission still counts for the minute)."""
+        tenant_id = self.tenant_of.pop(request_id, None)
+        if tenant_id is not None:
+            self.usage[tenant_id].streams.pop(request_id, None)
+
+    def remaining(self, tenant: Tenant, now: float) -> dict[str, int]:
+        """What is left of each limit the tenant has (for the response's headers)."""
+        u = self._usage(tenant.id, now)
+        left = {"requests": tenant.requests_per_minute - len(u.admitted),
+                "tokens": tenant.tokens_per_minute - u.tokens}
+        return {k: max(0, v) for k, v in left.items() if getattr(tenant, f"{k}_per_minute")}
+
+    def in_flight(self, now: float) -> dict[str, int]:
+        """Each tenant's open streams (the fairness policy's shares)."""
+        return {t: len(self._usage(t, now).streams) for t in self.usage}
+
+    def reset(self, tenant_id: str, now: float) -> float:
+        """Until the minute's oldest admission leaves it (0: none counted)."""
+        return self._reset(self._usage(tenant_id, now), now)
+
+    def _usage(self, tenant_id: str, now: float) -> Usage:
+        u = self.usage.setdefault(tenant_id, Usage())
+        u.expire(now)
+        return u
+
+    @staticmethod
+    def _reset(u: Usage, now: float) -> float:
+        return max(0.0, u.admitted[0][0] + WINDOW_S - now) if u.admitted else 0.0
+
+    @staticmethod
+    def _tokens_reset(u: Usage, tenant: Tenant, tokens: int, now: float) -> float:
+        """Until enough of the minute's tokens have left it for `tokens` to fit (a
+        request larger than the whole quota never fits: a minute, the window)."""
+        if tokens > tenant.tokens_per_minute:
+            return WINDOW_S
+        need = u.tokens + tokens - tenant.tokens_per_minute
+        for at, _, counted in u.admitted:
+            need -= counted
+            if need <= 0:
+                return max(0.0, at + WINDOW_S - now)
+        return 0.0

@@ -1,0 +1,157 @@
+"""`yuebing bench tenants`: does a steady tenant keep its goodput while another floods?
+
+One cluster with two tenants (a tenants file the bench writes): `steady` sends the
+conversation trace at a rate below capacity, `flood` sends it at several times the
+cluster's capacity, both at once. In one run, three phases on the same cluster:
+
+- alone: steady by itself, its goodput (requests within both SLOs, per second) the
+  baseline;
+- fair: both, as `standard` tenants (the Conductor's fairness holds flood to its
+  share once the cluster is loaded: services/conductor/fairness.py);
+- unfair: both again, as `critical` tenants, which fairness never holds back (the
+  file rewritten in place: the cluster reads it again), so admission is first come,
+  first served.
+
+The pure parts (the spec, the file, the table) come first; the live driver after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from msgspec import Meta
+
+from shared.private_file import write_private
+from shared.tenants import key_sha256
+from yuebing.bench.goodput import GoodputSpec, attainment, at_rate, load_slice, replay_options
+from yuebing.bench.soak import Slo
+
+PHASES = ("alone", "fair", "unfair")
+TENANTS = ("steady", "flood")
+
+
+@dataclass(frozen=True)
+class TenantsSpec:
+    """What `yuebing bench tenants` measures; each field is also its flag (yuebing/flags.py)."""
+
+    steady_rps: Annotated[float, Meta(description="the steady tenant's rate, requests/s (below capacity)")] = 3.0
+    capacity_rps: Annotated[float, Meta(description="the cluster's capacity, requests/s (yuebing bench goodput "
+                                                    "measures it): flood sends --flood-factor times it")] = 12.0
+    flood_factor: Annotated[float, Meta(description="flood's rate over the capacity")] = 4.0
+    seconds: Annotated[float, Meta(description="each phase's length, s")] = 30.0
+    length_factor: Annotated[float, Meta(description="scale the trace's lengths (and 512-token blocks) by this")] = 0.25
+    max_model_len: Annotated[int, Meta(description="the engines' context; prompts are capped to fit it")] = 2048
+    max_output: Annotated[int, Meta(description="output tokens at most, after scaling")] = 64
+    dtype: Annotated[str, Meta(description="the engines' dtype")] = "float32"
+    slo_ttft_ms: Annotated[float, Meta(description="TTFT SLO, ms (the cluster's and the replay's)")] = 3000.0
+    slo_tbt_ms: Annotated[float, Meta(description="TBT SLO, ms, on the mean of a request's longest 10 % of gaps")] = 25.0
+    up_flags: Annotated[str, Meta(description="more `yuebing up` flags")] = ""
+
+    def __post_init__(self) -> None:
+        if min(self.steady_rps, self.capacity_rps, self.flood_factor, self.seconds) <= 0:
+            raise ValueError("--steady-rps, --capacity-rps, --flood-factor and --seconds must be positive")
+
+    @property
+    def flood_rps(self) -> float:
+        return self.capacity_rps * self.flood_factor
+
+    def workload(self, rps: float) -> GoodputSpec:
+        """The goodput bench's workload at `rps` for `seconds` (its trace, scaled alike)."""
+        return GoodputSpec(requests=max(2, round(rps * self.seconds)), length_factor=self.length_factor,
+                           max_model_len=self.max_model_len, max_output=self.max_output, dtype=self.dtype,
+                           slo_ttft_ms=self.slo_ttft_ms, slo_tbt_ms=self.slo_tbt_ms, max_rate=max(4.0, rps * 2))
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    phase: str
+    goodput_rps: dict[str, float]  # each tenant's requests within both SLOs, per second of the phase
+    rejected: dict[str, int]
+
+
+def tenants_json(keys: dict[str, str], priority: str) -> bytes:
+    """The bench's tenants file: each tenant its key, one class for both."""
+    return json.dumps({"tenants": [{"id": t, "key_sha256": key_sha256(k), "priority": priority}
+                                   for t, k in keys.items()]}).encode()
+
+
+def write_tenants(path: Path, keys: dict[str, str], priority: str) -> None:
+    """Whole, then renamed into place: the cluster never reads half a file."""
+    new = path.with_suffix(".new")
+    new.unlink(missing_ok=True)
+    write_private(new, tenants_json(keys, priority))
+    new.replace(path)
+
+
+def table(results: Sequence[PhaseResult]) -> str:
+    """Each phase's goodput per tenant, steady's beside its goodput alone."""
+    alone = next((r.goodput_rps["steady"] for r in results if r.phase == "alone"), 0.0)
+    lines = [f"{'phase':8} {'steady good/s':>14} {'× alone':>8} {'flood good/s':>13} {'refused (steady, flood)':>24}"]
+    for r in results:
+        ratio = f"{r.goodput_rps['steady'] / alone:.2f}" if alone else "—"
+        flood = f"{r.goodput_rps.get('flood', 0.0):.2f}" if r.phase != "alone" else "—"
+        refused = f"{r.rejected.get('steady', 0)}, {r.rejected.get('flood', 0)}"
+        lines.append(f"{r.phase:8} {r.goodput_rps['steady']:>14.2f} {ratio:>8} {flood:>13} {refused:>24}")
+    return "\n".join(lines)
+
+
+def to_json(results: Sequence[PhaseResult], spec: TenantsSpec) -> dict:
+    return {"spec": dataclasses.asdict(spec), "phases": [dataclasses.asdict(r) for r in results]}
+
+
+# --- live ----------------------------------------------------------------------------
+
+
+async def _phase(url: str, spec: TenantsSpec, model_name: str, keys: dict[str, str], who: Sequence[str],
+                 number: int) -> PhaseResult:
+    """Each tenant in `who` replaying its own prompts at its rate, all at once."""
+    from yuebing.lab.replay import replay
+
+    rates = {"steady": spec.steady_rps, "flood": spec.flood_rps}
+    runs = []
+    for n, tenant in enumerate(who):
+        work = spec.workload(rates[tenant])
+        trace = at_rate(load_slice(work), work, rates[tenant])
+        options = dataclasses.replace(replay_options(work, model_name), api_key=keys[tenant],
+                                      salt=1000 * number + n)  # nothing another phase or tenant cached
+        runs.append(replay(url, trace, options))
+    done = await asyncio.gather(*runs)
+    slo = Slo(spec.slo_ttft_ms / 1e3, spec.slo_tbt_ms / 1e3)
+    good, refused = {}, {}
+    for tenant, (outcomes, _) in zip(who, done):
+        a = attainment(outcomes, slo)
+        good[tenant] = a.both * len(outcomes) / spec.seconds
+        refused[tenant] = a.rejected
+    return PhaseResult(PHASES[number], good, refused)
+
+
+def run(spec: TenantsSpec, model: Path, work: Path, say: Callable[[str], None]) -> list[PhaseResult]:
+    """The three phases on one cluster (started and stopped here)."""
+    from yuebing.launcher import up_launcher
+
+    keys = {t: secrets.token_urlsafe(24) for t in TENANTS}
+    tenants_file = work / "tenants.json"
+    write_tenants(tenants_file, keys, "standard")
+    flags = ["--model", str(model), "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype,
+             "--slo-ttft-ms", f"{spec.slo_ttft_ms:g}", "--slo-tbt-ms", f"{spec.slo_tbt_ms:g}",
+             "--tenants", str(tenants_file), *spec.up_flags.split()]
+    say(f"yuebing up {' '.join(flags)}")
+    results = []
+    with up_launcher(work, "tenants", *flags) as (url, _launcher):
+        for number, phase in enumerate(PHASES):
+            if phase == "unfair":
+                write_tenants(tenants_file, keys, "critical")
+                time.sleep(3)  # read again within a second (shared/tenants.py RELOAD_S)
+            who = ("steady",) if phase == "alone" else TENANTS
+            say(f"{phase}: {' and '.join(who)} for {spec.seconds:g} s …")
+            results.append(asyncio.run(_phase(url, spec, model.name, keys, who, number)))
+            say(table(results[-1:]))
+    return results
