@@ -34,6 +34,13 @@ PLANNER_WINDOW_S = 30.0  # the arrivals demand is judged on
 PLANNER_INTERVAL_S = 10.0  # between decisions
 PLANNER_CONFIRM = 2  # decisions in a row that must want the same move
 PLANNER_DWELL_S = 60.0  # an instance keeps a role at least this long
+# Of a placement's SLOs: past it, admission's room goes by the tenants' classes and
+# shares (services/conductor/fairness.py). Measured live (`yuebing bench tenants`, CPU
+# engines, docs/benchmarks/tenants.md): a steady tenant beside one flooding at 4x
+# capacity kept 20 % of its goodput alone at 0.7, 73 % at 0.3, 83 % at 0.15 (the
+# flood's own goodput rising too). The simulator's exact time models favour 0.7: a
+# live time model that misses the tails of steps needs the mark lower.
+FAIR_SHARE_MARK = 0.15
 
 
 # Serving modes whose instances have roles the planner may change: colocated
@@ -183,6 +190,10 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     planner_dwell_s: Annotated[
         float, Meta(description="seconds an instance keeps a role the planner gave it, at least")
     ] = PLANNER_DWELL_S
+    fair_share_mark: Annotated[
+        float, Meta(description="with tenants: past this share of a request's SLOs, admission refuses sheddable "
+                                "tenants and those holding their fair share (docs/tenants.md)")
+    ] = FAIR_SHARE_MARK
     shortlist: Annotated[int, Meta(description=SHORTLIST_DESCRIPTION)] = SHORTLIST
     # Several share the schedule requests (services/conductor/sync.py); one sends
     # its books' news to the others only where there are others.
@@ -292,6 +303,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         self._check_sizes()
         self._check_planner()
+        self._check_fairness()
         self._check_engine()
         self._check_times()
         self._check_store()
@@ -320,6 +332,10 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("index_capacity_blocks must be positive")
         if self.pool_bytes <= 0 or self.ssd_bytes < 0:
             raise ValueError("pool_bytes must be positive, ssd_bytes not negative")
+
+    def _check_fairness(self) -> None:
+        if not 0 < self.fair_share_mark <= 1:
+            raise ValueError(f"fair_share_mark must be in (0, 1], got {self.fair_share_mark}")
 
     def _check_planner(self) -> None:
         if self.planner_window_s <= 0 or self.planner_interval_s <= 0 or self.planner_dwell_s < 0:

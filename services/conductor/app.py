@@ -450,7 +450,7 @@ class Conductor:
                        out.tbt_s / req.slo_tbt_s if req.slo_tbt_s > 0 else 0.0)
         in_flight = self.quotas.in_flight(now)
         refused = fairness.judge(self._tenant(ask.tenant), pressure, in_flight,
-                                 {t: tenants.get(t).weight for t in in_flight})
+                                 {t: tenants.get(t).weight for t in in_flight}, self.config.fair_share_mark)
         if refused is None:
             return None
         return Rejection("overloaded", refused.reason, retry_after_s=1.0, cause=refused.cause)
@@ -819,7 +819,7 @@ class Wiring:
             await asyncio.sleep(HEARING_POLL_S)
         start = time.monotonic()
         self.conductor.heard(start)
-        with tracing.span("conductor.decide", ask.request_id, prompt_tokens=ask.prompt_len) as span:
+        with tracing.span("conductor.decide", ask.request_id, prompt_tokens=ask.prompt_len, tenant=ask.tenant) as span:
             reply = self.conductor.schedule(ask, start)
             if span.is_recording():
                 span.set_attributes(decision_attributes(reply))
@@ -829,6 +829,7 @@ class Wiring:
         log.info(
             "scheduled" if reply.accepted else "rejected",
             request_id=ask.request_id,
+            tenant=ask.tenant,
             prefill=placement.prefill_id if placement else None,
             decode=placement.decode_id if placement else None,
             mode=f"{reply.mode.mode}:{reply.mode.reason}" if reply.mode else None,

@@ -26,15 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from shared.config import FAIR_SHARE_MARK
 from shared.tenants import Tenant
 
-# Of the SLO: past it, the remaining room goes by class and share. Chosen in the
-# simulator (a steady tenant beside one sending 16x as many requests, about 4x past
-# capacity: docs/tenants.md) among 0.5, 0.7 and 0.9: a lower mark keeps more room
-# for the steady tenant and serves less in all (0.5: the cluster served 62 % of what
-# first-come-first-served admission did), a higher one the reverse (0.9: the steady
-# tenant kept 81 % of its goodput alone); 0.7 kept all of it, and 78 %.
-LOADED = 0.7
+LOADED = FAIR_SHARE_MARK  # the cluster's default (ClusterConfig.fair_share_mark, where it was measured)
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,7 @@ class Gateway:
             label = client_request_id(request)
             structlog.contextvars.bind_contextvars(client_request_id=label)
             slo = slo_from_headers(request, self.config, self.metrics.slo_clamped.inc)
-            with tracing.span("gateway.request", request_id, endpoint=kind):
+            with tracing.span("gateway.request", request_id, endpoint=kind, tenant=request[TENANT].id):
                 async with self.admission.slot():
                     with tracing.span("gateway.parse", request_id):
                         prepared = self._owned(request[TENANT], await self._prepare(request_id, label, kind, raw, slo))

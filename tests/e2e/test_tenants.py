@@ -172,24 +172,25 @@ def test_tokens_per_minute_reserve_prompt_and_max_tokens(cluster):
 
 
 def test_a_tenant_at_its_streams_quota_waits_for_one_to_end(cluster):
-    done = threading.Event()
+    started, done = threading.Event(), threading.Event()
 
-    def slow_stream() -> None:
-        body = {"model": MODEL, "prompt": "hello", "max_tokens": 300, "ignore_eos": True, "stream": True}
+    def long_stream() -> None:  # ~800 tokens: seconds of generation, its slot held meanwhile
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 800, "ignore_eos": True, "stream": True}
         headers = {"Authorization": f"Bearer {TENANT_KEYS['streamcap']}"}
         with httpx.stream("POST", f"{cluster.api}/completions", json=body, headers=headers, timeout=120) as r:
             for _ in r.iter_lines():
-                time.sleep(0.01)
+                started.set()
         done.set()
 
-    reader = threading.Thread(target=slow_stream)
+    reader = threading.Thread(target=long_stream)
     reader.start()
     try:
-        eventually(lambda: ask(cluster, "streamcap", [1, 2]).status_code, lambda s: s == 429, "the second stream refused",
-                   20)
-        r = ask(cluster, "streamcap", [1, 2], gateway=1)
-        assert r.status_code == 429 and "streams" in r.json()["error"]["message"]
+        assert started.wait(30), "the first stream never started"
+        for gateway in (0, 1):  # whichever Conductor takes the ask: each counts the other's admission
+            r = eventually(lambda g=gateway: ask(cluster, "streamcap", [1, 2], gateway=g), lambda r: r.status_code == 429,
+                           f"a second stream refused through gateway {gateway}", 10)
+            assert "streams" in r.json()["error"]["message"] and r.json()["error"]["type"] == "streams"
+        assert not done.is_set(), "the first stream ended before both refusals: make it longer"
     finally:
         reader.join(timeout=120)
-    assert done.is_set()
     eventually(lambda: ask(cluster, "streamcap", [1, 2]).status_code, lambda s: s == 200, "served once it ended", 10)

@@ -42,9 +42,12 @@ TENANTS = ("steady", "flood")
 class TenantsSpec:
     """What `yuebing bench tenants` measures; each field is also its flag (yuebing/flags.py)."""
 
-    steady_rps: Annotated[float, Meta(description="the steady tenant's rate, requests/s (below capacity)")] = 3.0
+    # On the 2-core development machine, one prefill and one decode CPU engine serve
+    # about 4 req/s of this workload within both SLOs (`yuebing bench goodput --modes
+    # default --rates 2,4,8`: 100 %, 88 %, 75 %), TBT the bound.
+    steady_rps: Annotated[float, Meta(description="the steady tenant's rate, requests/s (below capacity)")] = 1.0
     capacity_rps: Annotated[float, Meta(description="the cluster's capacity, requests/s (yuebing bench goodput "
-                                                    "measures it): flood sends --flood-factor times it")] = 12.0
+                                                    "measures it): flood sends --flood-factor times it")] = 4.0
     flood_factor: Annotated[float, Meta(description="flood's rate over the capacity")] = 4.0
     seconds: Annotated[float, Meta(description="each phase's length, s")] = 30.0
     length_factor: Annotated[float, Meta(description="scale the trace's lengths (and 512-token blocks) by this")] = 0.25
@@ -75,6 +78,7 @@ class PhaseResult:
     phase: str
     goodput_rps: dict[str, float]  # each tenant's requests within both SLOs, per second of the phase
     rejected: dict[str, int]
+    within: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # (TTFT, TBT) attainment
 
 
 def tenants_json(keys: dict[str, str], priority: str) -> bytes:
@@ -94,12 +98,15 @@ def write_tenants(path: Path, keys: dict[str, str], priority: str) -> None:
 def table(results: Sequence[PhaseResult]) -> str:
     """Each phase's goodput per tenant, steady's beside its goodput alone."""
     alone = next((r.goodput_rps["steady"] for r in results if r.phase == "alone"), 0.0)
-    lines = [f"{'phase':8} {'steady good/s':>14} {'× alone':>8} {'flood good/s':>13} {'refused (steady, flood)':>24}"]
+    lines = [f"{'phase':8} {'steady good/s':>14} {'× alone':>8} {'steady TTFT, TBT':>17} {'flood good/s':>13} "
+             f"{'refused (steady, flood)':>24}"]
     for r in results:
         ratio = f"{r.goodput_rps['steady'] / alone:.2f}" if alone else "—"
         flood = f"{r.goodput_rps.get('flood', 0.0):.2f}" if r.phase != "alone" else "—"
         refused = f"{r.rejected.get('steady', 0)}, {r.rejected.get('flood', 0)}"
-        lines.append(f"{r.phase:8} {r.goodput_rps['steady']:>14.2f} {ratio:>8} {flood:>13} {refused:>24}")
+        ttft, tbt = r.within.get("steady", (0.0, 0.0))
+        lines.append(f"{r.phase:8} {r.goodput_rps['steady']:>14.2f} {ratio:>8} {f'{ttft:.0%}, {tbt:.0%}':>17} "
+                     f"{flood:>13} {refused:>24}")
     return "\n".join(lines)
 
 
@@ -125,12 +132,12 @@ async def _phase(url: str, spec: TenantsSpec, model_name: str, keys: dict[str, s
         runs.append(replay(url, trace, options))
     done = await asyncio.gather(*runs)
     slo = Slo(spec.slo_ttft_ms / 1e3, spec.slo_tbt_ms / 1e3)
-    good, refused = {}, {}
+    good, refused, within = {}, {}, {}
     for tenant, (outcomes, _) in zip(who, done):
         a = attainment(outcomes, slo)
         good[tenant] = a.both * len(outcomes) / spec.seconds
-        refused[tenant] = a.rejected
-    return PhaseResult(PHASES[number], good, refused)
+        refused[tenant], within[tenant] = a.rejected, (a.ttft, a.tbt)
+    return PhaseResult(PHASES[number], good, refused, within)
 
 
 def run(spec: TenantsSpec, model: Path, work: Path, say: Callable[[str], None]) -> list[PhaseResult]:

@@ -70,6 +70,7 @@ class Tenancy:
 
     shares: list[tuple[Tenant, float]]
     rng: random.Random
+    mark: float
     in_flight: Counter[str] = field(default_factory=Counter)
     counted: dict[str, str] = field(default_factory=dict)  # request admitted → its tenant
 
@@ -86,7 +87,7 @@ class Tenancy:
         req = r.request
         pressure = max(out.prefill.ttft_s / req.slo_ttft_s, out.tbt_s / req.slo_tbt_s)
         refused = fairness.judge(tenants[r.outcome.tenant], pressure, self.in_flight,
-                                 {t: tenants[t].weight for t in self.in_flight})
+                                 {t: tenants[t].weight for t in self.in_flight}, self.mark)
         if refused is not None:
             return Rejection("overloaded", refused.reason, 1.0, cause=refused.cause)
         self.in_flight[r.outcome.tenant] += 1
@@ -201,7 +202,7 @@ class Simulation:
         if config.planner and config.mode not in PLANNER_MODES:
             raise ValueError("the planner moves instances between prefill and decode: adaptive or disaggregated mode")
         self.plan: RolePlan | None = None  # with config.planner, made in `run` (it needs the chunk cap)
-        self.tenancy = Tenancy(config.tenant_shares, random.Random(config.seed))
+        self.tenancy = Tenancy(config.tenant_shares, random.Random(config.seed), config.fair_share_mark)
 
     def _decode_chunk_tokens(self) -> int:
         """As the live cluster sizes it (0 where decode instances prefill nothing, or

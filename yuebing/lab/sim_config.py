@@ -9,7 +9,7 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from shared.config import REQUEST_TIMEOUT_S, SHORTLIST, SHORTLIST_DESCRIPTION
+from shared.config import FAIR_SHARE_MARK, REQUEST_TIMEOUT_S, SHORTLIST, SHORTLIST_DESCRIPTION
 from shared.tenants import PRIORITIES, TENANT_ID, Tenant
 from yuebing.lab.trace import TRACE_BLOCK_TOKENS
 
@@ -113,6 +113,9 @@ class SimConfig:
     tenants: Annotated[str, Meta(
         description="tenants sharing the trace, name:share[:priority] comma-separated (e.g. steady:1,flood:4): each "
                     "request drawn to one by share, admitted with the Conductor's fairness (empty: none)")] = ""
+    fair_share_mark: Annotated[float, Meta(
+        description="with --tenants: past this share of a request's SLOs, fairness refuses (as the Conductor's)",
+    )] = FAIR_SHARE_MARK
     sample_every_s: float = 10.0  # load-over-time sampling
     seed: int = 0
     host: HostSharing = HostSharing()

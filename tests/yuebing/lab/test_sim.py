@@ -259,9 +259,10 @@ def test_the_planner_runs_only_disaggregated():
 def test_tenants_share_the_trace_and_a_flood_is_held_to_its_share():
     # One steady tenant well below capacity, one sending 16x as many requests, some 4x
     # past it: with the Conductor's fairness the steady one keeps its goodput alone
-    # (within 10 %); first come, first served, it loses most of it.
+    # (within 10 %); first come, first served, it loses most of it. At the mark the
+    # simulator's exact time models favour (0.7; live engines want it lower: shared/config.py).
     h100 = load_predictor(GPU_PROFILE, "llama3-8b")
-    base = dict(prefill=1, decode=1, admission="predictive", slo_ttft_s=2.0, slo_tbt_s=0.1)
+    base = dict(prefill=1, decode=1, admission="predictive", slo_ttft_s=2.0, slo_tbt_s=0.1, fair_share_mark=0.7)
 
     def steady_goodput(rate: float, tenants: str) -> float:
         trace = synthetic(SyntheticSpec(requests=round(rate * 40), rate_per_s=rate, input_mean=8000, output_mean=100,
