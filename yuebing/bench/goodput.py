@@ -59,7 +59,23 @@ PLAIN_VLLM = "plain vLLM ×2"  # the baseline's name in the table, the JSON and 
 
 
 @dataclass(frozen=True)
-class GoodputSpec:
+class Workload:
+    """The live benchmarks' clusters and what they are judged by: the trace scaled to
+    the small model, the engines, the SLOs (each field is also a flag: yuebing/flags.py)."""
+
+    length_factor: Annotated[float, Meta(description="scale the trace's lengths (and 512-token blocks) by this")] = 0.25
+    max_model_len: Annotated[int, Meta(description="the engines' context; prompts are capped to fit it")] = 2048
+    max_output: Annotated[int, Meta(description="output tokens at most, after scaling")] = 64
+    # bfloat16 (vLLM's `auto` here) prefills about 7x slower on this CPU (docs/simulator.md,
+    # "Live benchmark and simulator fidelity"): probes would take minutes each.
+    dtype: Annotated[str, Meta(description="the engines' dtype")] = "float32"
+    slo_ttft_ms: Annotated[float, Meta(description="TTFT SLO, ms (the cluster's and the replay's)")] = 3000.0
+    slo_tbt_ms: Annotated[float, Meta(description="TBT SLO, ms, on the mean of a request's longest 10 % of gaps")] = 25.0
+    up_flags: Annotated[str, Meta(description="more `yuebing up` flags for every cluster")] = ""
+
+
+@dataclass(frozen=True)
+class GoodputSpec(Workload):
     """What `yuebing bench goodput` measures; each field is also its flag (yuebing/flags.py)."""
 
     modes: Annotated[str, Meta(description="serving modes, comma-separated, in this order (default: no --mode "
@@ -74,18 +90,10 @@ class GoodputSpec:
     conditional_rule: Annotated[str, Meta(description="conditional mode's rule (yuebing up --conditional-rule)")] = (
         "mooncake")
     requests: Annotated[int, Meta(description="requests of each probe: the conversation trace's first N")] = 40
-    length_factor: Annotated[float, Meta(description="scale the trace's lengths (and 512-token blocks) by this")] = 0.25
-    max_model_len: Annotated[int, Meta(description="the engines' context; prompts are capped to fit it")] = 2048
-    max_output: Annotated[int, Meta(description="output tokens at most, after scaling")] = 64
-    # bfloat16 (vLLM's `auto` here) prefills about 7x slower on this CPU (docs/simulator.md,
-    # "Live benchmark and simulator fidelity"): probes would take minutes each.
-    dtype: Annotated[str, Meta(description="the engines' dtype")] = "float32"
     min_rate: Annotated[float, Meta(description="lower bound of the rate search, requests/s")] = 0.25
     max_rate: Annotated[float, Meta(description="upper bound of the rate search, requests/s")] = 4.0
     probes: Annotated[int, Meta(description="replays per mode (bisection on a log scale between the bounds)")] = 5
     target: Annotated[float, Meta(description="share of requests that must meet both SLOs")] = 0.9
-    slo_ttft_ms: Annotated[float, Meta(description="TTFT SLO, ms (the cluster's and the replay's)")] = 3000.0
-    slo_tbt_ms: Annotated[float, Meta(description="TBT SLO, ms, on the mean of a request's longest 10 % of gaps")] = 25.0
     # The trace's timestamps come in 3 s steps, ~10 requests at each (its resolution,
     # not its users' behaviour): replayed as they are, each step is a burst of ten
     # long prompts whatever the rate, and every mode's capacity is the burst's, not
@@ -98,7 +106,6 @@ class GoodputSpec:
                                            "short answers; empty: none)")] = ""
     outer: Annotated[str, Meta(description="with --shift: the outer thirds' input,output length factors and "
                                            "optional document tokens (empty: the trace as it is)")] = ""
-    up_flags: Annotated[str, Meta(description="more `yuebing up` flags for every mode's cluster")] = ""
     plain_vllm: Annotated[bool, Meta(description="also measure 2 plain vLLM servers, round-robin from the client")] = (
         False)
 

@@ -31,7 +31,7 @@ from msgspec import Meta
 
 from shared.private_file import write_private
 from shared.tenants import key_sha256
-from yuebing.bench.goodput import GoodputSpec, attainment, at_rate, load_slice, replay_options
+from yuebing.bench.goodput import GoodputSpec, Workload, at_rate, attainment, load_slice, replay_options
 from yuebing.bench.soak import Slo
 
 PHASES = ("alone", "fair", "unfair")
@@ -39,7 +39,7 @@ TENANTS = ("steady", "flood")
 
 
 @dataclass(frozen=True)
-class TenantsSpec:
+class TenantsSpec(Workload):
     """What `yuebing bench tenants` measures; each field is also its flag (yuebing/flags.py)."""
 
     # On the 2-core development machine, one prefill and one decode CPU engine serve
@@ -50,13 +50,6 @@ class TenantsSpec:
                                                     "measures it): flood sends --flood-factor times it")] = 4.0
     flood_factor: Annotated[float, Meta(description="flood's rate over the capacity")] = 4.0
     seconds: Annotated[float, Meta(description="each phase's length, s")] = 30.0
-    length_factor: Annotated[float, Meta(description="scale the trace's lengths (and 512-token blocks) by this")] = 0.25
-    max_model_len: Annotated[int, Meta(description="the engines' context; prompts are capped to fit it")] = 2048
-    max_output: Annotated[int, Meta(description="output tokens at most, after scaling")] = 64
-    dtype: Annotated[str, Meta(description="the engines' dtype")] = "float32"
-    slo_ttft_ms: Annotated[float, Meta(description="TTFT SLO, ms (the cluster's and the replay's)")] = 3000.0
-    slo_tbt_ms: Annotated[float, Meta(description="TBT SLO, ms, on the mean of a request's longest 10 % of gaps")] = 25.0
-    up_flags: Annotated[str, Meta(description="more `yuebing up` flags")] = ""
 
     def __post_init__(self) -> None:
         if min(self.steady_rps, self.capacity_rps, self.flood_factor, self.seconds) <= 0:
@@ -68,9 +61,8 @@ class TenantsSpec:
 
     def workload(self, rps: float) -> GoodputSpec:
         """The goodput bench's workload at `rps` for `seconds` (its trace, scaled alike)."""
-        return GoodputSpec(requests=max(2, round(rps * self.seconds)), length_factor=self.length_factor,
-                           max_model_len=self.max_model_len, max_output=self.max_output, dtype=self.dtype,
-                           slo_ttft_ms=self.slo_ttft_ms, slo_tbt_ms=self.slo_tbt_ms, max_rate=max(4.0, rps * 2))
+        workload = {f.name: getattr(self, f.name) for f in dataclasses.fields(Workload)}
+        return GoodputSpec(**workload, requests=max(2, round(rps * self.seconds)), max_rate=max(4.0, rps * 2))
 
 
 @dataclass(frozen=True)
