@@ -62,6 +62,9 @@ PLAUSIBLE = {
                                                     "function": st.fixed_dictionaries({"name": TOOL_NAMES})}), JSON),
     "parallel_tool_calls": st.one_of(st.booleans(), JSON),
     "prompt": st.one_of(st.text(max_size=12), st.lists(TOKEN, max_size=4), st.lists(st.text(max_size=3), max_size=2), JSON),
+    # vLLM's rules: non-empty, at most 128 characters, none of @ / \ NUL
+    "cache_salt": st.one_of(st.text(max_size=8), st.sampled_from(["", "x" * 128, "x" * 129, "a/b", "a@b", "a\\b", "n\x00",
+                                                                  "\ud800", "ünï"])),
 }
 FIELDS = sorted(set(CHAT) | set(COMPLETION) | {"messages", "prompt", "functions", "best_of", "unknown_field"})
 
