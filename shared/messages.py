@@ -361,6 +361,7 @@ class RequestUpdate(Message):
     instance_id: str = ""
     completed: bool = False
     age_s: float = 0.0  # in a BookDigest: how long ago its Conductor took it
+    tokens: int = -1  # finished: its prompt and the output tokens it streamed (-1: not known), for its tenant's quota
 
 
 class UpdateBatch(Message):

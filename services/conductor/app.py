@@ -626,10 +626,11 @@ class Conductor:
             self.counts["wasted_prefill"] += 1
             self.roles.refused_for_decode(now)
             log.warning("wasted prefill: decode refused", request_id=update.request_id, decode=update.instance_id)
-        self.finish(update.request_id, now, completed=update.kind == "finished" and update.completed)
+        self.finish(update.request_id, now, completed=update.kind == "finished" and update.completed,
+                    tokens=update.tokens)
 
-    def finish(self, request_id: str, now: float, completed: bool = False) -> None:
-        self.quotas.finished(request_id)
+    def finish(self, request_id: str, now: float, completed: bool = False, tokens: int = -1) -> None:
+        self.quotas.finished(request_id, tokens)
         self.deadlines.pop(request_id, None)
         self.mine.discard(request_id)
         self.placed_by.pop(request_id, None)

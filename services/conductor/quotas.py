@@ -45,6 +45,15 @@ class Usage:
     streams: dict[str, float] = field(default_factory=dict)  # open ones, each until its deadline
     tokens: int = 0  # the sum over `admitted`
 
+    def settle(self, request_id: str, tokens: int) -> None:
+        """Its reservation replaced by what it took (the newest first: ends come soon)."""
+        for i in range(len(self.admitted) - 1, -1, -1):
+            at, rid, counted = self.admitted[i]
+            if rid == request_id:
+                self.admitted[i] = (at, rid, tokens)
+                self.tokens += tokens - counted
+                return
+
     def expire(self, now: float) -> None:
         while self.admitted and self.admitted[0][0] <= now - WINDOW_S:
             self.tokens -= self.admitted.popleft()[2]
@@ -82,11 +91,16 @@ class Quotas:
         u.streams[request_id] = until
         self.tenant_of[request_id] = tenant_id
 
-    def finished(self, request_id: str) -> None:
-        """Its stream is over (its admission still counts for the minute)."""
+    def finished(self, request_id: str, tokens: int = -1) -> None:
+        """Its stream is over (its admission still counts for the minute), and, where
+        `tokens` is known, its reservation settles on what it took."""
         tenant_id = self.tenant_of.pop(request_id, None)
-        if tenant_id is not None:
-            self.usage[tenant_id].streams.pop(request_id, None)
+        if tenant_id is None:
+            return
+        u = self.usage[tenant_id]
+        u.streams.pop(request_id, None)
+        if tokens >= 0:
+            u.settle(request_id, tokens)
 
     def remaining(self, tenant: Tenant, now: float) -> dict[str, int]:
         """What is left of each limit the tenant has (for the response's headers)."""

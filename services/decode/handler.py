@@ -97,7 +97,7 @@ class Decoder(Handler):
         self.context_tokens += context
         try:
             with tracing.span("decode", req.request_id, instance=self.instance.instance_id,
-                              kv_blocks=req.kv_blocks):
+                              kv_blocks=req.kv_blocks, tenant=req.tenant):
                 await self._generate(req)
         finally:
             del self.context[req.request_id]

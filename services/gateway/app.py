@@ -222,10 +222,14 @@ class Gateway:
         except Shed as e:
             status = "429"
             self.metrics.shed.labels(e.reason).inc()
+            self.metrics.tenant_refusals.labels(request[TENANT].id, e.reason).inc()
             log.info("request shed", reason=e.reason, error=e.message)
             raise e.api_error() from e
         except ApiError as e:
             status = str(e.status)
+            if e.status == 429:
+                reason = f"quota_{e.type}" if e.code == "rate_limit_exceeded" else "overloaded"
+                self.metrics.tenant_refusals.labels(request[TENANT].id, reason).inc()
             raise
         except server.WriteTimeout as e:
             status = "499"  # the client stopped reading; the request is cancelled on every instance
@@ -238,6 +242,7 @@ class Gateway:
             raise
         finally:
             self.metrics.requests.labels(kind, status).inc()
+            self.metrics.tenant_requests.labels(request[TENANT].id, status).inc()
 
     async def _respond(self, request: web.Request, prepared: Prepared) -> web.StreamResponse:
         log.info("request", kind=prepared.kind, prompt_len=len(prepared.prompt), max_tokens=prepared.max_tokens,
@@ -409,7 +414,7 @@ class Gateway:
                 async for chunk in chunks:
                     if not timing.first_at and p.echo is not None:
                         self._echo_into(p, choices, report)
-                    self._observe(chunk, report, timing)
+                    self._observe(p, chunk, report, timing)
                     choice = choices[chunk.index]
                     if choice.finish is not None:
                         continue  # tokens past its stop string, while the other choices go on
@@ -433,12 +438,14 @@ class Gateway:
         for c in choices:
             c.echo(p.echo, p.prompt, positions)
 
-    def _observe(self, chunk: TokenChunk, report: Report, timing: Timing) -> None:
+    def _observe(self, p: Prepared, chunk: TokenChunk, report: Report, timing: Timing) -> None:
         timing.last_at = time.monotonic()
         if not timing.first_at:
             timing.first_at = timing.last_at
             self.metrics.ttft.observe(timing.first_at - timing.start)
             self.metrics.cached_tokens.inc(report.cached_tokens)
+            self.metrics.tenant_ttft.labels(p.tenant).observe(timing.first_at - timing.start)
+            self.metrics.tenant_cached_tokens.labels(p.tenant).inc(report.cached_tokens)
         if chunk.kv_loaded_tokens:  # only decode's first chunk carries it
             self.metrics.kv_loaded_tokens.inc(chunk.kv_loaded_tokens)
 
@@ -454,6 +461,10 @@ class Gateway:
         log.info("request done", completion_tokens=total, ttft_ms=round(ttft_ms, 1), tbt_ms=round(tbt_ms, 2), slo=verdict)
         self.metrics.prompt_tokens.inc(len(p.prompt))
         self.metrics.completion_tokens.inc(total)
+        self.metrics.tenant_prompt_tokens.labels(p.tenant).inc(len(p.prompt))
+        self.metrics.tenant_completion_tokens.labels(p.tenant).inc(total)
+        if n > 1:
+            self.metrics.tenant_tbt.labels(p.tenant).observe(tbt_ms / 1e3)
 
     async def _complete(self, p: Prepared) -> web.Response:
         choices, report = await self._choices(p), Report()
@@ -472,7 +483,8 @@ class Gateway:
             prompt = prompt_json(prompt_positions(self.tokenizer.hf, report.prompt_logprobs, p.options.prompt_logprobs))
             for c in body["choices"] if p.kind == "completion" else [body]:
                 c["prompt_logprobs"] = prompt
-        return web.Response(body=orjson.dumps(body), content_type="application/json", headers=p.headers())
+        return web.Response(body=orjson.dumps(body), content_type="application/json",
+                            headers={**p.headers(), **rate_limit_headers(report.limits)})
 
     async def _stream(self, request: web.Request, p: Prepared) -> web.StreamResponse:
         choices, report = await self._choices(p), Report()
@@ -483,7 +495,8 @@ class Gateway:
         except StopAsyncIteration:
             first = None
         response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **p.headers()}
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **p.headers(),
+                     **rate_limit_headers(report.limits)}
         )
         try:
             await self._bounded(response.prepare(request))

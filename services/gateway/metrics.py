@@ -28,12 +28,32 @@ class GatewayMetrics:
         self.slo = Counter("yuebing_gateway_slo", "Completed requests by SLO verdict", ["verdict"], registry=r)
         self.e2e = Histogram("yuebing_gateway_e2e_seconds", "Request latency", buckets=LATENCY_BUCKETS, registry=r)
         self._faults(r)
+        self._tenants(r)
         # Every label value known up front, at zero: a rate over a counter that has
         # never been counted is no data, and a dashboard or alert reads nothing.
         for verdict in SLO_VERDICTS:
             self.slo.labels(verdict)
         for reason in SHED_REASONS:
             self.shed.labels(reason)
+
+    def _tenants(self, r: CollectorRegistry) -> None:
+        """Each tenant's share of the figures above (tenant ids come from the tenants
+        file, or `default`: the label's values are bounded). Only an operator reads them."""
+        self.tenant_requests = Counter("yuebing_gateway_tenant_requests", "Requests by tenant and status",
+                                       ["tenant", "status"], registry=r)
+        self.tenant_refusals = Counter("yuebing_gateway_tenant_refusals", "429s by tenant and reason (quota_requests, "
+                                       "quota_tokens, quota_streams: its own quota; overloaded; queue_full, "
+                                       "queue_timeout: the gateway's own shedding)", ["tenant", "reason"], registry=r)
+        self.tenant_prompt_tokens = Counter("yuebing_gateway_tenant_prompt_tokens", "Prompt tokens of served requests, "
+                                            "by tenant", ["tenant"], registry=r)
+        self.tenant_cached_tokens = Counter("yuebing_gateway_tenant_cached_tokens", "Prompt tokens prefill reused, by "
+                                            "tenant (its own cache group's)", ["tenant"], registry=r)
+        self.tenant_completion_tokens = Counter("yuebing_gateway_tenant_completion_tokens", "Generated tokens, by tenant",
+                                                ["tenant"], registry=r)
+        self.tenant_ttft = Histogram("yuebing_gateway_tenant_ttft_seconds", "Time to first token, by tenant",
+                                     ["tenant"], buckets=LATENCY_BUCKETS, registry=r)
+        self.tenant_tbt = Histogram("yuebing_gateway_tenant_tbt_seconds", "Mean time between tokens of a served "
+                                    "request, by tenant", ["tenant"], buckets=LAG_BUCKETS, registry=r)
 
     def _faults(self, r: CollectorRegistry) -> None:
         """Overload and fault counters (issue 16)."""

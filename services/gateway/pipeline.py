@@ -51,6 +51,7 @@ from shared.messages import (
     Placement,
     PrefillRequest,
     PrefillResult,
+    RateLimit,
     RequestUpdate,
     Sampling,
     ScheduleReply,
@@ -102,6 +103,7 @@ class Report:
     route: str = ""  # a CPP group or a single prefill instance, and why (ScheduleReply.route)
     prefills: int = 0  # times its prompt was prefilled (once, whatever n, unless an instance failed it)
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # where prefill computed them, when asked
+    limits: list[RateLimit] = field(default_factory=list)  # its tenant's quotas after it: the x-ratelimit-* headers
 
 
 class Rejected(Exception):
@@ -205,9 +207,11 @@ class Pipeline:
         job = Job(request_id, prompt, hashes, sampling, deadline, slo, owner)
         tries = Tries(request_id, self.config.max_attempts, self.retries)
         whole = True  # no continuation: the last attempt decoded the whole output
+        streamed = 0
         try:
             async for chunk in self._serve(job, tries, report):
                 whole = whole and not report.migrations
+                streamed += len(chunk.token_ids)
                 yield chunk
         except DecodeRefused as e:
             raise Rejected(ScheduleReply(request_id=request_id, accepted=False, rejection="overloaded", reason=str(e),
@@ -215,7 +219,7 @@ class Pipeline:
         finally:
             report.attempts = tries.count
             if tries.current is not None:
-                await self._close(tries.current, whole)
+                await self._close(tries.current, whole, len(prompt) + streamed)
 
     async def _serve(self, job: Job, tries: Tries, report: Report) -> AsyncIterator[TokenChunk]:
         result = await self._prefilled(job, tries, report)
@@ -250,6 +254,7 @@ class Pipeline:
         attempt = await self._place(job, tries, None)
         while True:
             report.placement, report.mode, report.route = attempt.placement, attempt.mode, attempt.route
+            report.limits = report.limits or attempt.limits  # the first placement's: the one counted
             if attempt.placement.local_prefill:
                 return None
             try:
@@ -350,7 +355,7 @@ class Pipeline:
         assert reply.placement is not None
         # Current before anything else awaits: whatever ends the request from here closes it.
         tries.current = Attempt(attempt_id, reply.placement, reply.predicted_ttft_ms, mode=reply.mode,
-                                route=reply.route)
+                                route=reply.route, limits=reply.limits)
         if reply.mode is not None:
             self.modes.labels(reply.mode.mode, reply.mode.rule, reply.mode.reason).inc()
         return tries.current
@@ -382,12 +387,12 @@ class Pipeline:
                 self.outbox.send(old.updates, wasted)
             raise error from e
 
-    async def _close(self, attempt: Attempt, whole: bool) -> None:
+    async def _close(self, attempt: Attempt, whole: bool, tokens: int = -1) -> None:
         """An attempt ends: free its instances' slots unless it ran to its end, and
         let the Conductor close its books."""
         if not attempt.finished:  # cancelled, failed or abandoned
             await self._publish(CANCEL, Cancel(request_id=attempt.id, reason="abandoned by gateway"))
-        self.outbox.send(attempt.updates, attempt.closing(whole))
+        self.outbox.send(attempt.updates, attempt.closing(whole, tokens))
 
     async def _schedule(
         self, job: Job, attempt_id: str, avoid: list[str], order: DecodeOrder | None

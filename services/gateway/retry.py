@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from shared import bus
 from shared.block_hash import hex_hashes
-from shared.messages import NO_TOKEN, ModeRecord, Placement, RequestUpdate, Sampling, updates_subject
+from shared.messages import NO_TOKEN, ModeRecord, Placement, RateLimit, RequestUpdate, Sampling, updates_subject
 
 log = structlog.get_logger(__name__)
 Stage = Literal["prefill", "decode", "migration"]
@@ -134,6 +134,7 @@ class Attempt:
     predicted_ttft_ms: float = 0.0
     mode: ModeRecord | None = None  # the Conductor's serving-mode decision
     route: str = ""  # the Conductor's CPP-or-single decision (ScheduleReply.route)
+    limits: list[RateLimit] = field(default_factory=list)  # its tenant's quotas after it (ScheduleReply.limits)
     finished: bool = False  # its last token reached the client
     update: RequestUpdate | None = None  # when it ends; None: "finished", completed if `finished`
 
@@ -142,12 +143,13 @@ class Attempt:
         """Where its updates go: the Conductor that placed it."""
         return updates_subject(self.placement.conductor)
 
-    def closing(self, whole: bool) -> RequestUpdate:
+    def closing(self, whole: bool, tokens: int = -1) -> RequestUpdate:
         """What the Conductor hears when this attempt ends; `whole`: it decoded the
-        whole output (a continuation's time would teach t_d a partial decode)."""
+        whole output (a continuation's time would teach t_d a partial decode);
+        `tokens`: the request's prompt and what it streamed (its quota settles on them)."""
         if self.update is not None:
             return self.update
-        return RequestUpdate(request_id=self.id, kind="finished", completed=self.finished and whole)
+        return RequestUpdate(request_id=self.id, kind="finished", completed=self.finished and whole, tokens=tokens)
 
 
 @dataclass

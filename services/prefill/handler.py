@@ -55,7 +55,7 @@ class Prefiller(Handler):
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
                 with tracing.span("prefill", req.request_id, instance=self.instance.instance_id,
-                                  prompt_tokens=len(req.prompt_token_ids)):
+                                  prompt_tokens=len(req.prompt_token_ids), tenant=req.tenant):
                     result = await self._first_token(req)
         except TimeoutError:
             result = PrefillResult(request_id=req.request_id, ok=False, error="deadline exceeded in prefill")

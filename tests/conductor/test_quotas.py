@@ -49,3 +49,14 @@ def test_a_peers_admission_counts_at_its_own_time():
     q.admitted("acme", "mine2", 1, 11.0, FAR)
     assert q.check(RPM, 1, 12.0).reset_s == WINDOW_S + 5 - 12
     assert q.check(Tenant("acme"), 10**9, 12.0) is None  # no limits: never refused
+
+
+def test_a_finished_request_settles_its_reservation_on_what_it_took():
+    q = Quotas()
+    q.admitted("acme", "a", 900, 0.0, FAR)  # prompt 100 + max_tokens 800, reserved
+    assert q.check(TPM, 200, 1.0) is not None
+    q.finished("a", 150)  # it took 150
+    assert q.remaining(TPM, 1.0) == {"tokens": 850} and q.check(TPM, 200, 1.0) is None
+    q.admitted("acme", "b", 100, 2.0, FAR)
+    q.finished("b")  # not known: the reservation stands
+    assert q.remaining(TPM, 2.0) == {"tokens": 750}

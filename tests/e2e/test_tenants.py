@@ -147,20 +147,31 @@ def test_a_key_rotates_in_the_live_file_with_no_stream_cut(cluster, tenants_file
 
 
 def test_a_tenant_past_its_requests_per_minute_gets_openais_429_across_gateways_and_conductors(cluster):
-    # Sequential, alternating gateways (so both Conductors take some): each admission
-    # reaches the other Conductor's count within a sync interval, less than a request's time.
-    statuses, refused = [], None
+    # Sequential, alternating gateways (so both Conductors take some), 0.15 s apart:
+    # each admission reaches the other Conductor's count within two sync intervals
+    # (50 ms each), the stated bound; closer together, a peer may admit one more.
+    statuses, refused, remaining = [], None, []
     for i in range(9):
+        time.sleep(0.15)
         r = ask(cluster, "capped", [7, 8, 9, i], gateway=i % 2)
         statuses.append(r.status_code)
         refused = refused or (r if r.status_code == 429 else None)
+        remaining += [r.headers["x-ratelimit-remaining-requests"]] if r.status_code == 200 else []
     assert statuses.count(200) == 6 and set(statuses) == {200, 429}, statuses
+    assert remaining == ["5", "4", "3", "2", "1", "0"]  # on every answer, as OpenAI's
     error = refused.json()["error"]
     assert (error["code"], error["type"]) == ("rate_limit_exceeded", "requests") and "quota" in error["message"]
     h = refused.headers
     assert (h["x-ratelimit-limit-requests"], h["x-ratelimit-remaining-requests"]) == ("6", "0")
     assert 1 <= int(h["retry-after"]) <= 60 and h["x-ratelimit-reset-requests"].endswith("s")
     assert ask(cluster, "beta", [7, 8, 9]).status_code == 200  # the others are served meanwhile
+    # An operator reads which tenant was refused, and why, on the gateways' pages.
+    ops = {"Authorization": f"Bearer {TENANT_KEYS['ops']}"}
+    line = 'yuebing_gateway_tenant_refusals_total{reason="quota_requests",tenant="capped"}'
+    pages = [httpx.get(f"{url}/metrics", headers=ops, timeout=10).text for url in cluster.urls]
+    counted = sum(float(row.split()[-1]) for page in pages for row in page.splitlines() if row.startswith(line))
+    assert counted == 3, counted
+    assert any('yuebing_gateway_tenant_requests_total{status="200",tenant="beta"}' in page for page in pages)
 
 
 def test_tokens_per_minute_reserve_prompt_and_max_tokens(cluster):

@@ -157,7 +157,8 @@ async def test_prefill_gives_the_first_token_decode_the_rest_as_placed(connected
     assert (cluster.asked["decode"].first_token_id, cluster.asked["decode"].kv_blocks) == (7, 2)
     assert (report.placement, report.cached_tokens, report.kv_blocks, report.kv_loaded_tokens) == (PLACEMENT, 128, 2, 256)
     [update] = await cluster.updates(1)
-    assert update == RequestUpdate(request_id="r1", kind="finished", completed=True)
+    # Its tenant's token quota settles on the prompt and the tokens it streamed.
+    assert update == RequestUpdate(request_id="r1", kind="finished", completed=True, tokens=300 + 4)
 
 
 async def test_decode_waits_only_for_the_blocks_prefills_pool_took(connected):
