@@ -23,5 +23,4 @@ def bearer_matches(request: web.Request, key: str) -> bool:
     """The request's Authorization header is `Bearer <key>` (compared in constant time).
     A header's bytes as they came (aiohttp keeps undecodable ones as surrogates):
     encoding with surrogateescape never fails, so odd bytes are a 401, never a 500."""
-    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(given, f"Bearer {key}".encode())
+    return hmac.compare_digest(bearer_key(request), key.encode())

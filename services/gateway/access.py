@@ -15,7 +15,7 @@ from aiohttp import web
 
 from shared.bearer import bearer_key
 from shared.private_file import read_private
-from shared.tenants import TENANTS_ENV, Tenant, Tenants, Watched, cache_salt, in_force, single
+from shared.tenants import Tenant, Tenants, Watched, cache_salt, in_force, single
 
 GUARDED_OUTSIDE_V1 = ("/tokenize", "/detokenize")  # vLLM's paths, outside /v1, behind the key all the same
 CACHE_KEY_BYTES = 32

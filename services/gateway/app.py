@@ -30,7 +30,7 @@ import structlog
 from aiohttp import web
 
 from services.gateway import edge, openapi, protocol, server, tool_parser
-from services.gateway.access import CACHE_KEY_ENV, TENANTS_ENV, Access
+from services.gateway.access import CACHE_KEY_ENV, Access
 from services.gateway.choices import Choice, completion_tokens, role_chunk
 from services.gateway.limits import Admission, Shed
 from services.gateway.logprobs import Logprobs, load_logprobs, prompt_json, prompt_positions
@@ -43,7 +43,7 @@ from shared import bus, service, tracing
 from shared.config import ClusterConfig
 from shared.liveness import Deafness, Registry
 from shared.messages import HEARTBEAT, Heartbeat, RateLimit, Sampling, TokenChunk
-from shared.tenants import DEFAULT_TENANT, Tenant, Watched
+from shared.tenants import DEFAULT_TENANT, TENANTS_ENV, Tenant, Watched
 
 log = structlog.get_logger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
