@@ -280,8 +280,11 @@ class Conductor:
         view = self._view(ask.block_hashes, now, self.scheduler.shortlist, req.avoid)
         if ask.stage == "decode":
             return self._schedule_decode(req, ask, view, now)
-        counted = not ask.avoid  # a retry is the same request: counted once, at its first ask
-        tenant = self._tenant(ask.tenant)
+        tenants = self._tenants()
+        # A retry is the same request: counted once, at its first ask. With no tenants
+        # file there is nothing to count against (one tenant, no limits, no shares).
+        counted = not ask.avoid and not tenants.open
+        tenant = tenants.get(ask.tenant)
         if counted and (refusal := self.quotas.check(tenant, ask.prompt_len + ask.max_tokens, now)) is not None:
             return self._over_quota(req, tenant, refusal, now)
         reply = self._schedule_new(req, ask, view, now)
@@ -301,7 +304,7 @@ class Conductor:
             return self._schedule_fallback(req, ask, view, missing, now)
         out = self.scheduler.schedule(req, view.prefills, view.decodes, now, self.state.decode_time_s)
         log.debug("decision", request_id=req.request_id, request=req, prefills=view.prefills, decodes=view.decodes, out=out)
-        if isinstance(out, Decision) and ask.avoid == [] and (refused := self._unfair(req, ask, out, now)) is not None:
+        if isinstance(out, Decision) and (refused := self._unfair(req, ask, out.prefill.ttft_s, out.tbt_s, now)) is not None:
             return self._rejected(req, refused, now)
         if self.config.mode == "adaptive" and spills(out, req):
             return self._spill(req, ask, view, out, now)
@@ -397,6 +400,8 @@ class Conductor:
 
     def _accept_both(self, req: Request, ask: ScheduleRequest, out: ColocatedChoice, choice: ModeChoice, view: View,
                      now: float) -> ScheduleReply:
+        if (refused := self._unfair(req, ask, out.ttft_s, out.mixed_tbt_s, now)) is not None:
+            return self._rejected(req, refused, now)
         cached = min(out.cached_blocks * self.config.block_size, req.prompt_len - 1)
         return self._accept_local(req, ask, out.instance_id, req.prompt_len - cached, choice, view, now)
 
@@ -440,14 +445,17 @@ class Conductor:
                              predicted_ttft_ms=choice.ttft_s * 1e3, predicted_tbt_ms=choice.tbt_s * 1e3,
                              mode=ModeRecord(**choice.record()))
 
-    def _unfair(self, req: Request, ask: ScheduleRequest, out: Decision, now: float) -> Rejection | None:
+    def _unfair(self, req: Request, ask: ScheduleRequest, ttft_s: float, tbt_s: float, now: float) -> Rejection | None:
         """Past the loaded mark, the room left goes by the tenants' classes and shares
-        (services/conductor/fairness.py); one tenant alone is never held back."""
+        (services/conductor/fairness.py); one tenant alone is never held back. Every
+        way in is judged (a placement's predicted TTFT and TBT): a request fairness
+        holds back must not get in as a spill onto a decode's batch instead. A retry
+        was judged at its first ask."""
         tenants = self._tenants()
-        if tenants.open:
+        if tenants.open or ask.avoid:
             return None
-        pressure = max(out.prefill.ttft_s / req.slo_ttft_s if req.slo_ttft_s > 0 else 0.0,
-                       out.tbt_s / req.slo_tbt_s if req.slo_tbt_s > 0 else 0.0)
+        pressure = max(ttft_s / req.slo_ttft_s if req.slo_ttft_s > 0 else 0.0,
+                       tbt_s / req.slo_tbt_s if req.slo_tbt_s > 0 else 0.0)
         in_flight = self.quotas.in_flight(now)
         refused = fairness.judge(self._tenant(ask.tenant), pressure, in_flight,
                                  {t: tenants.get(t).weight for t in in_flight}, self.config.fair_share_mark)

@@ -12,6 +12,7 @@ sync interval's worth of a tenant's arrivals past its limit (docs/tenants.md).
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -57,16 +58,16 @@ class Usage:
     def expire(self, now: float) -> None:
         while self.admitted and self.admitted[0][0] <= now - WINDOW_S:
             self.tokens -= self.admitted.popleft()[2]
-        # An end nobody heard of (its Conductor lost, its update with it) must not hold
-        # the tenant's streams for ever: none outlives its deadline.
-        for request_id in [r for r, until in self.streams.items() if until <= now]:
-            del self.streams[request_id]
 
 
 @dataclass
 class Quotas:
     usage: dict[str, Usage] = field(default_factory=dict)
     tenant_of: dict[str, str] = field(default_factory=dict)  # open stream → its tenant
+    # Every stream's deadline, soonest first (ended ones are dropped when theirs comes):
+    # an end nobody heard of (its Conductor lost, its update with it) must not hold
+    # a tenant's stream for ever, and finding the overdue ones costs no walk of them all.
+    deadlines: list[tuple[float, str]] = field(default_factory=list)
 
     def check(self, tenant: Tenant, tokens: int, now: float) -> Refusal | None:
         """None where `tenant` may have a request of `tokens` (prompt + max_tokens) now."""
@@ -90,6 +91,7 @@ class Quotas:
         u.tokens += tokens
         u.streams[request_id] = until
         self.tenant_of[request_id] = tenant_id
+        heapq.heappush(self.deadlines, (until, request_id))
 
     def finished(self, request_id: str, tokens: int = -1) -> None:
         """Its stream is over (its admission still counts for the minute), and, where
@@ -118,9 +120,19 @@ class Quotas:
         return self._reset(self._usage(tenant_id, now), now)
 
     def _usage(self, tenant_id: str, now: float) -> Usage:
+        self._overdue(now)
         u = self.usage.setdefault(tenant_id, Usage())
         u.expire(now)
         return u
+
+    def _overdue(self, now: float) -> None:
+        """Close the streams whose deadline has passed with no end heard."""
+        while self.deadlines and self.deadlines[0][0] <= now:
+            until, request_id = heapq.heappop(self.deadlines)
+            tenant_id = self.tenant_of.get(request_id)
+            if tenant_id is not None and self.usage[tenant_id].streams.get(request_id) == until:
+                del self.usage[tenant_id].streams[request_id]
+                del self.tenant_of[request_id]
 
     @staticmethod
     def _reset(u: Usage, now: float) -> float:

@@ -356,3 +356,27 @@ def test_once_loaded_a_flooding_tenant_is_held_to_its_share_and_sheddable_goes_f
     assert c.schedule(loaded("x1", "spare"), now=0.0).rejection == "overloaded"
     assert c.rejections == {"fair_share": 1, "shed_class": 1}
     assert c.schedule(ask("f6", ["a"]), now=0.0).accepted  # not loaded: everybody's (the default tenant)
+
+
+def test_a_tenant_held_to_its_share_does_not_get_in_as_a_spill_onto_the_decode():
+    tenants = Tenants({"flood": Tenant("flood"), "steady": Tenant("steady")}, open=False)
+    c = Conductor(config(policy="cache_aware", admission="predictive"), tenants=tenants)  # adaptive: it spills
+    full = Heartbeat(instance_id="d0", role="decode", node="node-0", pid=1, seq=2, sent_at=0.0, kv_usage=0.99)
+    for iid, role in (("p0", "prefill"), ("d0", "decode")):
+        c.on_heartbeat(hb(iid, role), now=0.0)
+    c.on_heartbeat(full, now=0.5)  # disaggregation refuses everything: only a spill could take it
+
+    def loaded(rid: str, tenant: str) -> ScheduleRequest:
+        # a spill's predicted TTFT is about 17 ms: within a 50 ms SLO, past the mark
+        return msgspec.structs.replace(ask(rid, ["a"], slo_ttft_ms=50.0), tenant=tenant)
+
+    assert c.schedule(loaded("s1", "steady"), now=0.6).placement.local_prefill  # alone: its own, spilled
+    assert c.schedule(loaded("f1", "flood"), now=0.6).accepted  # below its share
+    spilled = c.schedule(loaded("f2", "flood"), now=0.6)
+    assert not spilled.accepted and c.rejections.get("fair_share") == 1, spilled
+
+
+def test_with_no_tenants_file_the_conductor_books_nothing_against_quotas():
+    c = conductor()
+    assert c.schedule(ask("r1", ["a"]), now=0.1).accepted
+    assert c.quotas.usage == {} and c.quotas.deadlines == []

@@ -40,6 +40,14 @@ def test_streams_close_at_their_end_or_their_deadline():
     assert q.check(STREAMS, 1, 3.0) is not None
     assert q.check(STREAMS, 1, 50.0) is None  # b's end was never heard: its deadline closed it
     q.finished("unknown")  # an end of nobody's is ignored
+    assert "b" not in q.tenant_of  # nor kept as an open stream's
+
+
+def test_a_stream_admitted_again_keeps_its_later_deadline():
+    q = Quotas()
+    q.admitted("acme", "a", 1, 0.0, 10.0)
+    q.admitted("acme", "a", 1, 1.0, 20.0)  # its peer's booking of it, or a retry: one stream
+    assert q.in_flight(15.0) == {"acme": 1} and q.in_flight(20.0) == {"acme": 0}
 
 
 def test_a_peers_admission_counts_at_its_own_time():
