@@ -10,8 +10,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+import httpx
 import nats
 from nats.aio.client import Client
+from prometheus_client.parser import text_string_to_metric_families
 
 from shared import bus
 from shared.identity import load_credentials
@@ -170,3 +172,10 @@ def log_events(cluster, name: str, event: str) -> list[dict]:
         if isinstance(record, dict) and record.get("event") == event:
             found.append(record)
     return found
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample on a Prometheus page, by name and labels."""
+    text = httpx.get(url, timeout=5).text
+    return {f"{s.name}{sorted(s.labels.items())}": s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}

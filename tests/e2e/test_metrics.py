@@ -3,18 +3,11 @@ ready file, and a scrape after a request reads data from it."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.ops import scrape
 
 pytestmark = pytest.mark.e2e
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Every sample on the page, by name and labels."""
-    text = httpx.get(url, timeout=5).text
-    return {f"{s.name}{sorted(s.labels.items())}": s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_the_conductors_page_counts_the_decisions_it_made_and_reads_its_books(client, cluster):
