@@ -192,7 +192,7 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = PLANNER_DWELL_S
     fair_share_mark: Annotated[
         float, Meta(description="with tenants: past this share of a request's SLOs, admission refuses sheddable "
-                                "tenants and those holding their fair share (docs/tenants.md)")
+                                "tenants and those over their fair share (docs/tenants.md)")
     ] = FAIR_SHARE_MARK
     shortlist: Annotated[int, Meta(description=SHORTLIST_DESCRIPTION)] = SHORTLIST
     # Several share the schedule requests (services/conductor/sync.py); one sends

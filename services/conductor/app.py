@@ -456,9 +456,9 @@ class Conductor:
             return None
         pressure = max(ttft_s / req.slo_ttft_s if req.slo_ttft_s > 0 else 0.0,
                        tbt_s / req.slo_tbt_s if req.slo_tbt_s > 0 else 0.0)
-        in_flight = self.quotas.in_flight(now)
-        refused = fairness.judge(self._tenant(ask.tenant), pressure, in_flight,
-                                 {t: tenants.get(t).weight for t in in_flight}, self.config.fair_share_mark)
+        loads = self.quotas.loads(now, fairness.WINDOW_S)
+        refused = fairness.judge(self._tenant(ask.tenant), pressure, loads,
+                                 {t: tenants.get(t).weight for t in loads}, self.config.fair_share_mark)
         if refused is None:
             return None
         return Rejection("overloaded", refused.reason, retry_after_s=1.0, cause=refused.cause)
@@ -828,8 +828,9 @@ class Wiring:
             await asyncio.sleep(HEARING_POLL_S)
         start = time.monotonic()
         self.conductor.heard(start)
-        with tracing.span("conductor.decide", ask.request_id, prompt_tokens=ask.prompt_len, tenant=ask.tenant) as span:
-            reply = self.conductor.schedule(ask, start)
+        with (structlog.contextvars.bound_contextvars(request_id=ask.request_id, tenant=ask.tenant),
+              tracing.span("conductor.decide", ask.request_id, prompt_tokens=ask.prompt_len, tenant=ask.tenant) as span):
+            reply = self.conductor.schedule(ask, start)  # its lines (spilled, degraded, over quota) name both
             if span.is_recording():
                 span.set_attributes(decision_attributes(reply))
         if self.decision is not None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from services.conductor.fairness import Load
 from shared.tenants import Tenant
 
 WINDOW_S = 60.0
@@ -43,8 +45,18 @@ class Usage:
     """One tenant's last minute: its admissions (when, which, tokens) and open streams."""
 
     admitted: deque[tuple[float, str, int]] = field(default_factory=deque)
-    streams: dict[str, float] = field(default_factory=dict)  # open ones, each until its deadline
+    streams: dict[str, tuple[float, int]] = field(default_factory=dict)  # open ones: until their deadline, tokens
     tokens: int = 0  # the sum over `admitted`
+    open_tokens: int = 0  # the sum over `streams`
+
+    def open(self, request_id: str, until: float, tokens: int) -> None:
+        self.close(request_id)  # admitted again (its peer's booking of it, or a retry): one stream
+        self.streams[request_id] = (until, tokens)
+        self.open_tokens += tokens
+
+    def close(self, request_id: str) -> None:
+        if (stream := self.streams.pop(request_id, None)) is not None:
+            self.open_tokens -= stream[1]
 
     def settle(self, request_id: str, tokens: int) -> None:
         """Its reservation replaced by what it took (the newest first: ends come soon)."""
@@ -89,7 +101,7 @@ class Quotas:
         if len(u.admitted) > 1 and u.admitted[-2][0] > at:  # a peer's, older than ours: keep the window ordered
             u.admitted = deque(sorted(u.admitted))
         u.tokens += tokens
-        u.streams[request_id] = until
+        u.open(request_id, until, tokens)
         self.tenant_of[request_id] = tenant_id
         heapq.heappush(self.deadlines, (until, request_id))
 
@@ -100,7 +112,7 @@ class Quotas:
         if tenant_id is None:
             return
         u = self.usage[tenant_id]
-        u.streams.pop(request_id, None)
+        u.close(request_id)
         if tokens >= 0:
             u.settle(request_id, tokens)
 
@@ -111,9 +123,16 @@ class Quotas:
                 "tokens": tenant.tokens_per_minute - u.tokens}
         return {k: max(0, v) for k, v in left.items() if getattr(tenant, f"{k}_per_minute")}
 
-    def in_flight(self, now: float) -> dict[str, int]:
-        """Each tenant's open streams (the fairness policy's shares)."""
-        return {t: len(self._usage(t, now).streams) for t in self.usage}
+    def loads(self, now: float, window_s: float) -> dict[str, Load]:
+        """Each tenant's tokens in flight (its open streams' reservations) and admitted
+        within `window_s`, for those with either: the fairness policy's figures."""
+        out = {}
+        for tenant_id in list(self.usage):
+            u = self._usage(tenant_id, now)
+            recent = sum(tokens for at, _, tokens in _newest(u.admitted, now - window_s))
+            if recent or u.streams:
+                out[tenant_id] = Load(u.open_tokens, recent)
+        return out
 
     def reset(self, tenant_id: str, now: float) -> float:
         """Until the minute's oldest admission leaves it (0: none counted)."""
@@ -130,8 +149,9 @@ class Quotas:
         while self.deadlines and self.deadlines[0][0] <= now:
             until, request_id = heapq.heappop(self.deadlines)
             tenant_id = self.tenant_of.get(request_id)
-            if tenant_id is not None and self.usage[tenant_id].streams.get(request_id) == until:
-                del self.usage[tenant_id].streams[request_id]
+            u = self.usage.get(tenant_id or "")
+            if u is not None and u.streams.get(request_id, (None,))[0] == until:
+                u.close(request_id)
                 del self.tenant_of[request_id]
 
     @staticmethod
@@ -150,3 +170,11 @@ class Quotas:
             if need <= 0:
                 return max(0.0, at + WINDOW_S - now)
         return 0.0
+
+
+def _newest(admitted: deque[tuple[float, str, int]], since: float) -> Iterator[tuple[float, str, int]]:
+    """The admissions after `since`, newest first (the window's few, not the minute's all)."""
+    for entry in reversed(admitted):
+        if entry[0] <= since:
+            return
+        yield entry

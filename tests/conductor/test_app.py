@@ -371,8 +371,9 @@ def test_a_tenant_held_to_its_share_does_not_get_in_as_a_spill_onto_the_decode()
         return msgspec.structs.replace(ask(rid, ["a"], slo_ttft_ms=50.0), tenant=tenant)
 
     assert c.schedule(loaded("s1", "steady"), now=0.6).placement.local_prefill  # alone: its own, spilled
-    assert c.schedule(loaded("f1", "flood"), now=0.6).accepted  # below its share
-    spilled = c.schedule(loaded("f2", "flood"), now=0.6)
+    assert c.schedule(loaded("f1", "flood"), now=0.6).accepted  # below its share of the minute's tokens
+    assert c.schedule(loaded("f2", "flood"), now=0.6).accepted  # at it (as much as steady)
+    spilled = c.schedule(loaded("f3", "flood"), now=0.6)
     assert not spilled.accepted and c.rejections.get("fair_share") == 1, spilled
 
 

@@ -1,3 +1,4 @@
+from services.conductor.fairness import Load
 from services.conductor.quotas import WINDOW_S, Quotas
 from shared.tenants import Tenant
 
@@ -47,7 +48,22 @@ def test_a_stream_admitted_again_keeps_its_later_deadline():
     q = Quotas()
     q.admitted("acme", "a", 1, 0.0, 10.0)
     q.admitted("acme", "a", 1, 1.0, 20.0)  # its peer's booking of it, or a retry: one stream
-    assert q.in_flight(15.0) == {"acme": 1} and q.in_flight(20.0) == {"acme": 0}
+    one = Tenant("acme", max_streams=1)
+    assert q.check(one, 1, 15.0).limit == "streams" and q.check(one, 1, 20.0) is None
+
+
+def test_loads_are_each_active_tenants_tokens_in_flight_and_of_late():
+    q = Quotas()
+    q.admitted("acme", "a", 100, 0.0, FAR)
+    q.admitted("acme", "b", 30, 8.0, FAR)
+    q.admitted("beta", "c", 50, 9.0, FAR)
+    q.finished("a", 40)  # its stream is over; its admission settles on what it took
+    assert q.loads(9.5, window_s=10.0) == {"acme": Load(30, 70), "beta": Load(50, 50)}
+    assert q.loads(15.0, window_s=10.0) == {"acme": Load(30, 30), "beta": Load(50, 50)}  # a left the window
+    q.finished("b")
+    q.finished("c")
+    assert q.loads(18.5, window_s=10.0) == {"beta": Load(0, 50)}  # active: admitted of late
+    assert q.loads(30.0, window_s=10.0) == {}
 
 
 def test_a_peers_admission_counts_at_its_own_time():

@@ -58,6 +58,9 @@ TBT_STATS = ("tail", "mean")
 PLAIN_VLLM = "plain vLLM ×2"  # the baseline's name in the table, the JSON and the plot
 
 
+TBT_SLO = Meta(description="TBT SLO, ms, on the mean of a request's longest 10 % of gaps")
+
+
 @dataclass(frozen=True)
 class Workload:
     """The live benchmarks' clusters and what they are judged by: the trace scaled to
@@ -70,7 +73,7 @@ class Workload:
     # "Live benchmark and simulator fidelity"): probes would take minutes each.
     dtype: Annotated[str, Meta(description="the engines' dtype")] = "float32"
     slo_ttft_ms: Annotated[float, Meta(description="TTFT SLO, ms (the cluster's and the replay's)")] = 3000.0
-    slo_tbt_ms: Annotated[float, Meta(description="TBT SLO, ms, on the mean of a request's longest 10 % of gaps")] = 25.0
+    slo_tbt_ms: Annotated[float, TBT_SLO] = 25.0
     up_flags: Annotated[str, Meta(description="more `yuebing up` flags for every cluster")] = ""
 
 

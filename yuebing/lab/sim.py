@@ -50,6 +50,7 @@ from services.conductor import fairness, modes
 from services.conductor.index import PrefixIndex
 from services.conductor.planner import Arrival, PlannerParams
 from services.conductor.policy import Decision, DecodeLoad, Params, Rejection, Request, Scheduler
+from services.conductor.quotas import Quotas
 from services.conductor.roles import DRAIN_POLL_S
 from services.conductor.state import ClusterState
 from shared.config import PLANNER_MODES
@@ -65,39 +66,37 @@ from yuebing.progress import progress as progress_bar
 @dataclass
 class Tenancy:
     """The trace's tenants (SimConfig.tenants): whose each request is, drawn by share,
-    and each one's requests in flight, which the Conductor's fairness judges by
-    (services/conductor/fairness.py)."""
+    and each one's load, which the Conductor's fairness judges by
+    (services/conductor/fairness.py), in the Conductor's own books (its quotas')."""
 
     shares: list[tuple[Tenant, float]]
     rng: random.Random
     mark: float
-    in_flight: Counter[str] = field(default_factory=Counter)
-    counted: dict[str, str] = field(default_factory=dict)  # request admitted → its tenant
+    books: Quotas = field(default_factory=Quotas)
 
     def draw(self) -> str:
         if not self.shares:
             return ""
         return self.rng.choices([t.id for t, _ in self.shares], weights=[s for _, s in self.shares])[0]
 
-    def judge(self, r: SimRequest, out: Decision | Rejection) -> Decision | Rejection:
-        """`out`, or the refusal fairness makes of it; an admitted request is counted in flight."""
+    def judge(self, r: SimRequest, out: Decision | Rejection, now: float) -> Decision | Rejection:
+        """`out`, or the refusal fairness makes of it; an admitted request is booked."""
         if not self.shares or not isinstance(out, Decision):
             return out
         tenants = {t.id: t for t, _ in self.shares}
         req = r.request
         pressure = max(out.prefill.ttft_s / req.slo_ttft_s, out.tbt_s / req.slo_tbt_s)
-        refused = fairness.judge(tenants[r.outcome.tenant], pressure, self.in_flight,
-                                 {t: tenants[t].weight for t in self.in_flight}, self.mark)
+        loads = self.books.loads(now, fairness.WINDOW_S)
+        refused = fairness.judge(tenants[r.outcome.tenant], pressure, loads,
+                                 {t: tenants[t].weight for t in loads}, self.mark)
         if refused is not None:
             return Rejection("overloaded", refused.reason, 1.0, cause=refused.cause)
-        self.in_flight[r.outcome.tenant] += 1
-        self.counted[r.rid] = r.outcome.tenant
+        tokens = r.trace.input_length + r.trace.output_length  # the sim knows what it will take
+        self.books.admitted(r.outcome.tenant, r.rid, tokens, now, math.inf)
         return out
 
     def settled(self, rid: str) -> None:
-        tenant = self.counted.pop(rid, None)
-        if tenant is not None:
-            self.in_flight[tenant] -= 1
+        self.books.finished(rid)
 
 
 @dataclass(slots=True)
@@ -279,7 +278,7 @@ class Simulation:
                                          skip=lambda iid: iid not in self.prefills or self._draining(iid))
         decode_loads = self.state.decode_loads(self.now, shortlist=k, skip=self._draining)
         out = self.tenancy.judge(r, self.scheduler.schedule(r.request, loads, decode_loads, self.now,
-                                                            self.state.decode_time_s))
+                                                            self.state.decode_time_s), self.now)
         self.decision_s.append(time.perf_counter() - started)  # the Conductor's own share of the wall time
         if self._elsewhere(r, out, decode_loads):
             return
