@@ -457,7 +457,7 @@ class Conductor:
             return None
         pressure = max(ttft_s / req.slo_ttft_s if req.slo_ttft_s > 0 else 0.0,
                        tbt_s / req.slo_tbt_s if req.slo_tbt_s > 0 else 0.0)
-        loads = self.quotas.loads(now, fairness.WINDOW_S)
+        loads = self.quotas.loads(now)
         refused = fairness.judge(self._tenant(ask.tenant), pressure, loads,
                                  {t: tenants.get(t).weight for t in loads}, self.config.fair_share_mark)
         if refused is None:

@@ -8,16 +8,19 @@ stream, from its admission to its end. Where several Conductors share the reques
 each counts its peers' admissions from their digests (services/conductor/sync.py):
 one interval late, so the Conductors together may admit up to (Conductors - 1) x a
 sync interval's worth of a tenant's arrivals past its limit (docs/tenants.md).
+
+The same books keep fairness's figures (services/conductor/fairness.py): each tenant's
+tokens in flight and those admitted over its shorter window.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from services.conductor import fairness
 from services.conductor.fairness import Load
 from shared.tenants import Tenant
 
@@ -41,12 +44,42 @@ class Refusal:
 
 
 @dataclass
-class Usage:
-    """One tenant's last minute: its admissions (when, which, tokens) and open streams."""
+class Window:
+    """Admissions (when, which, tokens) over the last `span_s`, oldest first, and
+    their tokens' sum: kept as they come and go, never summed again per decision."""
 
-    admitted: deque[tuple[float, str, int]] = field(default_factory=deque)
+    span_s: float
+    entries: deque[tuple[float, str, int]] = field(default_factory=deque)
+    tokens: int = 0
+
+    def add(self, at: float, request_id: str, tokens: int) -> None:
+        self.entries.append((at, request_id, tokens))
+        if len(self.entries) > 1 and self.entries[-2][0] > at:  # a peer's, older than ours: keep it ordered
+            self.entries = deque(sorted(self.entries))
+        self.tokens += tokens
+
+    def settle(self, request_id: str, tokens: int) -> None:
+        """Its reservation replaced by what it took (the newest first: ends come soon)."""
+        for i in range(len(self.entries) - 1, -1, -1):
+            at, rid, counted = self.entries[i]
+            if rid == request_id:
+                self.entries[i] = (at, rid, tokens)
+                self.tokens += tokens - counted
+                return
+
+    def expire(self, now: float) -> None:
+        while self.entries and self.entries[0][0] <= now - self.span_s:
+            self.tokens -= self.entries.popleft()[2]
+
+
+@dataclass
+class Usage:
+    """One tenant's admissions, over the quotas' minute and over fairness's shorter
+    window, and its open streams."""
+
+    minute: Window = field(default_factory=lambda: Window(WINDOW_S))
+    recent: Window = field(default_factory=lambda: Window(fairness.WINDOW_S))
     streams: dict[str, tuple[float, int]] = field(default_factory=dict)  # open ones: until their deadline, tokens
-    tokens: int = 0  # the sum over `admitted`
     open_tokens: int = 0  # the sum over `streams`
 
     def open(self, request_id: str, until: float, tokens: int) -> None:
@@ -59,17 +92,12 @@ class Usage:
             self.open_tokens -= stream[1]
 
     def settle(self, request_id: str, tokens: int) -> None:
-        """Its reservation replaced by what it took (the newest first: ends come soon)."""
-        for i in range(len(self.admitted) - 1, -1, -1):
-            at, rid, counted = self.admitted[i]
-            if rid == request_id:
-                self.admitted[i] = (at, rid, tokens)
-                self.tokens += tokens - counted
-                return
+        self.minute.settle(request_id, tokens)
+        self.recent.settle(request_id, tokens)
 
     def expire(self, now: float) -> None:
-        while self.admitted and self.admitted[0][0] <= now - WINDOW_S:
-            self.tokens -= self.admitted.popleft()[2]
+        self.minute.expire(now)
+        self.recent.expire(now)
 
 
 @dataclass
@@ -84,10 +112,10 @@ class Quotas:
     def check(self, tenant: Tenant, tokens: int, now: float) -> Refusal | None:
         """None where `tenant` may have a request of `tokens` (prompt + max_tokens) now."""
         u = self._usage(tenant.id, now)
-        if tenant.requests_per_minute and len(u.admitted) >= tenant.requests_per_minute:
+        if tenant.requests_per_minute and len(u.minute.entries) >= tenant.requests_per_minute:
             return Refusal("requests", tenant.requests_per_minute, 0, self._reset(u, now))
-        if tenant.tokens_per_minute and u.tokens + tokens > tenant.tokens_per_minute:
-            left = max(0, tenant.tokens_per_minute - u.tokens)
+        if tenant.tokens_per_minute and u.minute.tokens + tokens > tenant.tokens_per_minute:
+            left = max(0, tenant.tokens_per_minute - u.minute.tokens)
             return Refusal("tokens", tenant.tokens_per_minute, left, self._tokens_reset(u, tenant, tokens, now))
         if tenant.max_streams and len(u.streams) >= tenant.max_streams:
             return Refusal("streams", tenant.max_streams, 0, 1.0)
@@ -97,10 +125,8 @@ class Quotas:
         """A request admitted at `at` (a peer's: as long ago as its digest says), its
         stream open at the latest `until` (its deadline)."""
         u = self.usage.setdefault(tenant_id, Usage())
-        u.admitted.append((at, request_id, tokens))
-        if len(u.admitted) > 1 and u.admitted[-2][0] > at:  # a peer's, older than ours: keep the window ordered
-            u.admitted = deque(sorted(u.admitted))
-        u.tokens += tokens
+        u.minute.add(at, request_id, tokens)
+        u.recent.add(at, request_id, tokens)
         u.open(request_id, until, tokens)
         self.tenant_of[request_id] = tenant_id
         heapq.heappush(self.deadlines, (until, request_id))
@@ -119,19 +145,18 @@ class Quotas:
     def remaining(self, tenant: Tenant, now: float) -> dict[str, int]:
         """What is left of each limit the tenant has (for the response's headers)."""
         u = self._usage(tenant.id, now)
-        left = {"requests": tenant.requests_per_minute - len(u.admitted),
-                "tokens": tenant.tokens_per_minute - u.tokens}
+        left = {"requests": tenant.requests_per_minute - len(u.minute.entries),
+                "tokens": tenant.tokens_per_minute - u.minute.tokens}
         return {k: max(0, v) for k, v in left.items() if getattr(tenant, f"{k}_per_minute")}
 
-    def loads(self, now: float, window_s: float) -> dict[str, Load]:
+    def loads(self, now: float) -> dict[str, Load]:
         """Each tenant's tokens in flight (its open streams' reservations) and admitted
-        within `window_s`, for those with either: the fairness policy's figures."""
+        within fairness's window, for those with either: the fairness policy's figures."""
         out = {}
-        for tenant_id in list(self.usage):
+        for tenant_id in self.usage:
             u = self._usage(tenant_id, now)
-            recent = sum(tokens for at, _, tokens in _newest(u.admitted, now - window_s))
-            if recent or u.streams:
-                out[tenant_id] = Load(u.open_tokens, recent)
+            if u.recent.entries or u.streams:
+                out[tenant_id] = Load(u.open_tokens, u.recent.tokens)
         return out
 
     def reset(self, tenant_id: str, now: float) -> float:
@@ -149,14 +174,16 @@ class Quotas:
         while self.deadlines and self.deadlines[0][0] <= now:
             until, request_id = heapq.heappop(self.deadlines)
             tenant_id = self.tenant_of.get(request_id)
-            u = self.usage.get(tenant_id or "")
-            if u is not None and u.streams.get(request_id, (None,))[0] == until:
+            if tenant_id is None:
+                continue  # ended, its end heard
+            u = self.usage[tenant_id]
+            if u.streams.get(request_id, (None,))[0] == until:  # not admitted again since, with a later one
                 u.close(request_id)
                 del self.tenant_of[request_id]
 
     @staticmethod
     def _reset(u: Usage, now: float) -> float:
-        return max(0.0, u.admitted[0][0] + WINDOW_S - now) if u.admitted else 0.0
+        return max(0.0, u.minute.entries[0][0] + WINDOW_S - now) if u.minute.entries else 0.0
 
     @staticmethod
     def _tokens_reset(u: Usage, tenant: Tenant, tokens: int, now: float) -> float:
@@ -164,17 +191,10 @@ class Quotas:
         request larger than the whole quota never fits: a minute, the window)."""
         if tokens > tenant.tokens_per_minute:
             return WINDOW_S
-        need = u.tokens + tokens - tenant.tokens_per_minute
-        for at, _, counted in u.admitted:
+        need = u.minute.tokens + tokens - tenant.tokens_per_minute
+        for at, _, counted in u.minute.entries:
             need -= counted
             if need <= 0:
                 return max(0.0, at + WINDOW_S - now)
         return 0.0
 
-
-def _newest(admitted: deque[tuple[float, str, int]], since: float) -> Iterator[tuple[float, str, int]]:
-    """The admissions after `since`, newest first (the window's few, not the minute's all)."""
-    for entry in reversed(admitted):
-        if entry[0] <= since:
-            return
-        yield entry

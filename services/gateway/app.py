@@ -115,7 +115,8 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._auth], client_max_size=self.limits.max_body_bytes)
         app.router.add_get("/health", self.health)
-        app.router.add_route("*", "/ping", self.ping)  # vLLM's (SageMaker's) liveness probe: GET and POST
+        app.router.add_get("/ping", self.health)  # vLLM's (SageMaker's) liveness probe, GET or POST
+        app.router.add_post("/ping", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/metrics", self.metrics_page)
         app.router.add_get("/v1/models", self.models)
@@ -161,11 +162,6 @@ class Gateway:
         # never launched) it prefills and decodes it (services/conductor/modes.py fallback).
         ready = bool(live["prefill"] or live["decode"]) and self.pipeline.nc.is_connected
         return web.json_response({"status": "ok" if ready else "unavailable", "instances": live}, status=200 if ready else 503)
-
-    async def ping(self, request: web.Request) -> web.Response:
-        if request.method not in ("GET", "POST"):
-            raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
-        return await self.health(request)
 
     async def version(self, _request: web.Request) -> web.Response:
         """vLLM's answer (the engines' version, which clients check), and ours beside it."""

@@ -58,12 +58,12 @@ def test_loads_are_each_active_tenants_tokens_in_flight_and_of_late():
     q.admitted("acme", "b", 30, 8.0, FAR)
     q.admitted("beta", "c", 50, 9.0, FAR)
     q.finished("a", 40)  # its stream is over; its admission settles on what it took
-    assert q.loads(9.5, window_s=10.0) == {"acme": Load(30, 70), "beta": Load(50, 50)}
-    assert q.loads(15.0, window_s=10.0) == {"acme": Load(30, 30), "beta": Load(50, 50)}  # a left the window
+    assert q.loads(9.5) == {"acme": Load(30, 70), "beta": Load(50, 50)}
+    assert q.loads(15.0) == {"acme": Load(30, 30), "beta": Load(50, 50)}  # a left the window
     q.finished("b")
     q.finished("c")
-    assert q.loads(18.5, window_s=10.0) == {"beta": Load(0, 50)}  # active: admitted of late
-    assert q.loads(30.0, window_s=10.0) == {}
+    assert q.loads(18.5) == {"beta": Load(0, 50)}  # active: admitted of late
+    assert q.loads(30.0) == {}
 
 
 def test_a_peers_admission_counts_at_its_own_time():

@@ -86,7 +86,7 @@ class Tenancy:
         tenants = {t.id: t for t, _ in self.shares}
         req = r.request
         pressure = max(out.prefill.ttft_s / req.slo_ttft_s, out.tbt_s / req.slo_tbt_s)
-        loads = self.books.loads(now, fairness.WINDOW_S)
+        loads = self.books.loads(now)
         refused = fairness.judge(tenants[r.outcome.tenant], pressure, loads,
                                  {t: tenants[t].weight for t in loads}, self.mark)
         if refused is not None:
