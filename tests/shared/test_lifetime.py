@@ -57,7 +57,9 @@ def test_a_child_of_pid_1_lives_on(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     marker = tmp_path / "child-armed"
-    parent = subprocess.Popen(["unshare", "--fork", "--pid", "--mount-proc", sys.executable, str(script), str(marker)],
+    # --kill-child: the namespace (its pid 1 and the engine child) dies with unshare, not left behind
+    parent = subprocess.Popen(["unshare", "--fork", "--kill-child", "--pid", "--mount-proc", sys.executable, str(script),
+                               str(marker)],
                               cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
         deadline = time.monotonic() + 30
