@@ -293,8 +293,7 @@ class Conductor:
         held = max((x.prefix_blocks for x in view.prefills), default=0) * self.config.block_size
         # Its output is not known yet (max_tokens is only a bound): the planner prices
         # decode by the learned t_d instead (Observation.decode_time_s).
-        self.roles.arrived(Arrival(now, req.prompt_len - min(held, req.prompt_len - 1), req.prompt_len, 0,
-                                   req.slo_tbt_s))
+        self.roles.arrived(Arrival(now, req.prompt_len - min(held, req.prompt_len - 1), req.prompt_len, 0))
         return reply
 
     def _schedule_new(self, req: Request, ask: ScheduleRequest, view: View, now: float) -> ScheduleReply:

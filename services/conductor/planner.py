@@ -109,14 +109,12 @@ def planner_timing(config: ClusterConfig) -> dict[str, float | int]:
 @dataclass(frozen=True)
 class Arrival:
     """One request as demand: when it came, the prompt tokens it needed computed
-    (after what was cached), its prompt and its output length, and its TBT SLO (a
-    request may carry its own: the decode room it needs is sized by it)."""
+    (after what was cached), its prompt and its output length."""
 
     at: float
     uncached_tokens: int
     prompt_tokens: int
     output_tokens: int
-    slo_tbt_s: float = 0.0  # 0: the cluster's
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,6 @@ class Roles:
             self.arrivals.popleft()
         while self.refusals and self.refusals[0] <= horizon:
             self.refusals.popleft()
-        slo_tbt_s = window_slo(self.arrivals, slo_tbt_s)
         obs = Observation(now, {**roles, **self.draining}, tuple(self.arrivals), slo_tbt_s, decode_batches,
                           prefill_queues_s, frozenset(self.draining), len(self.refusals), slowdown, decode_time_s,
                           prefill_slowdown, self.since if self.since is not None else now)
@@ -117,10 +116,3 @@ class Roles:
             self.changes += 1
             log.info("role change", instance_id=m.instance_id, to=m.to, reason=m.reason)
         return moves
-
-
-def window_slo(arrivals: Iterable[Arrival], cluster_s: float) -> float:
-    """The TBT SLO the window's requests asked for, on the mean (each its own, or the
-    cluster's); the cluster's with no arrivals."""
-    slos = [a.slo_tbt_s or cluster_s for a in arrivals]
-    return sum(slos) / len(slos) if slos else cluster_s

@@ -17,10 +17,12 @@ from shared.predictor import Predictor
 
 @dataclass
 class RolePlan:
-    """What the simulation adds to the Conductor's `Roles`: decode steps observed
-    over predicted (the live cluster's calibration), and the split over time."""
+    """What the simulation adds to the Conductor's `Roles`: each arrival's TBT SLO
+    (they may differ), decode steps observed over predicted (the live cluster's
+    calibration), and the split over time."""
 
     roles: Roles
+    slos: deque[tuple[float, float]] = field(default_factory=deque)  # (arrival, its TBT SLO)
     paces: deque[tuple[float, float, float]] = field(default_factory=deque)  # decode segments: (end, observed, predicted) s
     split: list[tuple[float, int]] = field(default_factory=list)  # (time, instances prefilling or draining to it)
     polling: bool = False  # a drain check is scheduled
@@ -38,18 +40,21 @@ class RolePlan:
     def draining(self) -> dict[str, str]:
         return self.roles.draining  # type: ignore[return-value]
 
-    def arrived(self, a: Arrival) -> None:
+    def arrived(self, a: Arrival, slo_tbt_s: float) -> None:
         self.roles.arrived(a)
+        self.slos.append((a.at, slo_tbt_s))
 
     def decide(self, now: float, roles: dict, decode_batches: dict[str, int], prefill_queues_s: dict[str, float]) -> bool:
         """The planner's turn; True when it started a move."""
         horizon = now - self.params.window_s
+        while self.slos and self.slos[0][0] <= horizon:
+            self.slos.popleft()
         while self.paces and self.paces[0][0] <= horizon:
             self.paces.popleft()
         predicted = sum(p for _, _, p in self.paces)
         slowdown = sum(o for _, o, _ in self.paces) / predicted if predicted else 1.0
-        # Each arrival carries its TBT SLO (Roles judges the window by them).
-        return bool(self.roles.decide(now, roles, 0.0, decode_batches, prefill_queues_s, slowdown))
+        slo = sum(s for _, s in self.slos) / len(self.slos) if self.slos else 0.0
+        return bool(self.roles.decide(now, roles, slo, decode_batches, prefill_queues_s, slowdown))
 
     def record(self, now: float, prefilling: int) -> None:
         moving = list(self.draining.values())

@@ -326,8 +326,8 @@ class Simulation:
         """The planner's demand: what the request needed computed, and its lengths."""
         if self.plan is not None:
             t = r.trace
-            self.plan.arrived(Arrival(self.now, t.input_length - r.cached_tokens, t.input_length, t.output_length,
-                                      r.request.slo_tbt_s))
+            self.plan.arrived(Arrival(self.now, t.input_length - r.cached_tokens, t.input_length, t.output_length),
+                              r.request.slo_tbt_s)
 
     def _plan(self, _obj: object, _v: int) -> None:
         assert self.plan is not None
