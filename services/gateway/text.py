@@ -105,6 +105,7 @@ class TextStream:
         self._matcher = StopMatcher(self.stop)
         self._scanned = 0  # characters of _text the stop matcher has seen
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (vLLM's stop_reason)
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Add tokens; returns the text that is now safe to send."""
@@ -158,6 +159,7 @@ class TextStream:
             self._scanned = len(self._text)
             if match is not None:
                 end, self.stopped = match.start + (match.length if self.include_stop else 0), True
+                self.matched = self._text[match.start : match.start + match.length]
             elif not final:
                 end -= self._matcher.pending()
         delta = self._text[self._sent : end]

