@@ -87,8 +87,50 @@ def tool_bodies(draw) -> dict:
     return body
 
 
+BLOCK = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=6)}),
+    st.fixed_dictionaries({"type": st.just("tool_use"), "id": st.text(max_size=4), "name": TOOL_NAMES,
+                           "input": st.one_of(st.just({}), JSON)}),
+    st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": st.text(max_size=4),
+                           "content": st.one_of(st.text(max_size=6), st.lists(JSON, max_size=2), JSON)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["thinking", "image", "redacted_thinking", "document", ""]),
+                           "thinking": st.one_of(st.text(max_size=4), JSON)}),
+    JSON,
+)
+ANTHROPIC = {  # the Messages API's fields, plausible or not
+    "system": st.one_of(st.text(max_size=8), st.lists(BLOCK, max_size=2), JSON),
+    "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "tool"]),
+                                                "content": st.one_of(st.text(max_size=6), st.lists(BLOCK, max_size=3), JSON)}),
+                         min_size=1, max_size=3),
+    "tools": st.lists(st.fixed_dictionaries({"name": TOOL_NAMES, "input_schema": st.one_of(
+        st.just({"type": "object", "properties": {}}), JSON)}), max_size=2),
+    "tool_choice": st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["auto", "any", "none", "tool", "x"]),
+                                                    "name": st.one_of(TOOL_NAMES, JSON)}), JSON),
+    "stop_sequences": st.one_of(st.lists(st.text(max_size=3), max_size=3), JSON),
+    "thinking": st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled", "adaptive", "x"])}), JSON),
+    "output_config": st.one_of(st.fixed_dictionaries({"format": st.fixed_dictionaries(
+        {"type": st.just("json_schema"), "schema": st.one_of(st.just({"type": "object"}), JSON)})}), JSON),
+    "max_tokens": st.one_of(st.integers(-2, 4), JSON),
+    "metadata": JSON, "top_k": JSON, "top_p": JSON, "temperature": JSON, "cache_salt": PLAUSIBLE["cache_salt"],
+}
+
+
+@st.composite
+def message_bodies(draw) -> dict:
+    """Anthropic Messages bodies, their fields mutated: translated, then checked as chat's."""
+    body: dict = {"model": "yuebing-tiny", "max_tokens": draw(SMALL_MAX), "temperature": 0,
+                  "messages": [{"role": "user", "content": "hi"}]}
+    for name in draw(st.lists(st.sampled_from(sorted(ANTHROPIC)), max_size=4, unique=True)):
+        body[name] = draw(ANTHROPIC[name])
+    if draw(st.booleans()):
+        body["stream"] = draw(st.one_of(st.just(True), JSON))
+    return body
+
+
 @st.composite
 def bodies(draw) -> tuple[str, dict]:
+    if draw(st.integers(0, 3)) == 0:
+        return draw(st.sampled_from(["/v1/messages"] * 3 + ["/v1/messages/count_tokens"])), draw(message_bodies())
     chat = draw(st.booleans())
     body: dict = {"model": "yuebing-tiny", "max_tokens": draw(SMALL_MAX), "temperature": 0}
     body.update({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})
@@ -218,8 +260,11 @@ def _unchunk(data: bytes) -> bytes:
 
 
 def check(case: Case, reply: Reply) -> None:
-    """The property: no 5xx; every error an OpenAI-style JSON body; no error inside a 200 stream."""
+    """The property: no 5xx; every error the API's own JSON body (OpenAI's, or
+    Anthropic's on the Messages API); no error inside a 200 stream."""
     assert reply.status < 500, (case, reply)
+    if case.path.startswith("/v1/messages") and case.method == b"POST":
+        return _check_messages(case, reply)
     if reply.status >= 400:
         assert reply.headers.get("content-type", "").startswith("application/json"), (case, reply)
         error = orjson.loads(reply.body)["error"]
@@ -227,3 +272,15 @@ def check(case: Case, reply: Reply) -> None:
     elif reply.headers.get("content-type", "").startswith("text/event-stream"):
         assert b'data: {"error"' not in reply.body, (case, reply)
         assert reply.body.endswith(b"data: [DONE]\n\n"), (case, reply)
+
+
+def _check_messages(case: Case, reply: Reply) -> None:
+    if reply.status >= 400:
+        assert reply.headers.get("content-type", "").startswith("application/json"), (case, reply)
+        body = orjson.loads(reply.body)
+        if body.get("error", {}).get("message", "").startswith("malformed HTTP request"):
+            return  # refused as HTTP, before any route was known: the server's generic body
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"} and body["error"]["message"], (case, reply)
+    elif reply.headers.get("content-type", "").startswith("text/event-stream"):
+        assert b"event: error" not in reply.body, (case, reply)
+        assert reply.body.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n'), (case, reply)
