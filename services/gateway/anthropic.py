@@ -27,6 +27,30 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 SKIPPED_BLOCKS = ("redacted_thinking", "tool_reference")  # opaque, or expanded elsewhere: accepted, not rendered
 
 
+# The Messages API's fields, as /openapi.json and the API reference show them; a field
+# not here is ignored, as vLLM's server ignores it. What becomes chat's is checked as chat's.
+_BLOCKS = {"type": "array", "items": {"type": "object", "required": ["type"]}}
+FIELDS: dict[str, dict[str, Any]] = {
+    "model": {"type": "string"},
+    "messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES, "items": {
+        "type": "object", "required": ["role", "content"], "properties": {
+            "role": {"enum": list(ROLES)}, "content": {"oneOf": [{"type": "string"}, _BLOCKS]}}},
+        "description": "text, tool_use, tool_result and thinking blocks"},
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "system": {"oneOf": [{"type": "string"}, _BLOCKS], "description": "text blocks, joined"},
+    "stop_sequences": {"type": "array", "items": {"type": "string"}, "description": "chat's stop"},
+    "stream": {"type": "boolean"},
+    "temperature": {"type": "number"}, "top_p": {"type": "number"}, "top_k": {"type": "integer"},
+    "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"]},
+              "description": "as chat's functions"},
+    "tool_choice": {"type": "object", "description": "auto, any (chat's required), tool (named), none"},
+    "output_config": {"type": "object", "description": "format: a JSON schema, as chat's response_format"},
+    "thinking": {"type": "object", "description": "only {type: disabled}: no reasoning parser runs"},
+    "metadata": {"type": "object", "description": "accepted, unused"},
+    "cache_salt": {"type": "string", "description": "vLLM's: splits the caller's tenant's cache"},
+}
+
+
 def error_body(e: ApiError) -> bytes:
     """An error in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`."""
     kind = ERROR_TYPES.get(e.status, "api_error")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.gateway import anthropic
 from services.gateway.fields import INT32_MAX, MAX_MESSAGES, Spec
 from services.gateway.protocol import CHAT, COMPLETION, DETOKENIZE, ROLES, TOKENIZE
 
@@ -52,6 +53,15 @@ def _post(summary: str, schema: str, answer: str = "the completion (JSON, or an 
     }}  # fmt: skip
 
 
+def _messages(required: list[str]) -> dict[str, Any]:
+    fields = {k: v for k, v in anthropic.FIELDS.items() if "max_tokens" in required or k in COUNT_FIELDS}
+    return {"type": "object", "required": required, "properties": fields,
+            "description": "a field not listed here is ignored, as vLLM's server ignores it"}
+
+
+COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "output_config", "thinking")
+
+
 def document() -> dict[str, Any]:
     chat_own = {"messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES, "items": MESSAGE}}
     return {
@@ -60,6 +70,10 @@ def document() -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": _post("Chat completion", "ChatCompletionRequest"),
             "/v1/completions": _post("Completion", "CompletionRequest"),
+            "/v1/messages": _post("Anthropic's Messages API, onto the same chat pipeline (errors in Anthropic's shape)",
+                                  "MessagesRequest", "the message (JSON, or Anthropic's SSE events with stream=true)"),
+            "/v1/messages/count_tokens": _post("Anthropic's count_tokens: the prompt's tokens as chat renders it",
+                                               "CountTokensRequest", "input_tokens"),
             "/v1/models": {"get": {"summary": "The served model"}},
             "/tokenize": _post("Token ids of a prompt, or of messages as the chat template renders them",
                                "TokenizeRequest", "count, max_model_len, tokens (and token_strs)"),
@@ -74,7 +88,11 @@ def document() -> dict[str, Any]:
             "CompletionRequest": _request(COMPLETION, {"prompt": PROMPT}, ["model", "prompt"]),
             "TokenizeRequest": _request(TOKENIZE, {"prompt": {"type": "string"}, **chat_own}, []),
             "DetokenizeRequest": _request(DETOKENIZE, {"tokens": {**TOKEN_IDS, "minItems": 0}}, ["tokens"]),
+            "MessagesRequest": _messages(["model", "messages", "max_tokens"]),
+            "CountTokensRequest": _messages(["model", "messages"]),
             "Error": ERROR,
         }, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                          "description": "required on /v1/* when the server has an API key"}}},
+                                          "description": "required on /v1/* when the server has an API key"},
+                                "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key",
+                                              "description": "the same key, as Anthropic's SDK sends it"}}},
     }

@@ -218,3 +218,24 @@ def test_a_tenant_at_its_streams_quota_waits_for_one_to_end(cluster):
     finally:
         reader.join(timeout=120)
     eventually(lambda: ask(cluster, "streamcap", [1, 2]).status_code, lambda s: s == 200, "served once it ended", 10)
+
+
+def test_the_messages_api_knows_each_tenant_by_its_x_api_key_and_keeps_their_caches_apart(cluster):
+    """Anthropic's SDK sends the key as x-api-key: the same tenants, the same cache groups."""
+    from anthropic import Anthropic, AuthenticationError
+
+    def client(key: str, gateway: int = 0) -> Anthropic:
+        return Anthropic(base_url=cluster.urls[gateway], api_key=key, timeout=60, max_retries=0)
+
+    text = "".join(chr(random.Random(12).randrange(97, 123)) for _ in range(600))  # a few full blocks
+    ask_ = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": text}], "extra_body": {"temperature": 0}}
+    first = client(TENANT_KEYS["acme"]).messages.create(**ask_).usage
+    again = client(TENANT_KEYS["acme"], gateway=1).messages.create(**ask_).usage
+    other = client(TENANT_KEYS["beta"]).messages.create(**ask_).usage
+    prompt = first.input_tokens + first.cache_read_input_tokens
+    assert prompt >= 256 and first.cache_read_input_tokens == 0
+    assert again.cache_read_input_tokens == prompt // 128 * 128 and again.input_tokens == prompt % 128
+    assert other.cache_read_input_tokens == 0 and other.input_tokens == prompt
+    with pytest.raises(AuthenticationError) as e:
+        client("not-a-key").messages.create(**ask_)
+    assert e.value.body["error"]["type"] == "authentication_error"
