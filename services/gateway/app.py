@@ -30,7 +30,7 @@ import orjson
 import structlog
 from aiohttp import web
 
-from services.gateway import anthropic, edge, openapi, protocol, server, tool_parser
+from services.gateway import anthropic, batches, edge, openapi, protocol, server, tool_parser
 from services.gateway.access import CACHE_KEY_ENV, Access
 from services.gateway.choices import Choice, completion_tokens, role_chunk
 from services.gateway.limits import Admission, Shed
@@ -77,9 +77,24 @@ class Prepared:
     tenant: str = DEFAULT_TENANT  # the caller's (services/gateway/access.py)
     cache_salt: str = ""  # its blocks' salt: its tenant's cache group's, with its own cache_salt folded in
     api: str = "openai"  # the API it came by and is answered in: "openai" | "anthropic" (Messages)
+    first_choice: int = 0  # its first choice's index: in a batch, after the earlier prompts' (vLLM's order)
+    response_id: str = ""  # in a batch, the response's id, which every prompt's run shares
 
     def headers(self) -> dict[str, str]:
-        return {REQUEST_ID_HEADER: self.label or self.request_id, OWN_ID_HEADER: self.request_id}
+        own = self.response_id or self.request_id
+        return {REQUEST_ID_HEADER: self.label or own, OWN_ID_HEADER: own}
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A completions request of several prompts: a run each, placed on its own, its
+    choices numbered after the earlier prompts' as vLLM numbers them."""
+
+    parts: tuple[Prepared, ...]
+
+    @property
+    def options(self) -> Options:
+        return self.parts[0].options
 
 
 
@@ -288,7 +303,11 @@ class Gateway:
             self.metrics.requests.labels(kind, status).inc()
             self.metrics.tenant_requests.labels(request[TENANT].id, status).inc()
 
-    async def _respond(self, request: web.Request, prepared: Prepared) -> web.StreamResponse:
+    async def _respond(self, request: web.Request, prepared: Prepared | Batch) -> web.StreamResponse:
+        if isinstance(prepared, Batch):
+            log.info("request", kind="completion", prompts=len(prepared.parts), stream=prepared.options.stream,
+                     prompt_lens=[len(p.prompt) for p in prepared.parts], user=prepared.options.user)
+            return await batches.respond(self, request, prepared)
         log.info("request", kind=prepared.kind, api=prepared.api, prompt_len=len(prepared.prompt), max_tokens=prepared.max_tokens,
                  stream=prepared.options.stream, user=prepared.options.user)
         self.metrics.in_flight.inc()
@@ -303,12 +322,14 @@ class Gateway:
         finally:
             self.metrics.in_flight.dec()
 
-    def _owned(self, tenant: Tenant, p: Prepared) -> Prepared:
+    def _owned(self, tenant: Tenant, p: Prepared | Batch) -> Prepared | Batch:
         """`p` as its tenant's: in its cache group, split further by its own salt."""
+        if isinstance(p, Batch):
+            return Batch(tuple(self._owned(tenant, part) for part in p.parts))  # type: ignore[misc]
         return dataclasses.replace(p, tenant=tenant.id, cache_salt=self.access.salt(tenant, p.options.cache_salt))
 
     async def _prepare(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo,
-                       api: str = "openai") -> Prepared:
+                       api: str = "openai") -> Prepared | Batch:
         """The body parsed, checked and tokenized: on a thread when it is large, so
         that no single request holds the event loop."""
         work = functools.partial(self._parse, request_id, label, kind, raw, slo, api)
@@ -323,7 +344,7 @@ class Gateway:
         return result
 
     def _parse(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo,
-               api: str = "openai") -> Prepared | ApiError:
+               api: str = "openai") -> Prepared | Batch | ApiError:
         # Returns its error rather than raising it: a raised one's traceback would hold
         # the parsed body, to be freed (millions of objects) on the event loop.
         try:
@@ -332,9 +353,18 @@ class Gateway:
             if api == "anthropic":  # a Messages body is translated, then checked as the chat body it becomes
                 body = anthropic.chat_body(body, self.merge_system)
             parsed = protocol.parse_chat(body) if kind == "chat" else protocol.parse_completion(body)
+            if isinstance(parsed, CompletionRequest) and len(parsed.prompts) > 1:
+                return self._batch(request_id, label, parsed, slo)
             return dataclasses.replace(self._build(request_id, label, kind, parsed, slo), api=api)
         except ApiError as e:
             return dataclasses.replace(e)
+
+    def _batch(self, request_id: str, label: str | None, parsed: CompletionRequest, slo: Slo) -> Batch:
+        """Each prompt a request of its own (its own id: the cluster's key for a run)."""
+        n = parsed.options.n
+        return Batch(tuple(dataclasses.replace(self._build(f"{request_id}-{k}", label, "completion", one, slo),
+                                               first_choice=k * n, response_id=request_id)
+                           for k, one in enumerate(parsed.split())))
 
     def _check_size(self, raw: bytes) -> None:
         """Refuses, before parsing, a body with more commas than any request within
@@ -659,7 +689,7 @@ class Gateway:
         if o.logprobs is not None or o.prompt_logprobs is not None:
             await asyncio.to_thread(load_logprobs)
         skip_special = p.tools.skip_special_tokens if p.tools else o.skip_special_tokens  # a tool parser may keep them
-        return [Choice(i, TextStream(self.tokenizer, o.stop, o.include_stop_str_in_output, skip_special, p.prompt),
+        return [Choice(p.first_choice + i, TextStream(self.tokenizer, o.stop, o.include_stop_str_in_output, skip_special, p.prompt),
                        Logprobs(self.tokenizer.hf, o.logprobs) if o.logprobs is not None else None,
                        tools=p.tools.choice(p.prompt) if p.tools else None)
                 for i in range(o.n)]
@@ -686,7 +716,7 @@ class Gateway:
             obj, prefix = ("chat.completion.chunk" if chunk else "chat.completion"), "chatcmpl-"
         else:
             obj, prefix = "text_completion", "cmpl-"
-        return {"id": prefix + p.request_id, "object": obj, "created": p.created, "model": self.model_name}
+        return {"id": prefix + (p.response_id or p.request_id), "object": obj, "created": p.created, "model": self.model_name}
 
 
 @dataclass

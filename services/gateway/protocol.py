@@ -44,6 +44,7 @@ from services.gateway.tools import ToolRequest
 
 __all__ = ["ApiError", "invalid"]
 GREEDY_TEMPERATURE = 1e-5  # below it vLLM samples greedily (its _SAMPLING_EPS)
+MAX_BATCH_PROMPTS = 64  # prompts in one completions request (a cap of ours: vLLM has none), and choices of a batch
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,21 @@ class ChatRequest:
     tools: ToolRequest = ToolRequest()
 
 
+Prompt = str | tuple[int, ...]  # text, or token ids
+
+
 @dataclass(frozen=True)
 class CompletionRequest:
-    prompt: str | tuple[int, ...]
+    prompts: tuple[Prompt, ...]  # one, or a batch: each placed on its own, as vLLM runs each
     options: Options
+
+    @property
+    def prompt(self) -> Prompt:
+        return self.prompts[0]
+
+    def split(self) -> list[CompletionRequest]:
+        """A batch as requests of one prompt each."""
+        return [CompletionRequest((p,), self.options) for p in self.prompts]
 
 
 COMMON: dict[str, Spec] = {
@@ -316,21 +328,33 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
     _required(body, "completion")
     v = _fields(body, COMPLETION, ("prompt",))
-    return CompletionRequest(_prompt(body["prompt"]), _options(body, v, v["max_tokens"], chat=False))
+    options = _options(body, v, v["max_tokens"], chat=False)
+    prompts = _prompts(body["prompt"])
+    if len(prompts) > 1 and len(prompts) * options.n > MAX_BATCH_PROMPTS:
+        raise invalid(f"a batch of {len(prompts)} prompts with n={options.n} asks for more than "
+                      f"{MAX_BATCH_PROMPTS} choices", "prompt")
+    return CompletionRequest(prompts, options)
 
 
-def _prompt(prompt: Any) -> str | tuple[int, ...]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
+def _prompts(prompt: Any) -> tuple[Prompt, ...]:
+    """One prompt (text or token ids), or a batch of them (a list of either)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len({type(p) for p in prompt}) > 1:  # vLLM's types: a list of strings, or of token-id lists
+            raise invalid("'prompt' must be a list of strings or a list of token-id lists, not both", "prompt")
+        if len(prompt) > MAX_BATCH_PROMPTS:
+            raise invalid(f"a batch of at most {MAX_BATCH_PROMPTS} prompts", "prompt")
+        return tuple(_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt))
+    return (_prompt(prompt, "prompt"),)
+
+
+def _prompt(prompt: Any, param: str) -> Prompt:
     if isinstance(prompt, str):
         if not prompt:
-            raise invalid("'prompt' must not be empty", "prompt")
+            raise invalid(f"'{param}' must not be empty", param)
         return prompt
     if isinstance(prompt, list) and prompt and all(is_int(t) and 0 <= t <= INT32_MAX for t in prompt):
         return tuple(prompt)
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise invalid("batched prompts are not supported; send one prompt per request", "prompt")
-    raise invalid("'prompt' must be a non-empty string or a list of token ids", "prompt")
+    raise invalid(f"'{param}' must be a non-empty string or a list of token ids", param)
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -164,3 +164,38 @@ def test_a_decode_killed_mid_stream_hands_the_stream_to_another_that_finishes_it
                                     if e.get("request_id") == f"{request_id}-a2"], bool, "the continuation's decode")
     held = {nodes[placed[-1]["prefill"]].node, nodes[serving[0]].node}
     assert continued[0]["loaded_tokens"] == (PROMPT_TOKENS // 128 * 128 if nodes[other].node in held else 0)
+
+
+@pytest.mark.destructive
+def test_a_messages_stream_survives_its_decodes_death_equal_to_an_uninterrupted_run(two_of_each):
+    """Anthropic's Messages API runs the one pipeline: its stream migrates as a chat stream does."""
+    cluster = two_of_each
+    text = "".join(chr(random.Random(17).randrange(97, 123)) for _ in range(PROMPT_TOKENS))
+    body = {"model": MODEL, "max_tokens": 300, "temperature": 0, "messages": [{"role": "user", "content": text}]}
+    url = f"{cluster.api.removesuffix('/v1')}/v1/messages"
+    for instance in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
+        beating(cluster, instance)  # all up: the test before this one killed a decode
+    nodes = heartbeats(cluster, 1.5)
+    whole = httpx.post(url, json=body, timeout=120).json()
+    assert whole["usage"]["output_tokens"] >= 200, whole  # long enough to be cut mid-way
+    before = retries(cluster, "migration")
+    deltas, names, stops = [], [], []
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        request_id = r.headers["x-yuebing-request-id"]
+        events = sse(r.iter_lines())
+        while len(deltas) < KILL_AFTER:
+            event = next(events)
+            names.append(event["type"])
+            deltas += [event["delta"]["text"]] if event["type"] == "content_block_delta" else []
+        placed = eventually(lambda: [e for e in log_events(cluster, "conductor", "scheduled")
+                                     if e.get("request_id") == request_id], bool, "the request's placement logged")
+        os.kill(nodes[placed[-1]["decode"]].pid, signal.SIGKILL)
+        for event in events:
+            names.append(event["type"])
+            deltas += [event["delta"]["text"]] if event["type"] == "content_block_delta" else []
+            stops += [event["delta"]["stop_reason"]] if event["type"] == "message_delta" else []
+    assert "".join(deltas) == whole["content"][0]["text"]
+    assert names[-2:] == ["message_delta", "message_stop"] and names.count("content_block_start") == 1
+    assert stops == [whole["stop_reason"]] == ["max_tokens"]
+    assert retries(cluster, "migration") == before + 1

@@ -68,7 +68,13 @@ def test_completion_prompts():
     assert parse_completion({"model": "m", "prompt": [1, 2, 3]}).prompt == (1, 2, 3)
     assert parse_completion({"model": "m", "prompt": ["one"]}).prompt == "one"
     error_of(parse_completion, {"model": "m", "prompt": ""})
-    error_of(parse_completion, {"model": "m", "prompt": ["a", "b"]})
+    batch = parse_completion({"model": "m", "prompt": ["a", "b", "c"], "n": 2, "temperature": 1})
+    assert batch.prompts == ("a", "b", "c") and [r.prompts for r in batch.split()] == [("a",), ("b",), ("c",)]
+    assert parse_completion({"model": "m", "prompt": [[5, 6], [7]]}).prompts == ((5, 6), (7,))
+    assert "not both" in error_of(parse_completion, {"model": "m", "prompt": ["a", [5, 6]]}).message
+    assert "prompt[1]" in error_of(parse_completion, {"model": "m", "prompt": ["a", ""]}).message
+    assert "64" in error_of(parse_completion, {"model": "m", "prompt": ["a"] * 65}).message
+    assert "choices" in error_of(parse_completion, {"model": "m", "prompt": ["a"] * 9, "n": 8, "temperature": 1}).message
     error_of(parse_completion, {"model": "m", "prompt": [1, -2]})
     assert parse_completion({"model": "m", "prompt": "x", "echo": True}).options.echo
     error_of(parse_completion, {"model": "m", "prompt": "x", "prompt_logprobs": 2, "stream": True})
