@@ -289,6 +289,14 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         str, Meta(description="vLLM tool-call parser for this model (hermes, llama3_json, mistral, ...; "
                               "empty: requests with tool_choice other than none are refused)")
     ] = ""
+    # Stored Responses (previous_response_id, GET /v1/responses/{id}) live in NATS
+    # JetStream's key-value store, which every gateway reads: bounded in age and size.
+    responses_ttl_s: Annotated[
+        float, Meta(description="how long a stored Responses API response is kept, s")
+    ] = 86400.0
+    responses_max_bytes: Annotated[
+        int, Meta(description="the stored responses' bound in all, bytes (the oldest go first)")
+    ] = 256 << 20
     # --- end of the gateway block ---
     # Off by default: a collector must be named, and spans cost a little on every request.
     otlp_endpoint: Annotated[
@@ -393,6 +401,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                  self.gateway_keepalive_timeout_s, self.gateway_write_timeout_s)
         if min(times) <= 0:
             raise ValueError("the gateway's timeouts must be positive")
+        if self.responses_ttl_s <= 0 or self.responses_max_bytes < 1 << 20:
+            raise ValueError("responses_ttl_s must be positive and responses_max_bytes at least 1 MiB")
 
     def _check_store(self) -> None:
         if self.eviction not in ("lru", "lfu"):

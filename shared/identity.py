@@ -74,12 +74,23 @@ def inbox_prefix(name: str) -> str:
     return f"_INBOX.{name}"
 
 
+RESPONSES_BUCKET = "yuebing_responses"  # JetStream's key-value bucket of stored Responses (services/gateway/response_store.py)
+
+
+def bucket_subjects(bucket: str) -> tuple[str, ...]:
+    """What a client of one JetStream key-value bucket publishes: its JetStream API
+    calls (look it up, make it, read an entry) and its entries' own subjects."""
+    stream = f"KV_{bucket}"
+    return (f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}.>", f"$KV.{bucket}.>")
+
+
 def permissions(identity: Identity) -> Permissions:
     """What `identity` may publish and subscribe: the subjects its code uses, no more."""
     inbox = f"{inbox_prefix(identity.name)}.>"
     own = {
         "gateway": Permissions(
-            publish=(SCHEDULE, ANY_PREFILL, ANY_DECODE, CANCEL, ANY_UPDATES),
+            publish=(SCHEDULE, ANY_PREFILL, ANY_DECODE, CANCEL, ANY_UPDATES, *bucket_subjects(RESPONSES_BUCKET)),
             subscribe=(HEARTBEAT, ANY_STREAM),
             allow_responses=False,
         ),

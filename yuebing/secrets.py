@@ -25,6 +25,11 @@ from shared.private_file import private_dir, write_private
 
 NATS_CONFIG = "nats-server.conf"
 MAX_CONTROL_LINE = 4096  # nats-server's default; subjects we build stay far below it
+# JetStream holds one bucket, the stored Responses (shared/config.py responses_max_bytes
+# bounds it, at 256 MiB by default): room for it on disk, a little in memory.
+JETSTREAM_FILE_BYTES = 1 << 30
+JETSTREAM_MEMORY_BYTES = 64 << 20
+CONTAINER_JETSTREAM_DIR = Path("/data/jetstream")  # the NATS container's volume (compose, Kubernetes)
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,10 @@ def generate(folder: Path, layout: Layout, listen: Listen, mounted_at: Path | No
         creds = NatsCredentials(user=identity.name, password=secrets.token_urlsafe(32), ca_file=ca_file)
         write_private(out.credentials(identity.name), msgspec.json.encode(creds))
         users.append(_user(identity, creds.password))
-    write_private(out.nats_config, server_config(users, listen, seen).encode())
+    # JetStream's files hold tenants' stored responses: beside the secrets here (owner-only),
+    # on the NATS container's own volume where the set is mounted read-only.
+    store_dir = CONTAINER_JETSTREAM_DIR if mounted_at is not None else folder / "jetstream"
+    write_private(out.nats_config, server_config(users, listen, seen, store_dir).encode())
     write_keys(out.kv_key)
     write_cache_key(folder)
     return out
@@ -138,12 +146,15 @@ def _user(identity: Identity, password: str) -> dict:
     }
 
 
-def server_config(users: list[dict], listen: Listen, folder: Path) -> str:
-    """nats-server's configuration (its format accepts JSON): every client must log in."""
+def server_config(users: list[dict], listen: Listen, folder: Path, store_dir: Path) -> str:
+    """nats-server's configuration (its format accepts JSON): every client must log in;
+    JetStream on (the stored Responses' key-value bucket), its files in `store_dir`."""
     config: dict = {
         "listen": f"{listen.host}:{listen.port}",
         "max_control_line": MAX_CONTROL_LINE,
         "authorization": {"users": users},
+        "jetstream": {"store_dir": str(store_dir), "max_memory_store": JETSTREAM_MEMORY_BYTES,
+                      "max_file_store": JETSTREAM_FILE_BYTES},
     }
     if listen.tls:
         config["tls"] = {"cert_file": str(folder / "nats-server.crt"), "key_file": str(folder / "nats-server.key"),

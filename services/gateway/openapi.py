@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.gateway import anthropic
+from services.gateway import anthropic, responses
 from services.gateway.fields import INT32_MAX, MAX_MESSAGES, Spec
 from services.gateway.protocol import CHAT, COMPLETION, DETOKENIZE, ROLES, TOKENIZE
 
@@ -74,6 +74,11 @@ def document() -> dict[str, Any]:
                                   "MessagesRequest", "the message (JSON, or Anthropic's SSE events with stream=true)"),
             "/v1/messages/count_tokens": _post("Anthropic's count_tokens: the prompt's tokens as chat renders it",
                                                "CountTokensRequest", "input_tokens"),
+            "/v1/responses": _post("OpenAI's Responses API, onto the same chat pipeline", "ResponsesRequest",
+                                   "the response (JSON, or the Responses SSE events with stream=true)"),
+            "/v1/responses/{response_id}": {"get": {"summary": "A stored response of the caller's (else 404)"}},
+            "/v1/responses/{response_id}/cancel": {"post": {
+                "summary": "As vLLM's: a 400 for a synchronous response (no background ones run here)"}},
             "/v1/models": {"get": {"summary": "The served model"}},
             "/tokenize": _post("Token ids of a prompt, or of messages as the chat template renders them",
                                "TokenizeRequest", "count, max_model_len, tokens (and token_strs)"),
@@ -90,6 +95,8 @@ def document() -> dict[str, Any]:
             "DetokenizeRequest": _request(DETOKENIZE, {"tokens": {**TOKEN_IDS, "minItems": 0}}, ["tokens"]),
             "MessagesRequest": _messages(["model", "messages", "max_tokens"]),
             "CountTokensRequest": _messages(["model", "messages"]),
+            "ResponsesRequest": {"type": "object", "required": ["model", "input"], "properties": responses.FIELDS,
+                                 "description": "a field not listed here is ignored, as vLLM's server ignores it"},
             "Error": ERROR,
         }, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                           "description": "required on /v1/* when the server has an API key"},

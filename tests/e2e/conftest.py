@@ -274,7 +274,8 @@ def vllm_serve(model_dir, cluster, tmp_path_factory, request):
     stops after the last: a resident engine more would crowd the later layouts out
     of memory."""
     port = free_port()
-    env = {**os.environ, **engine_environment(ClusterConfig(kv_cache_gib=1))}
+    # Its Responses store on, as Yuebing's is: chained responses compare with chained ones.
+    env = {**os.environ, **engine_environment(ClusterConfig(kv_cache_gib=1)), "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
     log = tmp_path_factory.mktemp("vllm") / "serve.log"
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--port", str(port),
             "--served-model-name", model_dir.name, "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN),

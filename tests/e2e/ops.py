@@ -179,3 +179,9 @@ def scrape(url: str) -> dict[str, float]:
     text = httpx.get(url, timeout=5).text
     return {f"{s.name}{sorted(s.labels.items())}": s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def collapsed(names: list[str]) -> list[str]:
+    """Event names with each run of deltas as one: how many steps' tokens an engine
+    hands over at once is timing, on vLLM's side as on ours."""
+    return [n for i, n in enumerate(names) if not (i and n == names[i - 1] and n.endswith("delta"))]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.e2e.ops import collapsed
+
 pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 24
@@ -57,7 +59,7 @@ def streamed(client, model: str, **fields) -> dict:
                 blocks[event.index][2] += getattr(event.delta, "text", None) or getattr(event.delta, "partial_json", "")
             elif event.type == "message_delta":
                 stop, usage = (event.delta.stop_reason, event.delta.stop_sequence), event.usage
-    return {"names": names, "blocks": [tuple(blocks[i]) for i in sorted(blocks)], "stop": stop,
+    return {"names": collapsed(names), "blocks": [tuple(blocks[i]) for i in sorted(blocks)], "stop": stop,
             "output": usage.output_tokens}
 
 

@@ -239,3 +239,25 @@ def test_the_messages_api_knows_each_tenant_by_its_x_api_key_and_keeps_their_cac
     with pytest.raises(AuthenticationError) as e:
         client("not-a-key").messages.create(**ask_)
     assert e.value.body["error"]["type"] == "authentication_error"
+
+
+def test_a_stored_response_is_its_tenants_continued_on_another_gateway_from_the_cache(cluster):
+    """Stored in JetStream, which both gateways read: turn 2 on the other gateway finds
+    turn 1 by its id, and its prompt's full blocks in the cache; another tenant finds neither."""
+    from openai import NotFoundError, OpenAI
+
+    def client(tenant: str, gateway: int) -> OpenAI:
+        return OpenAI(base_url=f"{cluster.urls[gateway]}/v1", api_key=TENANT_KEYS[tenant], timeout=60, max_retries=0)
+
+    text = "".join(chr(random.Random(13).randrange(97, 123)) for _ in range(600))
+    first = client("acme", 0).responses.create(model=MODEL, input=text, max_output_tokens=4, temperature=0)
+    second = client("acme", 1).responses.create(model=MODEL, input="and then?", previous_response_id=first.id,
+                                                max_output_tokens=4, temperature=0)
+    turn1 = first.usage.input_tokens
+    assert second.usage.input_tokens > turn1 and second.usage.input_tokens_details.cached_tokens >= turn1 // 128 * 128
+    assert client("acme", 1).responses.retrieve(first.id).output_text == first.output_text
+    for gateway in (0, 1):
+        with pytest.raises(NotFoundError):
+            client("beta", gateway).responses.retrieve(first.id)
+        with pytest.raises(NotFoundError):
+            client("beta", gateway).responses.create(model=MODEL, input="x", previous_response_id=first.id)

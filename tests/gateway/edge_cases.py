@@ -115,6 +115,46 @@ ANTHROPIC = {  # the Messages API's fields, plausible or not
 }
 
 
+ITEM = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "developer", "assistant", "tool"]),
+                           "content": st.one_of(st.text(max_size=6), st.lists(st.fixed_dictionaries(
+                               {"type": st.sampled_from(["input_text", "output_text", "input_image"]),
+                                "text": st.one_of(st.text(max_size=4), JSON)}), max_size=2), JSON)}),
+    st.fixed_dictionaries({"type": st.just("function_call"), "call_id": st.one_of(st.text(max_size=4), JSON),
+                           "name": TOOL_NAMES, "arguments": st.one_of(st.just("{}"), JSON)}),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": st.text(max_size=4),
+                           "output": st.one_of(st.text(max_size=6), JSON)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["reasoning", "web_search_call", "message", ""])}),
+    JSON,
+)
+RESPONSES = {  # the Responses API's fields, plausible or not
+    "input": st.one_of(st.text(max_size=8), st.lists(ITEM, min_size=1, max_size=3), JSON),
+    "instructions": st.one_of(st.text(max_size=8), JSON),
+    "tools": st.lists(st.one_of(st.fixed_dictionaries({"type": st.just("function"), "name": TOOL_NAMES,
+                                                       "parameters": st.just({"type": "object", "properties": {}})}),
+                                JSON), max_size=2),
+    "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required", "x"]),
+                             st.fixed_dictionaries({"type": st.just("function"), "name": TOOL_NAMES}), JSON),
+    "text": st.one_of(st.fixed_dictionaries({"format": st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "json_schema", "json_object", "x"]), "schema": JSON})}), JSON),
+    "previous_response_id": st.one_of(st.sampled_from(["resp_" + "0" * 32, "../x", "resp_\u0000", ""]), JSON),
+    "max_output_tokens": st.one_of(st.integers(-2, 4), JSON),
+    "store": JSON, "background": JSON, "reasoning": JSON, "truncation": JSON, "top_logprobs": JSON,
+    "metadata": JSON, "parallel_tool_calls": JSON, "cache_salt": PLAUSIBLE["cache_salt"],
+}
+
+
+@st.composite
+def response_bodies(draw) -> dict:
+    """Responses API bodies, their fields mutated: translated, then checked as chat's."""
+    body: dict = {"model": "yuebing-tiny", "max_output_tokens": draw(SMALL_MAX), "temperature": 0, "input": "hi"}
+    for name in draw(st.lists(st.sampled_from(sorted(RESPONSES)), max_size=4, unique=True)):
+        body[name] = draw(RESPONSES[name])
+    if draw(st.booleans()):
+        body["stream"] = draw(st.one_of(st.just(True), JSON))
+    return body
+
+
 @st.composite
 def message_bodies(draw) -> dict:
     """Anthropic Messages bodies, their fields mutated: translated, then checked as chat's."""
@@ -129,8 +169,11 @@ def message_bodies(draw) -> dict:
 
 @st.composite
 def bodies(draw) -> tuple[str, dict]:
-    if draw(st.integers(0, 3)) == 0:
+    api = draw(st.integers(0, 5))
+    if api == 0:
         return draw(st.sampled_from(["/v1/messages"] * 3 + ["/v1/messages/count_tokens"])), draw(message_bodies())
+    if api == 1:
+        return "/v1/responses", draw(response_bodies())
     chat = draw(st.booleans())
     body: dict = {"model": "yuebing-tiny", "max_tokens": draw(SMALL_MAX), "temperature": 0}
     body.update({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})
@@ -202,7 +245,8 @@ def cases(draw, authorized: bool = True) -> Case:
     if kind == "malformed":
         return draw(malformed())
     if kind == "route":
-        path = draw(st.sampled_from(["/v1/models", "/openapi.json", "/v1/nothing", "/metrics", "/v1/completions"]))
+        path = draw(st.sampled_from(["/v1/models", "/openapi.json", "/v1/nothing", "/metrics", "/v1/completions",
+                                     "/v1/responses/resp_" + "0" * 32, "/v1/responses/..%2Fx/cancel"]))
         return Case(path, b"", draw(headers(authorized)), method=draw(st.sampled_from([b"GET", b"DELETE", b"PUT"])))
     path, body = draw(bodies())
     raw, extra = _encode(draw, body)
@@ -269,6 +313,8 @@ def check(case: Case, reply: Reply) -> None:
         assert reply.headers.get("content-type", "").startswith("application/json"), (case, reply)
         error = orjson.loads(reply.body)["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"], (case, reply)
+    elif reply.headers.get("content-type", "").startswith("text/event-stream") and case.path == "/v1/responses":
+        assert b"event: error" not in reply.body and b"event: response.completed" in reply.body, (case, reply)
     elif reply.headers.get("content-type", "").startswith("text/event-stream"):
         assert b'data: {"error"' not in reply.body, (case, reply)
         assert reply.body.endswith(b"data: [DONE]\n\n"), (case, reply)

@@ -34,7 +34,8 @@ def test_only_the_admin_can_reach_a_messengers_fault_switch():
     for identity in (Identity("gateway", "gateway"), Identity("conductor", "conductor"), Identity("prefill-0", "prefill"),
                      DECODE, MESSENGER):
         # "yb.v1.messenger.*" matches one token: the node's control subject, not its `.faults`
-        assert not any(s == faults or s.endswith(">") for s in permissions(identity).publish)
+        # (a gateway's ">" are under JetStream's own "$JS." and "$KV.", the Responses bucket's)
+        assert not any(s == faults or (s.endswith(">") and not s.startswith("$")) for s in permissions(identity).publish)
     assert "yb.v1.>" in permissions(Identity("admin", "admin")).publish
 
 
@@ -47,3 +48,11 @@ def test_the_gateway_reaches_instances_but_answers_nothing():
 def test_a_bad_identity_is_refused(name, role, node):
     with pytest.raises(ValueError):
         Identity(name, role, node)
+
+
+def test_the_gateway_reaches_the_responses_bucket_and_no_other_stream():
+    from shared.identity import RESPONSES_BUCKET
+
+    js = [s for s in permissions(Identity("gateway", "gateway")).publish if s.startswith("$")]
+    assert js and all(f"KV_{RESPONSES_BUCKET}" in s or s.startswith(f"$KV.{RESPONSES_BUCKET}.") for s in js)
+    assert not any(s.startswith("$") for s in permissions(DECODE).publish)
