@@ -271,6 +271,7 @@ class Sampling(msgspec.Struct, kw_only=True):
     logprobs: int | None = None  # each token's log probability and this many alternatives' (None: none)
     n: int = 1  # outputs to sample from the prompt (vLLM's parallel sampling, on decode)
     prompt_logprobs: int | None = None  # each prompt token's log probability, computed where it is prefilled
+    priority: int = 0  # vLLM's: lower runs first in an engine's queue, then by arrival
 
     @property
     def history_dependent(self) -> bool:

@@ -63,6 +63,14 @@ class Access:
             return None
         return tenant
 
+    def priority(self, tenant: Tenant, asked: int) -> int:
+        """The queue priority a request gets: as asked (vLLM's: lower first), except that
+        among several tenants only a critical one may go before the default, 0; the
+        others may only defer themselves (one tenant's clients are one trust domain)."""
+        if asked >= 0 or len(self.tenants.by_id) == 1 or tenant.priority == "critical":
+            return asked
+        return 0
+
     def salt(self, tenant: Tenant, client_salt: str | None) -> str:
         """The salt the request's blocks are hashed under (shared/tenants.py)."""
         return cache_salt(self.cache_key, tenant.cache_group, client_salt)

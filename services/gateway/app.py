@@ -317,7 +317,7 @@ class Gateway:
             structlog.contextvars.bind_contextvars(client_request_id=label)
             slo = slo_from_headers(request, self.config, self.metrics.slo_clamped.inc)
             with tracing.span("gateway.request", request_id, endpoint=kind, tenant=request[TENANT].id):
-                async with self.admission.slot():
+                async with self.admission.slot(self._queue_priority(request[TENANT], raw)):
                     with tracing.span("gateway.parse", request_id):
                         prepared = self._owned(request[TENANT],
                                                await self._prepare(request_id, label, kind, raw, slo, api, previous))
@@ -370,10 +370,19 @@ class Gateway:
             self.metrics.in_flight.dec()
 
     def _owned(self, tenant: Tenant, p: Prepared | Batch) -> Prepared | Batch:
-        """`p` as its tenant's: in its cache group, split further by its own salt."""
+        """`p` as its tenant's: in its cache group, split further by its own salt, at the
+        priority its tenant may ask."""
         if isinstance(p, Batch):
             return Batch(tuple(self._owned(tenant, part) for part in p.parts))  # type: ignore[misc]
-        return dataclasses.replace(p, tenant=tenant.id, cache_salt=self.access.salt(tenant, p.options.cache_salt))
+        options = dataclasses.replace(p.options, priority=self.access.priority(tenant, p.options.priority))
+        return dataclasses.replace(p, tenant=tenant.id, cache_salt=self.access.salt(tenant, p.options.cache_salt),
+                                   options=options)
+
+    def _queue_priority(self, tenant: Tenant, raw: bytes) -> int:
+        """Where the request waits for a serving slot: by its priority where its body is
+        small enough to read first (nearly all are); a large one waits as 0."""
+        asked = protocol.peek_priority(raw) if len(raw) <= INLINE_BODY_BYTES else 0
+        return self.access.priority(tenant, asked)
 
     async def _prepare(self, request_id: str, label: str | None, kind: str, raw: bytes, slo: Slo,
                        api: str = "openai", previous: Stored | None = None) -> Prepared | Batch:
@@ -530,7 +539,7 @@ class Gateway:
             allowed_token_ids=list(o.allowed_token_ids) if o.allowed_token_ids is not None else None,
             json_object=rf.type == "json_object", json_schema=rf.json_schema, logprobs=o.logprobs, n=o.n,
             structural_tag=p.tools.structural_tag if p.tools else "",
-            prompt_logprobs=self._prompt_top(p),
+            prompt_logprobs=self._prompt_top(p), priority=o.priority,
         )
 
     async def _events(self, p: Prepared, choices: list[Choice], report: Report) -> Any:

@@ -9,6 +9,8 @@ held until its response is done."""
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,41 +33,67 @@ class Shed(Exception):
 
 
 class Admission:
+    """Serving slots, and a queue for them ordered as vLLM's priority scheduling orders
+    its own: lower `priority` first, then arrival."""
+
     def __init__(self, max_running: int, max_waiting: int, queue_timeout_s: float) -> None:
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.queue_timeout_s = queue_timeout_s
         self.running = 0
-        self.waiting = 0
-        self._free = asyncio.Semaphore(max_running)
+        self._queue: list[tuple[int, int, asyncio.Future[None]]] = []  # a heap: (priority, arrival, its handover)
+        self._arrivals = itertools.count()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
 
     @classmethod
     def from_config(cls, config: ClusterConfig) -> Admission:
         return cls(config.gateway_max_running, config.gateway_max_waiting, config.gateway_queue_timeout_s)
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    async def slot(self, priority: int = 0) -> AsyncIterator[None]:
         """Hold a serving slot for the block; raises Shed when none comes in time."""
-        await self._acquire()
-        self.running += 1
+        await self._acquire(priority)
         try:
             yield
         finally:
-            self.running -= 1
-            self._free.release()
+            self._release()
 
-    async def _acquire(self) -> None:
-        if not self._free.locked():
-            await self._free.acquire()  # a free slot: never suspends
+    async def _acquire(self, priority: int) -> None:
+        if self.running < self.max_running and not self._queue:
+            self.running += 1  # a free slot: never suspends
             return
         if self.waiting >= self.max_waiting:
             raise Shed("queue_full", f"{self.running} requests running and {self.waiting} waiting")
-        self.waiting += 1
+        handover: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (priority, next(self._arrivals), handover)
+        heapq.heappush(self._queue, entry)
         try:
             async with asyncio.timeout(self.queue_timeout_s):
-                await self._free.acquire()
+                await asyncio.shield(handover)
         except TimeoutError:
+            if handover.done():  # handed its slot as its time ran out: it is served
+                return
+            self._drop(entry)
             raise Shed("queue_timeout", f"no serving slot within {self.queue_timeout_s:g} s",
                        retry_after_s=max(1, round(self.queue_timeout_s / 2))) from None
-        finally:
-            self.waiting -= 1
+        except BaseException:  # cancelled while waiting: its place, or the slot it was handed, goes on
+            if handover.done():
+                self._release()
+            else:
+                self._drop(entry)
+            raise
+
+    def _release(self) -> None:
+        """A slot freed: handed to the first waiter in order, else back to the free ones."""
+        if self._queue:
+            _, _, handover = heapq.heappop(self._queue)
+            handover.set_result(None)  # `running` unchanged: the slot goes on, to it
+            return
+        self.running -= 1
+
+    def _drop(self, entry: tuple[int, int, asyncio.Future[None]]) -> None:
+        self._queue.remove(entry)
+        heapq.heapify(self._queue)

@@ -82,6 +82,7 @@ class Options:
     prompt_logprobs: int | None = None  # the prompt tokens' log probabilities, with this many alternatives
     echo: bool = False  # completions: the prompt leads the text (and the logprobs)
     cache_salt: str | None = None  # the client's own split of its tenant's cache (vLLM's field)
+    priority: int = 0  # vLLM's: lower is served first, in the gateway's queue and the engines'
 
     def token_ids(self) -> dict[str, tuple[int, ...]]:
         """Every token id the request names, by field: checked against the vocabulary."""
@@ -151,7 +152,7 @@ COMMON: dict[str, Spec] = {
     "prompt_logprobs": integer(0, MAX_LOGPROBS),
     "logprob_token_ids": refused(),
     "structured_outputs": refused(note="; use response_format"),
-    "priority": refused(0),
+    "priority": integer(INT64_MIN, INT64_MAX, 0),
     "request_id": refused(note="; send the x-request-id header"),
     "session_id": refused(),
     "return_tokens_as_token_ids": refused(False),
@@ -249,6 +250,17 @@ def parse_detokenize(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...]]
     return v["model"], tuple(tokens)
 
 
+def peek_priority(raw: bytes) -> int:
+    """A body's `priority`, read before it is parsed in earnest (it orders the queue for
+    a serving slot); 0 where it has none or a bad one (the full parse answers that)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return 0
+    value = body.get("priority") if isinstance(body, dict) else None
+    return value if is_int(value) and INT64_MIN <= value <= INT64_MAX else 0
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
@@ -300,7 +312,7 @@ def _options(body: dict[str, Any], v: dict[str, Any], max_tokens: int | None, ch
         add_special_tokens=v["add_special_tokens"], stream=v["stream"], include_usage=v["stream_options"][0],
         continuous_usage=v["stream_options"][1], return_token_ids=v["return_token_ids"], user=v["user"],
         logprobs=_logprobs(v, chat), n=v["n"], prompt_logprobs=v["prompt_logprobs"], echo=bool(v["echo"]),
-        cache_salt=v["cache_salt"],
+        cache_salt=v["cache_salt"], priority=v["priority"],
     )  # fmt: skip
 
 

@@ -121,6 +121,9 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
         enable_prefix_caching=config.engine_prefix_caching,
         disable_log_stats=True,
         seed=0,
+        # A request's `priority` orders the engine's queue (lower first, then arrival), as
+        # `vllm serve --scheduling-policy priority`; all at 0, that is first come, first served.
+        scheduling_policy="priority",
         block_size=config.block_size,
         max_num_batched_tokens=config.step_tokens,
         long_prefill_token_threshold=config.prompt_chunk_tokens(role),
@@ -203,7 +206,7 @@ def generate(
     span the first step is awaited in)."""
     params = sampling_params(sampling, max_tokens, kv_transfer_params, produced, n, prompt_logprobs)
     prompt = {"prompt_token_ids": prompt_token_ids, **({"cache_salt": cache_salt} if cache_salt else {})}
-    return _steps(engine.generate(prompt, params, request_id,
+    return _steps(engine.generate(prompt, params, request_id, priority=sampling.priority,
                                   trace_headers=tracing.headers()), params)
 
 

@@ -27,3 +27,14 @@ def test_ping_is_a_health_check_as_in_vllm(roots, method):
     ours, theirs = (httpx.request(method, f"{root}/ping", timeout=10) for root in roots)
     assert ours.status_code == theirs.status_code == 200
     assert ours.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("priority", [-3, 0, 5])
+def test_a_priority_is_taken_as_vllm_takes_it(roots, model_dir, priority):
+    """vLLM's `priority` (lower first in the queues: the gateway's and each engine's,
+    which run vLLM's priority scheduling): the answer is vLLM's answer."""
+    body = {"model": model_dir.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0,
+            "priority": priority}
+    ours, theirs = (httpx.post(f"{root}/v1/chat/completions", json=body, timeout=60) for root in roots)
+    assert ours.status_code == theirs.status_code == 200, (ours.text, theirs.text)
+    assert ours.json()["choices"][0]["message"] == theirs.json()["choices"][0]["message"]

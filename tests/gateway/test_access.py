@@ -70,3 +70,13 @@ def test_a_tenants_file_needs_the_cache_key_and_no_single_key(tmp_path):
     short.write_bytes(KEY)
     a = Access.from_files(None, str(p), str(short))
     assert a.metrics_require_key and a.tenant(call("/v1/models", "k-beta")).id == "beta"
+
+
+def test_only_a_critical_tenant_goes_before_the_default_priority_among_several():
+    from shared.tenants import Tenant
+
+    one = Access.single("k")
+    assert one.priority(Tenant("default"), -5) == -5  # one tenant: vLLM's rule, as asked
+    several = access()
+    assert several.priority(Tenant("a"), -5) == 0 and several.priority(Tenant("a"), 7) == 7
+    assert several.priority(Tenant("c", priority="critical"), -5) == -5

@@ -119,7 +119,7 @@ def chat(**kw) -> dict:
     ("stop", ["x" * 1025]), ("stop", ["a", "b", "c", "d", "e"]), ("logit_bias", {"x": 1}), ("logit_bias", {"300": 1}),
     ("logit_bias", {"5": True}), ("stop_token_ids", [300]), ("allowed_token_ids", []), ("bad_words", [" "]),
     ("min_tokens", 3), ("use_beam_search", True), ("logprobs", 21), ("logprobs", True), ("echo", 1), ("prompt_logprobs", 21), ("kv_transfer_params", {}),
-    ("request_id", "mine"), ("priority", 1), ("structured_outputs", {"json": {}}), ("unknown_field", 1),
+    ("request_id", "mine"), ("priority", 1.5), ("priority", "high"), ("structured_outputs", {"json": {}}), ("unknown_field", 1),
     ("stream_options", {"include_usage": True}), ("response_format", {"type": "structural_tag"}),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "bogus"}}}),
     ("length_penalty", 2.0), ("suffix", "x"),

@@ -202,6 +202,41 @@ async def test_admission_hands_slots_on_in_order_and_sheds_the_rest():
     assert order == ["a", "b"] and (admission.running, admission.waiting) == (0, 0)
 
 
+async def test_the_queue_hands_slots_on_by_priority_then_arrival_and_a_waiter_that_leaves_takes_nothing():
+    admission = Admission(max_running=1, max_waiting=8, queue_timeout_s=5)
+    order: list[str] = []
+    hold = asyncio.Event()
+
+    async def serve(name: str, priority: int) -> None:
+        async with admission.slot(priority):
+            order.append(name)
+            await hold.wait()
+
+    first = asyncio.create_task(serve("first", 0))
+    await asyncio.sleep(0)
+    waiters = [asyncio.create_task(serve(name, p)) for name, p in (("late", 5), ("a", 0), ("urgent", -1), ("b", 0))]
+    gone = asyncio.create_task(serve("gone", -9))
+    async with asyncio.timeout(5):
+        while admission.waiting < 5:
+            await asyncio.sleep(0)
+    gone.cancel()  # a client that went away while queued
+    hold.set()
+    async with asyncio.timeout(5):
+        await asyncio.gather(first, *waiters)
+    assert order == ["first", "urgent", "a", "b", "late"]
+    assert (admission.running, admission.waiting) == (0, 0)
+
+
+async def test_a_queued_request_past_its_wait_is_shed_and_leaves_its_place():
+    admission = Admission(max_running=1, max_waiting=2, queue_timeout_s=0.05)
+    async with admission.slot():
+        with pytest.raises(Shed) as shed:
+            async with admission.slot(3):
+                pass
+        assert shed.value.reason == "queue_timeout" and admission.waiting == 0
+    assert admission.running == 0
+
+
 def test_slo_headers_may_only_tighten_the_clusters():
     config = ClusterConfig(model="/m/tiny", slo_ttft_ms=2000.0, slo_tbt_ms=100.0)
     clamped: list[int] = []
