@@ -335,6 +335,7 @@ class Events:
 
     message_id: str
     model: str
+    usage: dict[str, int]  # message_start's
     index: int = 0  # the next block's
     block: str | None = None  # the open block's type
     tool_id: str | None = None  # the open tool_use block's call id
@@ -343,10 +344,13 @@ class Events:
     tool_used: bool = False
     last_args: list[str] = field(default_factory=list)  # the latest call's arguments, to tell it complete
 
-    def start(self, usage_: dict[str, int]) -> bytes:
+    def start(self) -> bytes:
         message = {"id": self.message_id, "type": "message", "role": "assistant", "content": [], "model": self.model,
-                   "stop_reason": None, "stop_sequence": None, "usage": usage_}
+                   "stop_reason": None, "stop_sequence": None, "usage": self.usage}
         return sse("message_start", {"type": "message_start", "message": message})
+
+    def failed(self, e: ApiError) -> bytes:
+        return error_event(e)
 
     def delta(self, delta: dict[str, Any]) -> bytes:
         """One chat delta (`{"content": ...}` or `{"tool_calls": [...]}`) as events."""

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import orjson
@@ -49,8 +49,16 @@ from shared.tenants import DEFAULT_TENANT, TENANTS_ENV, Tenant, Watched
 
 log = structlog.get_logger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# What a stream writes after its headers (an OpenAI chat/completions or a Messages stream).
+# What a stream writes after its headers (an OpenAI chat/completions, Messages or Responses stream).
 BodyWriter = Callable[..., Awaitable[None]]
+
+
+class EventStream(Protocol):
+    """Another API's stream events made from chat's deltas (anthropic.Events, responses.Events)."""
+
+    def start(self) -> bytes: ...
+    def delta(self, delta: dict[str, Any]) -> bytes: ...
+    def failed(self, e: ApiError) -> bytes: ...
 # A body up to this size is parsed and tokenized on the event loop (a few ms at
 # most); a larger one on a thread, where HF tokenizers release the GIL.
 INLINE_BODY_BYTES = 16 << 10
@@ -637,27 +645,13 @@ class Gateway:
         """A Responses stream after its headers: created and in_progress, each item's
         events, then response.completed with the whole response."""
         out = responses.Events(self._response_envelope(p), new_id)
-        try:
-            await self._write(request, response, out.start())
-            if first is not None:
-                await self._responses_delta(request, response, out, *first)
-                async for choice, text in events:
-                    await self._responses_delta(request, response, out, choice, text)
-        except ApiError as e:  # headers are gone: the error event, and no response.completed
-            await self._bounded(response.write(out.failed(e)))
-            await self._bounded(response.write_eof())
-            raise
-        (c,) = choices
-        closing, body = out.end(c.finish, self._responses_usage(p, choices, report))
-        await self._keep(p, body)
-        await self._write(request, response, closing)
-        await self._bounded(response.write_eof())
 
-    async def _responses_delta(self, request: web.Request, response: web.StreamResponse, out: responses.Events,
-                               choice: Choice, text: str) -> None:
-        part = choice.delta("chat", text, False)
-        if part is not None and (data := out.delta(part["delta"])):
-            await self._write(request, response, data)
+        async def closing(c: Choice) -> bytes:
+            events, body = out.end(c.finish, self._responses_usage(p, choices, report))
+            await self._keep(p, body)
+            return events
+
+        await self._api_stream(request, response, out, first, events, closing)
 
     def _response_envelope(self, p: Prepared) -> responses.Envelope:
         assert p.turn is not None
@@ -761,24 +755,36 @@ class Gateway:
     ) -> None:
         """A Messages stream after its headers: message_start, each delta's block
         events, then message_delta (stop reason, usage) and message_stop."""
-        out = anthropic.Events(MESSAGE_ID_PREFIX + p.request_id, self.model_name)
+        out = anthropic.Events(MESSAGE_ID_PREFIX + p.request_id, self.model_name, self._anthropic_usage(p, [], report))
+
+        async def closing(c: Choice) -> bytes:
+            finish = c.tools.finish_reason(c.finish) if c.tools else c.finish
+            return out.end(finish, c.text.matched, self._anthropic_usage(p, choices, report))
+
+        await self._api_stream(request, response, out, first, events, closing)
+
+    async def _api_stream(self, request: web.Request, response: web.StreamResponse, out: EventStream,
+                          first: tuple[Choice, str] | None, events: AsyncIterator[tuple[Choice, str]],
+                          closing: Callable[[Choice], Awaitable[bytes]]) -> None:
+        """Another API's stream of chat's deltas after its headers: its opening events,
+        each delta's, then `closing`'s; an error after the headers is the API's error event."""
         try:
-            await self._write(request, response, out.start(self._anthropic_usage(p, [], report)))
+            await self._write(request, response, out.start())
+            last = first
             if first is not None:
-                await self._anthropic_delta(request, response, out, *first)
-                async for choice, text in events:
-                    await self._anthropic_delta(request, response, out, choice, text)
-        except ApiError as e:  # headers are gone: Anthropic's error event, and no message_stop
-            await self._bounded(response.write(anthropic.error_event(e)))
+                await self._api_delta(request, response, out, *first)
+                async for last in events:
+                    await self._api_delta(request, response, out, *last)
+        except ApiError as e:  # headers are gone: the error event, and no closing events
+            await self._bounded(response.write(out.failed(e)))
             await self._bounded(response.write_eof())
             raise
-        (c,) = choices
-        finish = c.tools.finish_reason(c.finish) if c.tools else c.finish
-        await self._write(request, response, out.end(finish, c.text.matched, self._anthropic_usage(p, choices, report)))
+        if last is not None:
+            await self._write(request, response, await closing(last[0]))
         await self._bounded(response.write_eof())
 
-    async def _anthropic_delta(self, request: web.Request, response: web.StreamResponse, out: anthropic.Events,
-                               choice: Choice, text: str) -> None:
+    async def _api_delta(self, request: web.Request, response: web.StreamResponse, out: EventStream,
+                         choice: Choice, text: str) -> None:
         part = choice.delta("chat", text, False)
         if part is not None and (data := out.delta(part["delta"])):
             await self._write(request, response, data)

@@ -121,9 +121,7 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
         enable_prefix_caching=config.engine_prefix_caching,
         disable_log_stats=True,
         seed=0,
-        # A request's `priority` orders the engine's queue (lower first, then arrival), as
-        # `vllm serve --scheduling-policy priority`; all at 0, that is first come, first served.
-        scheduling_policy="priority",
+        scheduling_policy="priority",  # a request's `priority`, then arrival (all at 0: first come, first served)
         block_size=config.block_size,
         max_num_batched_tokens=config.step_tokens,
         long_prefill_token_threshold=config.prompt_chunk_tokens(role),

@@ -145,26 +145,23 @@ RESPONSES = {  # the Responses API's fields, plausible or not
 
 
 @st.composite
-def response_bodies(draw) -> dict:
-    """Responses API bodies, their fields mutated: translated, then checked as chat's."""
-    body: dict = {"model": "yuebing-tiny", "max_output_tokens": draw(SMALL_MAX), "temperature": 0, "input": "hi"}
-    for name in draw(st.lists(st.sampled_from(sorted(RESPONSES)), max_size=4, unique=True)):
-        body[name] = draw(RESPONSES[name])
+def api_bodies(draw, fields: dict, **base) -> dict:
+    """Another API's bodies (Messages, Responses), their fields mutated: translated,
+    then checked as chat's. `base`: a valid body's fields."""
+    body: dict = {"model": "yuebing-tiny", "temperature": 0, **base}
+    for name in draw(st.lists(st.sampled_from(sorted(fields)), max_size=4, unique=True)):
+        body[name] = draw(fields[name])
     if draw(st.booleans()):
         body["stream"] = draw(st.one_of(st.just(True), JSON))
     return body
 
 
-@st.composite
-def message_bodies(draw) -> dict:
-    """Anthropic Messages bodies, their fields mutated: translated, then checked as chat's."""
-    body: dict = {"model": "yuebing-tiny", "max_tokens": draw(SMALL_MAX), "temperature": 0,
-                  "messages": [{"role": "user", "content": "hi"}]}
-    for name in draw(st.lists(st.sampled_from(sorted(ANTHROPIC)), max_size=4, unique=True)):
-        body[name] = draw(ANTHROPIC[name])
-    if draw(st.booleans()):
-        body["stream"] = draw(st.one_of(st.just(True), JSON))
-    return body
+def message_bodies() -> st.SearchStrategy:
+    return SMALL_MAX.flatmap(lambda n: api_bodies(ANTHROPIC, max_tokens=n, messages=[{"role": "user", "content": "hi"}]))
+
+
+def response_bodies() -> st.SearchStrategy:
+    return SMALL_MAX.flatmap(lambda n: api_bodies(RESPONSES, max_output_tokens=n, input="hi"))
 
 
 @st.composite

@@ -124,9 +124,9 @@ def events(data: bytes) -> list[tuple[str, dict]]:
 
 
 def test_stream_deltas_open_and_close_blocks_as_vllm_does():
-    e = anthropic.Events("msg_1", "m")
     usage = anthropic.usage(5, 0, 0)
-    data = e.start(usage) + e.delta({"content": "Hi"}) + e.delta({"content": " there"})
+    e = anthropic.Events("msg_1", "m", usage)
+    data = e.start() + e.delta({"content": "Hi"}) + e.delta({"content": " there"})
     data += e.delta({"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]})
     data += e.delta({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": '}}]})
     data += e.delta({"content": "(held)"})  # text inside a call follows it as a block of its own
@@ -146,7 +146,7 @@ def test_stream_deltas_open_and_close_blocks_as_vllm_does():
 
 
 def test_a_stream_cut_inside_a_call_is_not_tool_use():
-    e = anthropic.Events("msg_1", "m")
+    e = anthropic.Events("msg_1", "m", anthropic.usage(1, 0, 0))
     e.delta({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a": '}}]})
     (delta,) = [b for n, b in events(e.end("length", None, anthropic.usage(1, 1, 0))) if n == "message_delta"]
     assert delta["delta"]["stop_reason"] == "max_tokens"
