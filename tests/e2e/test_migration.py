@@ -166,36 +166,62 @@ def test_a_decode_killed_mid_stream_hands_the_stream_to_another_that_finishes_it
     assert continued[0]["loaded_tokens"] == (PROMPT_TOKENS // 128 * 128 if nodes[other].node in held else 0)
 
 
-@pytest.mark.destructive
-def test_a_messages_stream_survives_its_decodes_death_equal_to_an_uninterrupted_run(two_of_each):
-    """Anthropic's Messages API runs the one pipeline: its stream migrates as a chat stream does."""
-    cluster = two_of_each
-    text = "".join(chr(random.Random(17).randrange(97, 123)) for _ in range(PROMPT_TOKENS))
-    body = {"model": MODEL, "max_tokens": 300, "temperature": 0, "messages": [{"role": "user", "content": text}]}
-    url = f"{cluster.api.removesuffix('/v1')}/v1/messages"
+def killed_mid_stream(cluster, url: str, body: dict, delta: Callable[[dict], str | None]) -> tuple[str, list[dict]]:
+    """The stream of `body` at `url`, its decode killed after KILL_AFTER text deltas
+    (`delta`: an event's text, or None): its joined text and every event."""
     for instance in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
-        beating(cluster, instance)  # all up: the test before this one killed a decode
+        beating(cluster, instance)  # all up: a test before this one killed a decode
     nodes = heartbeats(cluster, 1.5)
-    whole = httpx.post(url, json=body, timeout=120).json()
-    assert whole["usage"]["output_tokens"] >= 200, whole  # long enough to be cut mid-way
-    before = retries(cluster, "migration")
-    deltas, names, stops = [], [], []
+    texts, seen = [], []
     with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as r:
         assert r.status_code == 200, r.read()
         request_id = r.headers["x-yuebing-request-id"]
         events = sse(r.iter_lines())
-        while len(deltas) < KILL_AFTER:
-            event = next(events)
-            names.append(event["type"])
-            deltas += [event["delta"]["text"]] if event["type"] == "content_block_delta" else []
+        while len(texts) < KILL_AFTER:
+            seen.append(next(events))
+            texts += [t] if (t := delta(seen[-1])) is not None else []
         placed = eventually(lambda: [e for e in log_events(cluster, "conductor", "scheduled")
                                      if e.get("request_id") == request_id], bool, "the request's placement logged")
         os.kill(nodes[placed[-1]["decode"]].pid, signal.SIGKILL)
         for event in events:
-            names.append(event["type"])
-            deltas += [event["delta"]["text"]] if event["type"] == "content_block_delta" else []
-            stops += [event["delta"]["stop_reason"]] if event["type"] == "message_delta" else []
-    assert "".join(deltas) == whole["content"][0]["text"]
+            seen.append(event)
+            texts += [t] if (t := delta(event)) is not None else []
+    return "".join(texts), seen
+
+
+def long_prompt(seed: int) -> str:
+    return "".join(chr(random.Random(seed).randrange(97, 123)) for _ in range(PROMPT_TOKENS))
+
+
+@pytest.mark.destructive
+def test_a_messages_stream_survives_its_decodes_death_equal_to_an_uninterrupted_run(two_of_each):
+    """Anthropic's Messages API runs the one pipeline: its stream migrates as a chat stream does."""
+    cluster = two_of_each
+    body = {"model": MODEL, "max_tokens": 300, "temperature": 0, "messages": [{"role": "user", "content": long_prompt(17)}]}
+    url = f"{cluster.api.removesuffix('/v1')}/v1/messages"
+    whole = httpx.post(url, json=body, timeout=120).json()
+    assert whole["usage"]["output_tokens"] >= 200, whole  # long enough to be cut mid-way
+    before = retries(cluster, "migration")
+    text, seen = killed_mid_stream(cluster, url, body, lambda e: e["delta"]["text"] if e["type"] == "content_block_delta" else None)
+    names = [e["type"] for e in seen]
+    assert text == whole["content"][0]["text"]
     assert names[-2:] == ["message_delta", "message_stop"] and names.count("content_block_start") == 1
-    assert stops == [whole["stop_reason"]] == ["max_tokens"]
+    assert seen[-2]["delta"]["stop_reason"] == whole["stop_reason"] == "max_tokens"
+    assert retries(cluster, "migration") == before + 1
+
+
+@pytest.mark.destructive
+def test_a_responses_stream_survives_its_decodes_death_equal_to_an_uninterrupted_run(two_of_each):
+    """So does a Responses API stream."""
+    cluster = two_of_each
+    body = {"model": MODEL, "max_output_tokens": 300, "temperature": 0, "input": long_prompt(19), "store": False}
+    url = f"{cluster.api}/responses"
+    whole = httpx.post(url, json=body, timeout=120).json()
+    assert whole["usage"]["output_tokens"] >= 200, whole
+    before = retries(cluster, "migration")
+    text, seen = killed_mid_stream(cluster, url, body,
+                                   lambda e: e["delta"] if e["type"] == "response.output_text.delta" else None)
+    assert text == whole["output"][0]["content"][0]["text"]
+    assert seen[-1]["type"] == "response.completed" and seen[-1]["response"]["status"] == whole["status"] == "incomplete"
+    assert [e["sequence_number"] for e in seen] == list(range(len(seen)))
     assert retries(cluster, "migration") == before + 1
