@@ -37,8 +37,8 @@ from services.gateway.limits import Admission, Shed
 from services.gateway.logprobs import Logprobs, load_logprobs, prompt_json, prompt_positions
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Owner, Pipeline, Rejected, Report, Slo, UpstreamError
-from services.gateway.response_store import ResponseStore, Stored
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
+from services.gateway.response_store import ResponseStore, Stored
 from services.gateway.text import LENGTH_SLACK, TextStream, Tokenizer
 from services.gateway.tool_parser import ToolParsing, ToolUse, template_tools
 from shared import bus, service, tracing
@@ -59,6 +59,8 @@ class EventStream(Protocol):
     def start(self) -> bytes: ...
     def delta(self, delta: dict[str, Any]) -> bytes: ...
     def failed(self, e: ApiError) -> bytes: ...
+
+
 # A body up to this size is parsed and tokenized on the event loop (a few ms at
 # most); a larger one on a thread, where HF tokenizers release the GIL.
 INLINE_BODY_BYTES = 16 << 10
@@ -256,7 +258,12 @@ class Gateway:
 
     async def _stored(self, tenant: Tenant, response_id: str) -> Stored:
         """The tenant's stored response of that id, or vLLM's 404 (another tenant's is not found either)."""
-        stored = await self.store.get(tenant.id, response_id) if self.store is not None else None
+        try:
+            stored = await self.store.get(tenant.id, response_id) if self.store is not None else None
+        except Exception as e:  # JetStream unreachable or refusing: a 503 to retry, never a 500
+            log.warning("responses store failed", error=type(e).__name__, detail=str(e)[:200])
+            raise ApiError(503, f"stored responses unavailable ({type(e).__name__}); retry shortly", "server_error",
+                           code="store_unavailable", headers={"Retry-After": "1"}) from e
         if stored is None:
             raise responses.not_found(response_id)
         return stored

@@ -106,3 +106,28 @@ async def test_the_messages_api_takes_anthropics_key_header_and_answers_errors_i
         assert "max_tokens" in body["error"]["message"]
     r = await client.post("/v1/messages/count_tokens", data=b"{", headers={"x-api-key": "sesame"})
     assert r.status == 400 and (await r.json())["type"] == "error"
+
+
+async def test_a_stored_response_is_read_only_by_its_tenant_and_a_failing_store_is_a_503():
+    from services.gateway.response_store import Stored
+
+    class Store:
+        def __init__(self, fail: bool) -> None:
+            self.fail, self.kept = fail, {("default", "resp_" + "a" * 32): Stored({"id": "resp_" + "a" * 32}, [])}
+
+        async def get(self, tenant, response_id):
+            if self.fail:
+                raise TimeoutError("no JetStream")
+            return self.kept.get((tenant, response_id))
+
+    for fail, status in ((False, 200), (True, 503)):
+        gateway = Gateway(CONFIG, tokenizer=None, pipeline=None, access=Access.single("sesame"), store=Store(fail))
+        async with TestClient(TestServer(gateway.app())) as c:
+            auth = {"Authorization": "Bearer sesame"}
+            r = await c.get("/v1/responses/resp_" + "a" * 32, headers=auth)
+            assert r.status == status and ("id" in await r.json()) == (status == 200)
+            if not fail:
+                r = await c.get("/v1/responses/resp_" + "b" * 32, headers=auth)
+                assert r.status == 404 and "not found" in (await r.json())["error"]["message"]
+                r = await c.post("/v1/responses/resp_" + "a" * 32 + "/cancel", headers=auth)
+                assert r.status == 400 and "synchronous" in (await r.json())["error"]["message"]

@@ -115,3 +115,27 @@ def test_kubernetes_secrets_split_the_set_by_component(tmp_path):
     assert set(secrets["yuebing-gateway"]) == {"gateway.nats.json", "api-key", "cache.key"}
     assert "admin.nats.json" not in {k for data in secrets.values() for k in data}  # the operator's, kept out
     assert base64.b64decode(secrets["yuebing-gateway"]["api-key"]) == (tmp_path / "api-key").read_bytes()
+
+
+async def test_the_gateway_keeps_responses_in_jetstream_and_an_engine_cannot_read_them(secrets):
+    """The generated server runs JetStream; the gateway's identity reaches its bucket
+    (made, written, read back, scoped by tenant), the decode identity does not."""
+    from nats.js.api import KeyValueConfig
+
+    from services.gateway.response_store import BUCKET, ResponseStore, Stored
+    from shared.identity import RESPONSES_BUCKET
+
+    link = await bus.Link(secrets.nats_url, "gateway", load_credentials(str(secrets.credentials("gateway")))).start()
+    store = ResponseStore(link, ttl_s=60, max_bytes=1 << 20)
+    kept = Stored({"id": "resp_" + "c" * 32, "output": [{"type": "message"}]}, [{"role": "user", "content": "hi"}])
+    await store.put("acme", kept)
+    assert (await store.get("acme", kept.response["id"])) == kept
+    assert await store.get("beta", kept.response["id"]) is None and await store.get("acme", "resp_../x") is None
+    await link.close()
+    decode = await login(secrets, "decode-0")
+    js = decode.jetstream(timeout=2)
+    with pytest.raises(Exception):  # a permissions violation: no reply, so a timeout or a no-responders error
+        await js.key_value(BUCKET)
+    with pytest.raises(Exception):
+        await js.create_key_value(KeyValueConfig(bucket=RESPONSES_BUCKET + "_other"))
+    await decode.close()
