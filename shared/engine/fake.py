@@ -55,9 +55,10 @@ class FakeEngine:
     dead_error: BaseException | None = None
     _tick: asyncio.Event | None = field(default=None, init=False, repr=False)  # the next step's
 
-    async def generate(self, prompt: dict[str, Any], params: Any, request_id: str,
+    async def generate(self, prompt: dict[str, Any], params: Any, request_id: str, priority: int = 0,
                        trace_headers: Any = None) -> AsyncIterator[Output]:
-        """`params.max_tokens` tokens for each of `params.n` outputs, one a step."""
+        """`params.max_tokens` tokens for each of `params.n` outputs, one a step (every
+        request runs at once: `priority` orders nothing here, as vLLM's signature takes it)."""
         saves = bool((params.extra_args or {}).get("kv_transfer_params"))
         for position in range(params.max_tokens):
             await self._step()

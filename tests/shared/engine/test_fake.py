@@ -41,3 +41,13 @@ async def test_requests_step_together_on_one_clock():
     early = await first
     assert all(min(abs(t - e) for e in early) < 0.003 for t in late[:3])
     assert all(0.015 < b - a < 0.025 for a, b in zip(early, early[1:], strict=False))
+
+
+async def test_it_takes_what_the_services_pass_vllms_engine():
+    """The services' one entry into an engine (shared/engine/llm.py generate), as with vLLM's
+    AsyncLLM: its arguments (priority, trace headers) reach the fake one too."""
+    from shared.engine.llm import generate
+    from shared.messages import Sampling
+
+    steps = [s async for s in generate(FakeEngine(0.001), "r", [1, 2], Sampling(max_tokens=3, priority=4), 3)]
+    assert len(steps) == 3
