@@ -154,11 +154,13 @@ def _block(b: Any, param: str) -> dict[str, Any]:
         raise invalid(f"{param}: each content block must be an object with a 'type'", param)
     kind = b["type"]
     checks: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
-        "text": (("text", str),), "thinking": (("thinking", str),), "tool_use": (("id", str), ("name", str), ("input", dict)),
+        "text": (("text", str),), "thinking": (("thinking", str),),
+        "tool_use": (("id", str), ("name", str), ("input", dict)),
         "tool_result": (("tool_use_id", str),),
     }
     if kind not in checks and kind not in SKIPPED_BLOCKS:
-        what = "images are not supported by this text-only model" if kind == "image" else f"unsupported block type '{kind[:64]}'"
+        what = ("images are not supported by this text-only model" if kind == "image"
+                else f"unsupported block type '{kind[:64]}'")
         raise invalid(f"{param}: {what}", param)
     for name, kinds in checks.get(kind, ()):
         if not isinstance(b.get(name), kinds):
@@ -257,7 +259,8 @@ def _output_config(config: Any, chat: dict[str, Any]) -> None:
     fmt = config.get("format")
     if fmt is None:
         return
-    if not isinstance(fmt, dict) or fmt.get("type", "json_schema") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+    if not (isinstance(fmt, dict) and fmt.get("type", "json_schema") == "json_schema"
+            and isinstance(fmt.get("schema"), dict)):
         raise invalid("output_config.format: must be {'type': 'json_schema', 'schema': {...}}", "output_config")
     chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "json_schema", "schema": fmt["schema"]}}
 
@@ -295,7 +298,8 @@ def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict[st
             "cache_read_input_tokens": cached_tokens}
 
 
-def stop_reason(finish: str | None, stop_sequence: str | None, tool_used: bool, tool_complete: bool) -> tuple[str | None, str | None]:
+def stop_reason(finish: str | None, stop_sequence: str | None, tool_used: bool,
+                tool_complete: bool) -> tuple[str | None, str | None]:
     """A chat finish reason as Anthropic's (stop_reason, stop_sequence), by vLLM's rules:
     max_tokens always wins; a stop string wins unless the tool calls are complete."""
     if finish == "length":
@@ -317,8 +321,8 @@ def message(chat: dict[str, Any], message_id: str, stop_sequence: str | None, us
     content: list[dict[str, Any]] = [{"type": "text", "text": said["content"]}] if said.get("content") else []
     content += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
                  "input": orjson.loads(c["function"]["arguments"])} for c in calls]
-    out = {"id": message_id, "type": "message", "role": "assistant", "content": content or [{"type": "text", "text": ""}],
-           "model": chat["model"], "stop_reason": reason, "stop_sequence": sequence, "usage": usage_}
+    out = {"id": message_id, "type": "message", "role": "assistant",
+           "content": content or [{"type": "text", "text": ""}], "model": chat["model"], "stop_reason": reason, "stop_sequence": sequence, "usage": usage_}
     return {k: v for k, v in out.items() if v is not None}  # as vLLM's exclude_none
 
 
@@ -408,7 +412,8 @@ class Events:
         held, self.held = "".join(self.held), []
         out = self._close()
         if held:
-            out += self._open({"type": "text", "text": ""}) + self._delta({"type": "text_delta", "text": held}) + self._close()
+            out += self._open({"type": "text", "text": ""}) + self._delta({"type": "text_delta", "text": held})
+            out += self._close()
         return out
 
 

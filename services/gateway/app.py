@@ -367,8 +367,8 @@ class Gateway:
             log.info("request", kind="completion", prompts=len(prepared.parts), stream=prepared.options.stream,
                      prompt_lens=[len(p.prompt) for p in prepared.parts], user=prepared.options.user)
             return await batches.respond(self, request, prepared)
-        log.info("request", kind=prepared.kind, api=prepared.api, prompt_len=len(prepared.prompt), max_tokens=prepared.max_tokens,
-                 stream=prepared.options.stream, user=prepared.options.user)
+        log.info("request", kind=prepared.kind, api=prepared.api, prompt_len=len(prepared.prompt),
+                 max_tokens=prepared.max_tokens, stream=prepared.options.stream, user=prepared.options.user)
         self.metrics.in_flight.inc()
         try:
             if prepared.api == "responses":
@@ -972,7 +972,8 @@ def error_response(e: ApiError) -> web.Response:
 
 def anthropic_response(e: ApiError) -> web.Response:
     """An error on the Messages API, in Anthropic's shape."""
-    return web.Response(status=e.status, body=anthropic.error_body(e), content_type="application/json", headers=e.headers)
+    return web.Response(status=e.status, body=anthropic.error_body(e), content_type="application/json",
+                        headers=e.headers)
 
 
 MESSAGES_PATH = "/v1/messages"

@@ -133,7 +133,8 @@ def _item(item: dict[str, Any], last: dict[str, Any] | None, param: str) -> dict
     if kind == "function_call_output":
         return {"role": "tool", "tool_call_id": _string(item, "call_id", param), "content": _output(item, param)}
     if kind == "reasoning":
-        text = next((p.get("text", "") for p in item.get("content") or item.get("summary") or () if isinstance(p, dict)), "")
+        parts = item.get("content") or item.get("summary") or ()
+        text = next((p.get("text", "") for p in parts if isinstance(p, dict)), "")
         return _join(assistant, "reasoning", text)
     if kind == "message" and item.get("role") in INPUT_ROLES:
         if item["role"] == "assistant":
@@ -210,7 +211,8 @@ def _tools(body: dict[str, Any]) -> dict[str, Any]:
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-            raise invalid("tool_choice must be auto, none, required or {'type': 'function', 'name': ...}", "tool_choice")
+            raise invalid("tool_choice must be auto, none, required or {'type': 'function', 'name': ...}",
+                          "tool_choice")
         out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     elif choice is not None:
         out["tool_choice"] = choice  # chat's own check
@@ -249,7 +251,8 @@ def _logprobs(body: dict[str, Any]) -> dict[str, Any]:
 
 def _echo(body: dict[str, Any]) -> dict[str, Any]:
     return {"instructions": body.get("instructions"), "metadata": body.get("metadata"),
-            "parallel_tool_calls": body.get("parallel_tool_calls", True), "tool_choice": body.get("tool_choice", "auto"),
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "tool_choice": body.get("tool_choice", "auto"),
             "tools": body.get("tools") or [], "previous_response_id": body.get("previous_response_id"),
             "text": body.get("text") or {"format": {"type": "text"}}, "truncation": body.get("truncation", "disabled"),
             "user": body.get("user"), "top_logprobs": body.get("top_logprobs"), "background": False, "reasoning": None,
@@ -363,7 +366,8 @@ class Events:
 
     def _open_call(self, call: dict[str, Any]) -> bytes:
         self.state, self.text, self.call_index = "call", "", call.get("index")
-        self.item = {"id": f"fc_{self.new_id()}", "type": "function_call", "call_id": call.get("id") or f"call_{self.new_id()}",
+        self.item = {"id": f"fc_{self.new_id()}", "type": "function_call",
+                     "call_id": call.get("id") or f"call_{self.new_id()}",
                      "name": call["function"].get("name") or "", "arguments": "", "status": "in_progress"}
         return self._event("response.output_item.added", output_index=self.index, item=self.item)
 
