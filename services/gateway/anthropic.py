@@ -201,7 +201,7 @@ def _blocks(role: str, blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             reasoning.append(b["thinking"])
         elif kind == "tool_use":
             calls.append({"id": b["id"], "type": "function",
-                          "function": {"name": b["name"], "arguments": _dumps(b["input"])}})
+                          "function": {"name": b["name"], "arguments": json.dumps(b["input"])}})  # vLLM's spacing
         elif kind == "tool_result":
             _tool_result(b, role, texts, results)
     if reasoning:
@@ -219,23 +219,13 @@ def _tool_result(b: dict[str, Any], role: str, texts: list[str], results: list[d
     if role == "user":
         results.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": _result_text(b.get("content"))})
     else:
-        texts.append(f"Tool result: {_result_repr(b.get('content'))}")
+        texts.append(f"Tool result: {b.get('content') or ''}")  # vLLM writes Python's str of it
 
 
 def _result_text(content: Any) -> str:
     if isinstance(content, list):
         return "\n".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
     return content or ""
-
-
-def _result_repr(content: Any) -> str:
-    """An assistant's tool_result, as vLLM writes it into the text (Python's str of it)."""
-    return str(content) if content else ""
-
-
-def _dumps(v: Any) -> str:
-    """JSON as Python's json.dumps writes it (vLLM's arguments): ', ' and ': ' separators."""
-    return json.dumps(v)
 
 
 def _thinking(thinking: Any) -> None:

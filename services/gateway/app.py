@@ -403,12 +403,8 @@ class Gateway:
                        api: str = "openai", previous: Stored | None = None) -> Prepared | Batch:
         """The body parsed, checked and tokenized: on a thread when it is large, so
         that no single request holds the event loop."""
-        work = functools.partial(self._parse, request_id, label, kind, raw, slo, api, previous)
-        if len(raw) <= INLINE_BODY_BYTES:
-            result = work()
-        else:
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(self.executor, contextvars.copy_context().run, work)
+        result = await self._off_loop(raw, functools.partial(self._parse, request_id, label, kind, raw, slo, api,
+                                                             previous))
         if isinstance(result, ApiError):
             log.info("request refused", status=result.status, error=result.message)
             raise result
