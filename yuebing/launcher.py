@@ -32,12 +32,13 @@ import msgspec
 from msgspec import Meta
 
 from services.conductor.modes import CONDITIONAL_RULES, MODES
-from shared.config import ClusterConfig, save_config
+from shared.config import ClusterConfig, profile_path, save_config
 from shared.engine.llm import engine_environment
+from shared.model_identity import fingerprint
 from shared.private_file import read_private, write_private
 from shared import tenants
 from shared.service import resolved
-from yuebing import gpus, kv_folders, process
+from yuebing import gpus, kv_folders, process, profile_cache
 from yuebing.compose import gateway_sees
 from yuebing.preflight import (
     memory_available,
@@ -250,6 +251,8 @@ class Cluster:
         nats_port = o.nats_port or free_port()
         self.secrets = make_secrets(run_dir / "secrets", o, nats_port)
         config = self.config(run_dir, self.secrets.nats_url)
+        say(f"time models from {profile_path(config)}: default SLOs TTFT {config.slo_ttft_ms:.0f} ms, "
+            f"TBT {config.slo_tbt_ms:.0f} ms")
         config_path = run_dir / "cluster.json"
         save_config(config, config_path)
         self.plan(run_dir, config_path, self.secrets)
@@ -289,8 +292,8 @@ class Cluster:
         # machine (tests do this) never share a node.
         kv_dir = config.kv_dir or str(self.make_kv_dir(run_dir))
         self.kv_dir = Path(kv_dir)
-        # Derived once here (the model's fingerprint, the SLOs), so every service agrees.
-        return resolved(msgspec.structs.replace(config, nats_url=nats_url, kv_dir=kv_dir))
+        # Derived once here (the model's fingerprint, its profile, the SLOs), so every service agrees.
+        return resolved(with_profile(msgspec.structs.replace(config, nats_url=nats_url, kv_dir=kv_dir)))
 
     def make_kv_dir(self, run_dir: Path) -> Path:
         """This run's KV folder, once the folders of launchers that died are gone."""
@@ -439,6 +442,16 @@ class Cluster:
         started = {c.process: c for c in children if c.process is not None}
         for proc in process.stop(list(started), grace_s):
             say(f"{started[proc].name} did not stop in {grace_s:.0f}s; killed it")
+
+
+def with_profile(config: ClusterConfig) -> ClusterConfig:
+    """The config with its model's time-model profile (yuebing/profile_cache.py) where it
+    names none; fake engines keep the shipped one, which they imitate."""
+    if config.profile or config.fake_engine_step_ms or not (Path(config.model) / "config.json").is_file():
+        return config
+    fp = config.model_fingerprint or fingerprint(config.model)
+    path = profile_cache.ensure(Path(config.model), config.dtype, say, fp)
+    return msgspec.structs.replace(config, profile=str(path), model_fingerprint=fp)
 
 
 def clear_last_run(run_dir: Path, ready_file: Path | None) -> None:

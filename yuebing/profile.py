@@ -34,6 +34,7 @@ class Grid:
     max_batch_tokens: int = 16384
     repeats: int = 3
     steps: tuple[int, int] = (4, 20)  # decode step time = ΔT / Δsteps
+    warm_each: bool = True  # an untimed run before each point's (else one before all)
 
     def prefill_points(self) -> list[tuple[int, int]]:
         points = []
@@ -47,6 +48,13 @@ class Grid:
         return [(b, c) for b in self.batches for c in self.contexts if b * c <= self.max_batch_tokens]
 
 
+# A short pass for a model no profile describes yet (`yuebing up` runs it once per
+# model and machine, yuebing/profile_cache.py): enough points to fit each phase's four
+# terms and hold a quarter out, one timed run each.
+QUICK = Grid(prefill_totals=(128, 512, 1024, 2048), prefix_shares=(0.0, 0.5), batches=(1, 4, 8),
+             contexts=(128, 1024), repeats=1, warm_each=False)
+
+
 class Engine:
     """A plain in-process vLLM engine, with unique random prompts so nothing is
     cached unless a measurement caches it on purpose."""
@@ -57,8 +65,9 @@ class Engine:
         from vllm import LLM
 
         self.llm = LLM(model=model, max_model_len=max_model_len, dtype=dtype, enforce_eager=True, seed=0)
-        self.vocab = 256  # byte tokens exist in every byte-level tokenizer; any ids work for timing
+        self.vocab = 256  # ids every tokenizer has; any ids work for timing
         self.rng = random.Random(0)
+        self.decode_prompts: dict[tuple[int, int], list[list[int]]] = {}
 
     def close(self) -> None:
         """Stop the engine-core process now, not whenever the garbage collector runs."""
@@ -82,7 +91,11 @@ class Engine:
         return self.run([prompt], 1)
 
     def decode_step_ms(self, batch: int, ctx: int, steps: tuple[int, int]) -> float:
-        prompts = [self.prompt(ctx) for _ in range(batch)]
+        # The same prompts for every repeat of a point: the timed runs are of cached
+        # prompts anyway, and a batch's prefill is most of a decode point's cost.
+        if (batch, ctx) not in self.decode_prompts:
+            self.decode_prompts[batch, ctx] = [self.prompt(ctx) for _ in range(batch)]
+        prompts = self.decode_prompts[batch, ctx]
         self.run(prompts, 1)  # cached from now on: the timed runs below are (nearly) all decode
         short, long = (self.run(prompts, s) for s in steps)
         return (long - short) / (steps[1] - steps[0])
@@ -94,10 +107,14 @@ EXTRA_TRIES = 4  # timings more, at most, where none of the repeats was positive
 def measure(engine: Engine, grid: Grid, model_name: str) -> list[dict]:
     rows = []
     prefill, decode = grid.prefill_points(), grid.decode_points()
-    with progress(total=(len(prefill) + len(decode)) * (grid.repeats + 1), desc="profiling", unit="run") as bar:
+    warm = int(grid.warm_each)
+    with progress(total=(len(prefill) + len(decode)) * (grid.repeats + warm), desc="profiling", unit="run") as bar:
 
         def best(measure_once: Callable[[], float]) -> float:
-            return fastest(measure_once, grid.repeats, lambda: bar.update())
+            return fastest(measure_once, grid.repeats, lambda: bar.update(), warm=grid.warm_each)
+
+        if not grid.warm_each:
+            engine.run([engine.prompt(grid.block_size)], grid.steps[1])  # the one-off costs, once
 
         for n, p in prefill:
             rows.append(_row(model_name, "prefill", n, p, 1, n + p, best(lambda: engine.prefill_ms(n, p))))
@@ -107,14 +124,16 @@ def measure(engine: Engine, grid: Grid, model_name: str) -> list[dict]:
     return rows
 
 
-def fastest(measure_once: Callable[[], float], repeats: int, tick: Callable[[], None]) -> float:
-    """The least of `repeats` timings, after one untimed run: the first run of a new
+def fastest(measure_once: Callable[[], float], repeats: int, tick: Callable[[], None], warm: bool = True) -> float:
+    """The least of `repeats` timings, after one untimed run where `warm` (else the
+    caller warmed the engine once): the first run of a new
     shape pays one-off costs (kernel selection, allocations), and on a shared machine
     noise only ever adds time. A timing that is not positive is noise too (a decode
     step is the difference of two runs: a hiccup in the shorter one makes it
     negative): where no repeat is positive, up to EXTRA_TRIES more are taken."""
-    measure_once()
-    tick()
+    if warm:
+        measure_once()
+        tick()
     times: list[float] = []
     while len(times) < repeats or (not any(t > 0 for t in times) and len(times) < repeats + EXTRA_TRIES):
         times.append(measure_once())
@@ -162,10 +181,9 @@ def transport_bandwidth_gbps(seconds: float = 1.0, frame_bytes: int = 4 << 20) -
     return received / elapsed / 1e9
 
 
-def kv_bytes_per_token(model_dir: Path) -> int:
+def kv_bytes_per_token(model_dir: Path, dtype_bytes: int) -> int:
     config = json.loads((model_dir / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(config.get("torch_dtype", "float32"), 2)
     return config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * dtype_bytes
 
 
@@ -181,6 +199,7 @@ def profile(model_dir: Path, out: Path, grid: Grid, max_model_len: int = 4096, d
     model_dir = model_dir.resolve()
     started = time.perf_counter()
     engine = Engine(str(model_dir), max_model_len, dtype)
+    served_dtype = engine.llm.llm_engine.model_config.dtype  # what "auto" became
     try:
         rows = measure(engine, grid, model_dir.name)
     finally:
@@ -190,11 +209,12 @@ def profile(model_dir: Path, out: Path, grid: Grid, max_model_len: int = 4096, d
     meta = {
         "model": model_dir.name,
         "dtype": dtype,
+        "served_dtype": str(served_dtype).removeprefix("torch."),
         "method": "in-process vLLM (greedy, ignore_eos); prefill: TTFT of one request after caching its prefix; "
         f"decode: (T({grid.steps[1]} steps) - T({grid.steps[0]} steps)) / {grid.steps[1] - grid.steps[0]} on cached prompts; "
         "minimum of repeats after one untimed run",
         "engine": _engine_version(),
-        "kv_bytes_per_token": kv_bytes_per_token(model_dir),
+        "kv_bytes_per_token": kv_bytes_per_token(model_dir, served_dtype.itemsize),
         "transfer_GBps": round(transport_bandwidth_gbps(), 3),
         "held_out_mape_percent": {k: round(v, 2) for k, v in errors.items()},
         "grid": asdict(grid),

@@ -320,6 +320,8 @@ class Conductor:
             choice = choose_mode(x, self.state.predictor, self.mode_params)
             if choice.local:
                 return self._accept_local(req, ask, out.decode_id, x.uncached_tokens, choice, view, now)
+        # A record the rule left without predictions gets the placement's own.
+        choice = replace(choice, ttft_s=choice.ttft_s or out.prefill.ttft_s, tbt_s=choice.tbt_s or out.tbt_s)
         self._accepted(req, ask, choice)
         if out.route is not None:
             self.routes[out.route.key] = self.routes.get(out.route.key, 0) + 1

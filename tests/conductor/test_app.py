@@ -381,3 +381,12 @@ def test_with_no_tenants_file_the_conductor_books_nothing_against_quotas():
     c = conductor()
     assert c.schedule(ask("r1", ["a"]), now=0.1).accepted
     assert c.quotas.usage == {} and c.quotas.deadlines == []
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "conditional"])
+def test_a_disaggregated_placement_records_its_predictions_in_its_serving_mode(mode):
+    # 20 blocks: more than a step computes, so conditional's rule keeps it disaggregated too.
+    reply = conductor(mode=mode).schedule(ask("r1", [f"h{i}" for i in range(20)]), now=0.0)
+    assert reply.accepted and reply.mode.mode == "disaggregated"
+    assert reply.mode.predicted_ttft_ms == round(reply.predicted_ttft_ms, 1) > 0
+    assert reply.mode.predicted_tbt_ms == round(reply.predicted_tbt_ms, 1) > 0

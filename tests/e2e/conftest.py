@@ -26,7 +26,7 @@ import pytest
 from shared.config import ClusterConfig, load_config
 from shared.engine.llm import engine_environment
 from tests.e2e.ops import openai_client
-from tests.layouts import LAYOUTS, TENANT_KEYS, TOOL_CALL_PARSER, write_tenants
+from tests.layouts import LAYOUTS, REAL_MODEL, TENANT_KEYS, TOOL_CALL_PARSER, write_tenants
 from tests.reference import DTYPE, Reference
 from tests.suite_report import SuiteReport, suite_report
 from yuebing import process
@@ -75,6 +75,14 @@ def model_dir() -> Path:
     path = default_model_dir()
     if not (path / "config.json").exists():
         pytest.fail(f"no model at {path}: `make test` writes it (yuebing model init)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_model_dir(model_dir) -> Path:
+    path = model_dir.parent / REAL_MODEL
+    if not (path / "config.json").exists():
+        pytest.fail(f"no model at {path}: `make test` fetches it (yuebing model fetch {REAL_MODEL})")
     return path
 
 
@@ -152,6 +160,7 @@ def launch(model_dir: Path, tmp: Path, *flags: str, report: SuiteReport | None =
 # test that uses it has ended (tests/conftest.py orders the suite so that each one's
 # users run together, one layout after another), not at the session's end. The same
 # goes for plain vLLM's server, which tests on the first layout compare against.
+SERVERS = ("vllm_serve", "real_vllm_serve")  # plain vLLM's servers, stopped after their last users too
 STARTED = pytest.StashKey[dict]()  # fixture name → what it started (anything with a stop())
 LAST_USER = pytest.StashKey[dict]()  # fixture name → the node id of the last test that uses it
 
@@ -160,7 +169,7 @@ LAST_USER = pytest.StashKey[dict]()  # fixture name → the node id of the last 
 def pytest_collection_modifyitems(config, items):
     last = {}
     for item in items:
-        for name in (*LAYOUTS, "vllm_serve"):
+        for name in (*LAYOUTS, *SERVERS):
             if name in item.fixturenames:
                 last[name] = item.nodeid
     config.stash[LAST_USER] = last
@@ -273,20 +282,41 @@ def vllm_serve(model_dir, cluster, tmp_path_factory, request):
     two do not load at once); its /v1 URL. Its users run one after another and it
     stops after the last: a resident engine more would crowd the later layouts out
     of memory."""
+    yield from _serve(model_dir, DTYPE, tmp_path_factory, request, "vllm_serve")
+
+
+@pytest.fixture(scope="session")
+def real_model_process(real_model_dir, tmp_path_factory, request):
+    yield from _layout(real_model_dir, tmp_path_factory, request, "real_model_process")
+
+
+@pytest.fixture(scope="session")
+def real_model(real_model_process) -> Cluster:
+    """The real model's cluster (tests/layouts.py)."""
+    return real_model_process.wait()
+
+
+@pytest.fixture(scope="session")
+def real_vllm_serve(real_model_dir, real_model, tmp_path_factory, request):
+    """Plain vLLM's OpenAI server on the real model, as `real_model` serves it."""
+    yield from _serve(real_model_dir, "auto", tmp_path_factory, request, "real_vllm_serve")
+
+
+def _serve(model_dir: Path, dtype: str, tmp_path_factory, request, name: str):
     port = free_port()
     # Its Responses store on, as Yuebing's is: chained responses compare with chained ones.
     env = {**os.environ, **engine_environment(ClusterConfig(kv_cache_gib=1)), "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
     log = tmp_path_factory.mktemp("vllm") / "serve.log"
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--port", str(port),
-            "--served-model-name", model_dir.name, "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN),
+            "--served-model-name", model_dir.name, "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN),
             "--enforce-eager", "--seed", "0", "--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER]
     served = Served(process.spawn(argv, log, env), f"http://127.0.0.1:{port}/v1")
     try:
         started = time.monotonic()
         _wait_healthy(served.api.removesuffix("/v1"), served.proc, log)
-        suite_report(request.config).started("vllm serve", "plain vLLM's OpenAI server", 1, time.monotonic() - started,
-                                             served.api)
-        started_for(request, "vllm_serve", served)
+        suite_report(request.config).started(name.replace("_", " "), f"plain vLLM's OpenAI server ({model_dir.name})",
+                                             1, time.monotonic() - started, served.api)
+        started_for(request, name, served)
         yield served.api
     finally:
         served.stop()

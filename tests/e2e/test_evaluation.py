@@ -1,9 +1,9 @@
 """lm-evaluation-harness through the cluster gives what it gives through `vllm serve`
-on the same model and dtype: a log-likelihood task over `local-completions` (echoed
-prompts with their logprobs) and a generation task over `local-chat-completions`,
-both shipped in tests/e2e/evaluation/. With random weights the scores are noise, so
-equal scores, and equal per-sample answers, are a strict test of the logprobs and
-the text."""
+on the real model (SmolLM2-135M-Instruct, tests/layouts.py) in the same dtype: a
+log-likelihood task over `local-completions` (echoed prompts with their logprobs), on
+which the model scores above chance, and a generation task over
+`local-chat-completions`, both shipped in tests/e2e/evaluation/. Equal scores, and
+equal per-sample answers, test the logprobs and the text."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "yuebing-tiny"
+CHANCE = 0.25  # four choices a question
 DATA = Path(__file__).parent / "evaluation"
 TOLERANCE = 1e-4
 TASKS = {
@@ -57,7 +57,7 @@ def evaluate(api: str, model_dir: Path, tasks: Path, task: str, chat: bool) -> d
     from lm_eval.tasks import TaskManager
 
     endpoint = "chat/completions" if chat else "completions"
-    args = {"model": MODEL, "base_url": f"{api}/{endpoint}", "tokenizer": str(model_dir), "num_concurrent": 1,
+    args = {"model": model_dir.name, "base_url": f"{api}/{endpoint}", "tokenizer": str(model_dir), "num_concurrent": 1,
             "max_retries": 1, "tokenizer_backend": "huggingface", "tokenized_requests": False, "timeout": 120}
     out = lm_eval.simple_evaluate(
         model="local-chat-completions" if chat else "local-completions",
@@ -74,17 +74,19 @@ def offline(monkeypatch):
         monkeypatch.setenv(name, "1")
 
 
-def test_a_log_likelihood_task_scores_as_through_vllm_serve(cluster, vllm_serve, model_dir, tasks):
-    ours = evaluate(cluster.api, model_dir, tasks, "yuebing_choice", chat=False)
-    plain = evaluate(vllm_serve, model_dir, tasks, "yuebing_choice", chat=False)
+def test_a_log_likelihood_task_scores_above_chance_as_through_vllm_serve(real_model, real_vllm_serve, real_model_dir,
+                                                                         tasks):
+    ours = evaluate(real_model.api, real_model_dir, tasks, "yuebing_choice", chat=False)
+    plain = evaluate(real_vllm_serve, real_model_dir, tasks, "yuebing_choice", chat=False)
     assert ours["scores"] == plain["scores"], json.dumps([ours["scores"], plain["scores"]])
+    assert ours["scores"]["acc,none"] > CHANCE
     # Each answer: (log-likelihood, whether it is the greedy continuation), per choice.
     for got, want in zip(ours["answers"], plain["answers"], strict=True):
         assert [r[0][0] for r in got] == pytest.approx([r[0][0] for r in want], abs=TOLERANCE)
         assert [r[0][1] for r in got] == [r[0][1] for r in want]
 
 
-def test_a_generation_task_scores_as_through_vllm_serve(cluster, vllm_serve, model_dir, tasks):
-    ours = evaluate(cluster.api, model_dir, tasks, "yuebing_generate", chat=True)
-    plain = evaluate(vllm_serve, model_dir, tasks, "yuebing_generate", chat=True)
+def test_a_generation_task_scores_as_through_vllm_serve(real_model, real_vllm_serve, real_model_dir, tasks):
+    ours = evaluate(real_model.api, real_model_dir, tasks, "yuebing_generate", chat=True)
+    plain = evaluate(real_vllm_serve, real_model_dir, tasks, "yuebing_generate", chat=True)
     assert ours == plain

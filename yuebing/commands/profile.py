@@ -17,6 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=str(default_model_dir()), help="the model folder")
     p.add_argument("--out", default=str(DEFAULT_PROFILE), help="the profile to write")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per point (their minimum counts)")
+    p.add_argument("--quick", action="store_true",
+                   help="a short grid, one timed run a point (what `yuebing up` runs for a model with no profile)")
     p.add_argument("--max-model-len", type=int, default=4096, help="the engine's context limit, tokens")
     p.add_argument("--dtype", default="float32",
                    help="the engine's dtype: the cluster's own (`yuebing up --dtype`) for a profile it loads")
@@ -24,9 +26,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yuebing.profile import Grid, profile
+    from yuebing.profile import QUICK, Grid, profile
 
-    meta = profile(Path(args.model), Path(args.out), Grid(repeats=args.repeats), args.max_model_len, args.dtype)
+    grid = QUICK if args.quick else Grid(repeats=args.repeats)
+    meta = profile(Path(args.model), Path(args.out), grid, args.max_model_len, args.dtype)
     errors = meta["held_out_mape_percent"]
     print(f"wrote {args.out} in {meta['seconds']:.0f}s")
     print(f"held-out error (MAPE): prefill {errors['prefill']:.1f} %, decode step {errors['decode']:.1f} %")
