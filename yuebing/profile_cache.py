@@ -5,8 +5,8 @@ and kept in a cache folder (`yuebing up`, `yuebing model fetch`).
 Admission, the SLOs and the serving modes all predict from the profile, so a model
 served with another model's profile is admitted by the wrong clock: a 40x larger
 model's prefill predicted at the tiny model's speed. A short profile pass
-(`yuebing profile --quick`) costs about a minute once; the calibration
-(shared/calibration.py) refines it online from then on.
+(`yuebing profile --quick`, about 90 s for SmolLM2-135M on two cores) runs once; the
+calibration (shared/calibration.py) refines its predictions online from then on.
 """
 
 from __future__ import annotations

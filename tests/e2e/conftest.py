@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import dataclasses
 from dataclasses import dataclass
@@ -79,11 +80,34 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def real_model_dir(model_dir) -> Path:
+def real_model_dir(model_dir, request) -> Path:
+    """The real model, fetched while the tests before its layout ran (`start_fetch`)."""
     path = model_dir.parent / REAL_MODEL
+    fetching = request.config.stash.get(FETCHING, None)
+    if fetching is not None:
+        proc, log = fetching
+        try:
+            proc.wait(timeout=FETCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.stop([proc], grace_s=5)
+            pytest.fail(f"yuebing model fetch took over {FETCH_TIMEOUT_S} s: {log.read_text()[-2000:]}")
+        assert proc.returncode == 0, f"yuebing model fetch failed: {log.read_text()[-2000:]}"
     if not (path / "config.json").exists():
-        pytest.fail(f"no model at {path}: `make test` fetches it (yuebing model fetch {REAL_MODEL})")
+        pytest.fail(f"no model at {path}: `yuebing model fetch {REAL_MODEL} --out {path}` writes it")
     return path
+
+
+def start_fetch(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`yuebing model fetch` in the background where a test will want the real model
+    and it is not there yet: mostly one core's work (a download, a conversion, a
+    profile on one engine thread) that runs beside the tests that come first."""
+    path = default_model_dir().parent / REAL_MODEL
+    if (path / "config.json").exists() or not any("real_model_dir" in item.fixturenames for item in items):
+        return
+    log = Path(tempfile.mkdtemp(prefix="yuebing-fetch-")) / "fetch.log"
+    proc = process.spawn([sys.executable, "-m", "yuebing", "model", "fetch", REAL_MODEL, "--out", str(path)], log)
+    config.stash[FETCHING] = (proc, log)
+    config.add_cleanup(lambda: process.stop([proc], grace_s=5))
 
 
 @dataclass
@@ -160,6 +184,8 @@ def launch(model_dir: Path, tmp: Path, *flags: str, report: SuiteReport | None =
 # test that uses it has ended (tests/conftest.py orders the suite so that each one's
 # users run together, one layout after another), not at the session's end. The same
 # goes for plain vLLM's server, which tests on the first layout compare against.
+FETCHING = pytest.StashKey[tuple]()  # the real model's fetch: (its process, its log)
+FETCH_TIMEOUT_S = 900
 SERVERS = ("vllm_serve", "real_vllm_serve")  # plain vLLM's servers, stopped after their last users too
 STARTED = pytest.StashKey[dict]()  # fixture name → what it started (anything with a stop())
 LAST_USER = pytest.StashKey[dict]()  # fixture name → the node id of the last test that uses it
@@ -174,6 +200,7 @@ def pytest_collection_modifyitems(config, items):
                 last[name] = item.nodeid
     config.stash[LAST_USER] = last
     config.stash[STARTED] = {}
+    start_fetch(config, items)
 
 
 @pytest.hookimpl(hookwrapper=True)
