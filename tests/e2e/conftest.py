@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,6 +93,7 @@ def real_model_dir(model_dir, request) -> Path:
             process.stop([proc], grace_s=5)
             pytest.fail(f"yuebing model fetch took over {FETCH_TIMEOUT_S} s: {log.read_text()[-2000:]}")
         assert proc.returncode == 0, f"yuebing model fetch failed: {log.read_text()[-2000:]}"
+        shutil.rmtree(log.parent, ignore_errors=True)  # its log, kept where it failed
     if not (path / "config.json").exists():
         pytest.fail(f"no model at {path}: `yuebing model fetch {REAL_MODEL} --out {path}` writes it")
     return path

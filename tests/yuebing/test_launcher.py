@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from shared.config import ClusterConfig
+from shared.config import DEFAULT_PROFILE, ClusterConfig
 from shared.model_identity import fingerprint
 from yuebing import process
 from yuebing.launcher import Child, Cluster, UpOptions, api_key, child_environment, make_secrets
@@ -128,7 +128,9 @@ def test_the_run_config_has_this_runs_nats_url_kv_folder_and_weights(tmp_path):
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text('{"hidden_size": 8}')
-    c = Cluster(UpOptions(config=ClusterConfig(model=str(model_dir), kv_dir=str(tmp_path / "kv"), pool_bytes=64 << 20)))
+    # A profile named: this folder is no model to profile (tests/yuebing/test_profile_cache.py).
+    c = Cluster(UpOptions(config=ClusterConfig(model=str(model_dir), kv_dir=str(tmp_path / "kv"), pool_bytes=64 << 20,
+                                               profile=str(DEFAULT_PROFILE))))
     config = c.config(tmp_path, "nats://127.0.0.1:4333")
     assert config.nats_url == "nats://127.0.0.1:4333" and config.kv_dir == str(tmp_path / "kv")
     assert config.pool_bytes == 64 << 20 and c.kv_dir == tmp_path / "kv"
