@@ -3,7 +3,7 @@ machine's memory (an engine is three processes and ~3.4 GB; with twenty-odd GB i
 use the engines thrashed and every heartbeat missed), so tests run in groups (the
 reference engine, one engine, lives through the session):
 
-0. everything that starts no cluster;
+0. everything that starts no cluster, then the compose cluster's tests;
 1. for each shared layout in turn (tests/layouts.py), the tests that use it, then
    those of them marked `destructive` (they kill its processes; `last=True`: after
    the other destructive ones). Each layout stops after its last test
@@ -53,6 +53,9 @@ def pytest_collection_modifyitems(config, items):
         module = _module(item)
         if layout[module] is not None:
             return (1, layout[module], _destructive(item), module not in serving)
-        return (2,) if module in own else (0,)
+        # The compose cluster after the other tests that start none: the real model's
+        # fetch (tests/e2e/conftest.py start_fetch) then shares the machine with tests
+        # that use one core, not with an image build and two engines.
+        return (2,) if module in own else (0, module.startswith("tests/compose/"))
 
     items.sort(key=key)

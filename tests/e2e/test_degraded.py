@@ -4,9 +4,10 @@ decode instance:
 
 - its decode service SIGKILLed in the middle of a greedy stream: the stream goes on
   on the prefill instance, which prefills and decodes, equal to the reference
-  engine's output; while the decode restarts, new requests are served there, none
-  refused;
-- the same with the decode's vLLM engine-core killed (the service then exits);
+  engine's output; the launcher says which child died and how, its engine processes
+  go with it; while the decode restarts, new requests are served there, none refused;
+- the same with the decode's vLLM engine-core killed: the service then exits, the
+  launcher says so and starts it again;
 - its prefill service SIGKILLed: the decode instance prefills locally."""
 
 from __future__ import annotations
@@ -97,13 +98,45 @@ def served_while_down(cluster, reference, instance_id: str, seed: int) -> list[d
     return seen
 
 
+def engine_processes(service_pid: int) -> list[psutil.Process]:
+    engines = [p for p in psutil.Process(service_pid).children(recursive=True)
+               if "EngineCore" in p.name() + " ".join(p.cmdline())]
+    assert engines, "the decode service runs its vLLM engine in processes of its own"
+    return engines
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def reported(cluster, text: str) -> str:
+    """The launcher's log once it says `text` (which child died, and why)."""
+    return eventually(cluster.launcher_log.read_text, lambda log: text in log, f"the launcher reporting {text!r}",
+                      timeout_s=10)
+
+
 @pytest.mark.destructive
 def test_a_killed_decode_service_hands_its_stream_and_new_requests_to_the_prefill_instance(one_of_each, reference):
     cluster = one_of_each
     beating(cluster, "decode-0", RESTART_S)
-    usage, _ = stream_through(cluster, reference, 16, lambda pid: os.kill(pid, signal.SIGKILL))
+    engines: list[psutil.Process] = []
+
+    def kill_service(pid: int) -> None:
+        engines.extend(psutil.Process(pid).children(recursive=True))
+        os.kill(pid, signal.SIGKILL)
+
+    usage, _ = stream_through(cluster, reference, 16, kill_service)
     where = usage["yuebing"]
     assert (where["decode_instance"], where["migrations"]) == ("prefill-0", 1)
+    assert "killed by SIGKILL" in reported(cluster, "decode-0 (pid")
+    # Its engine goes with it: left running, it would hold its KV cache (a GPU's
+    # memory) beside the instance the launcher starts in its place.
+    assert engines
+    eventually(lambda: [p.pid for p in engines if alive(p)], lambda left: not left,
+               "the killed decode service's engine processes gone", timeout_s=10)
     during = served_while_down(cluster, reference, "decode-0", 3)
     assert any(y["decode_instance"] == "prefill-0" and y["serving_mode"]["reason"] == "no_decode_live" for y in during)
     beating(cluster, "decode-0", RESTART_S)
@@ -118,14 +151,23 @@ def test_a_killed_decode_engine_core_degrades_the_same_way(one_of_each, referenc
     cluster = one_of_each
     beating(cluster, "decode-0", RESTART_S)
 
+    services: list[psutil.Process] = []
+
     def kill_engine(pid: int) -> None:
-        (engine,) = [p for p in psutil.Process(pid).children(recursive=True)
-                     if "EngineCore" in p.name() + " ".join(p.cmdline())]
+        services.append(psutil.Process(pid))
+        (engine,) = engine_processes(pid)
         engine.kill()
 
-    usage, _ = stream_through(cluster, reference, 17, kill_engine)
+    usage, killed_at = stream_through(cluster, reference, 17, kill_engine)
     assert usage["yuebing"]["decode_instance"] == "prefill-0"
+    # The service's loop outlives its engine: it must notice, stop beating, and exit,
+    # rather than keep announcing an instance that fails everything it is sent.
+    eventually(lambda: alive(services[0]), lambda up: not up, "the decode service exiting after its engine died",
+               timeout_s=15)
+    assert time.monotonic() - killed_at < 15
+    reported(cluster, "exited with code 3")
     served_while_down(cluster, reference, "decode-0", 4)
+    beating(cluster, "decode-0", RESTART_S)  # started again, with a new engine
 
 
 @pytest.mark.destructive
