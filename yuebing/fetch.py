@@ -60,6 +60,7 @@ SOURCES = {
         ),
     )
 }
+DEFAULT = "smollm2-135m-instruct"  # what `make run` serves
 DTYPES = ("bfloat16", "float32")
 
 
@@ -135,18 +136,11 @@ def download(src: Source, work: Path, say: Callable[[str], None]) -> Path:
     wheels = list(work.glob("*.whl"))
     if len(wheels) != 1:
         raise RuntimeError(f"pip brought {len(wheels)} wheels for {src.requirement}, expected one")
-    digest = sha256(wheels[0])
+    with wheels[0].open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
     if digest != src.wheel_sha256:
         raise RuntimeError(f"{wheels[0].name} has sha256 {digest}, expected {src.wheel_sha256}: not the pinned wheel")
     return wheels[0]
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def extract(wheel: Path, src: Source, work: Path) -> Path:

@@ -13,8 +13,13 @@ AUTO, NONE = "auto", "none"
 
 def listed_gpus() -> list[str]:
     """The GPU indices nvidia-smi lists; none where it is missing or fails."""
+    return query("index")
+
+
+def query(field: str) -> list[str]:
+    """One `nvidia-smi --query-gpu` field, a GPU a line; none where it is missing or fails."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True,
                              text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return []

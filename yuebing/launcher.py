@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,7 +293,8 @@ class Cluster:
         kv_dir = config.kv_dir or str(self.make_kv_dir(run_dir))
         self.kv_dir = Path(kv_dir)
         # Derived once here (the model's fingerprint, its profile, the SLOs), so every service agrees.
-        return resolved(with_profile(msgspec.structs.replace(config, nats_url=nats_url, kv_dir=kv_dir)))
+        config = msgspec.structs.replace(config, nats_url=nats_url, kv_dir=kv_dir)
+        return resolved(with_profile(config, cancelled=lambda: self.stopping))  # Ctrl-C ends a profile pass
 
     def make_kv_dir(self, run_dir: Path) -> Path:
         """This run's KV folder, once the folders of launchers that died are gone."""
@@ -444,13 +445,13 @@ class Cluster:
             say(f"{started[proc].name} did not stop in {grace_s:.0f}s; killed it")
 
 
-def with_profile(config: ClusterConfig) -> ClusterConfig:
+def with_profile(config: ClusterConfig, cancelled: Callable[[], bool] = lambda: False) -> ClusterConfig:
     """The config with its model's time-model profile (yuebing/profile_cache.py) where it
     names none; fake engines keep the shipped one, which they imitate."""
     if config.profile or config.fake_engine_step_ms or not (Path(config.model) / "config.json").is_file():
         return config
     fp = config.model_fingerprint or fingerprint(config.model)
-    path = profile_cache.ensure(Path(config.model), config.dtype, say, fp)
+    path = profile_cache.ensure(Path(config.model), config.dtype, say, fp, cancelled)
     return msgspec.structs.replace(config, profile=str(path), model_fingerprint=fp)
 
 

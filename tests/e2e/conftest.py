@@ -81,9 +81,9 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def real_model_dir(model_dir, request) -> Path:
+def real_model_dir(request) -> Path:
     """The real model, fetched while the tests before its layout ran (`start_fetch`)."""
-    path = model_dir.parent / REAL_MODEL
+    path = real_model_path()
     fetching = request.config.stash.get(FETCHING, None)
     if fetching is not None:
         proc, log = fetching
@@ -99,11 +99,15 @@ def real_model_dir(model_dir, request) -> Path:
     return path
 
 
+def real_model_path() -> Path:
+    return default_model_dir().parent / REAL_MODEL
+
+
 def start_fetch(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`yuebing model fetch` in the background where a test will want the real model
     and it is not there yet: mostly one core's work (a download, a conversion, a
     profile on one engine thread) that runs beside the tests that come first."""
-    path = default_model_dir().parent / REAL_MODEL
+    path = real_model_path()
     if (path / "config.json").exists() or not any("real_model_dir" in item.fixturenames for item in items):
         return
     log = Path(tempfile.mkdtemp(prefix="yuebing-fetch-")) / "fetch.log"

@@ -56,10 +56,14 @@ def cluster_over(launcher, folder: Path, transport: str) -> Iterator:  # -> Clus
 def openai_client(cluster: Cluster):  # -> openai.OpenAI
     """The OpenAI client every e2e test talks to a cluster with (no retries: a test
     sees what the cluster answered)."""
+    return client_at(cluster.api, getattr(cluster, "api_key", "") or "unused")  # an open cluster takes any key
+
+
+def client_at(api: str, key: str = "unused"):  # -> openai.OpenAI
+    """The same client for any OpenAI API's /v1 URL (plain `vllm serve`'s too)."""
     from openai import OpenAI
 
-    key = getattr(cluster, "api_key", "") or "unused"  # an open cluster takes any
-    return OpenAI(base_url=cluster.api, api_key=key, timeout=120, max_retries=0)
+    return OpenAI(base_url=api, api_key=key, timeout=120, max_retries=0)
 
 
 async def admin(cluster: Cluster) -> Client:

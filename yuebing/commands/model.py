@@ -7,13 +7,13 @@ import argparse
 from pathlib import Path
 
 from yuebing.fetch import DTYPES as FETCH_DTYPES
+from yuebing.fetch import DEFAULT as DEFAULT_FETCH
 from yuebing.fetch import SOURCES, fetch, source
 from yuebing.flags import Alias, add_flags, from_args
 from yuebing.model import DTYPES, ModelSpec, default_model_dir, write_model
 
 GROUP = "model"
 ALIASES = {"dtype": Alias(choices=DTYPES)}
-DEFAULT_FETCH = "smollm2-135m-instruct"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
