@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, TypeVar, get_args
 
 from services.conductor.cpp import PipelineGroup, pipeline_prefill_s
+from shared.calibration import length_class
 from shared.config import SHORTLIST
 from shared.predictor import Predictor
 
@@ -53,6 +54,9 @@ class PrefillLoad:
     window_load_s: float = 0.0  # prefill seconds assigned to it over the recent window
     free_blocks: int = 1 << 30  # cache room before it must evict
     slowdown: float = 1.0  # its times observed over predicted (shared/calibration.py)
+    # The same for work of each length class (shared.calibration.length_class), from the
+    # shortest, the last for any longer; empty: `slowdown` for all.
+    paces: tuple[float, ...] = ()
     group: PipelineGroup | None = None  # a CPP pipeline group (services/conductor/cpp.py); None: one instance
 
 
@@ -195,7 +199,16 @@ def _ttft(load: PrefillLoad, cached_blocks: int, req: Request, ctx: Context, tra
         work = ctx.predictor.prefill_s(req.prompt_len - cached, cached)
     else:
         work = pipeline_prefill_s(ctx.predictor, load.group, req.prompt_len - cached, cached)
-    return load.slowdown * (load.queue_s + transfer_s + work)
+    profiled = load.queue_s + transfer_s + work
+    return pace_of(load, profiled) * profiled
+
+
+def pace_of(load: PrefillLoad, predicted_s: float) -> float:
+    """The instance's pace for work this long: a burst of interference makes a short
+    prompt far slower than its profile and a long one hardly at all."""
+    if not load.paces:
+        return load.slowdown
+    return load.paces[min(length_class(predicted_s), len(load.paces) - 1)]
 
 
 def _plain(load: PrefillLoad, req: Request, ctx: Context) -> PrefillChoice:
@@ -296,7 +309,7 @@ def route_long(req: Request, choice: PrefillChoice, groups: Sequence[PrefillLoad
     detail = f"{group.instance_id} {ttft * 1e3:.0f} ms, {choice.instance_id} {choice.ttft_s * 1e3:.0f} ms"
     if ttft < choice.ttft_s:
         return PrefillChoice(group.instance_id, ttft, group.prefix_blocks), Route("cpp", "faster", detail)
-    idle = replace(group, queue_s=0.0, slowdown=1.0)
+    idle = replace(group, queue_s=0.0, slowdown=1.0, paces=())
     busy = _ttft(idle, group.prefix_blocks, req, ctx) < choice.ttft_s  # its queue or measured pace lost it
     return choice, Route("single", "group_slower_now" if busy else "short_input", detail)
 

@@ -112,7 +112,8 @@ class ClusterState:
     local: dict[str, dict[str, int]] = field(default_factory=dict)
     decode_time_s: float = field(init=False)  # t_d as used now: configured, or learned (Params.learn_decode_time)
     # Prefill predictions times each instance's observed over predicted TTFT, the
-    # quantile `calibration_z` of it (shared/calibration.py); None: the profile alone.
+    # quantile `calibration_z` of it, of work like the prediction (shared/calibration.py);
+    # None: the profile alone.
     # The live Conductor's choice (ClusterConfig.calibrate_time_model, slo_attainment).
     calibration_z: float | None = None
     # Kept current by every booking, so that a decision reads the least loaded few
@@ -218,6 +219,7 @@ class ClusterState:
             window_load_s=book.window_prefill_s,
             free_blocks=self.index.capacity_blocks - self.index.used_blocks(iid),
             slowdown=1.0 if self.calibration_z is None else book.calibration.pace(now, self.calibration_z),
+            paces=() if self.calibration_z is None else book.calibration.tails(now, self.calibration_z),
             group=book.group,
         )
 

@@ -16,7 +16,9 @@ from services.conductor.policy import (
     Rejection,
     Request,
     Scheduler,
+    pace_of,
 )
+from shared.calibration import length_class
 from shared.predictor import Predictor
 
 BS = 128
@@ -233,6 +235,16 @@ def test_an_instance_running_slower_than_its_profile_is_predicted_slower():
     slow_decode = [DecodeLoad("d0", (), slowdown=3.0)]
     out = sched(admission="predictive").schedule(r, [p("a", queue_s=0.005)], slow_decode, now=0.0)
     assert isinstance(out, Rejection) and "TBT" in out.reason
+
+
+def test_a_prediction_takes_the_pace_of_work_as_long_as_it():
+    # Short work runs 3x its profile on a, work of 10 ms and longer 1.1x (and any
+    # longer than seen, the last entry): a 1,024-token prompt (11 ms) is predicted at 1.1x.
+    paces = (3.0,) * length_class(0.01) + (1.1,)
+    a = replace(p("a"), slowdown=3.0, paces=paces)
+    out = sched(admission="predictive").schedule(req(1024, slo_ttft_s=0.02), [a], IDLE_DECODE, now=0.0)
+    assert isinstance(out, Decision) and out.prefill.ttft_s == pytest.approx(1.1 * PRED.prefill_s(1024))
+    assert pace_of(a, 0.001) == 3.0 and pace_of(a, 100.0) == 1.1
 
 
 def test_cache_aware_prefers_the_instance_that_runs_faster_now():

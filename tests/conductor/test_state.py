@@ -1,7 +1,7 @@
 import pytest
 
 from services.conductor.index import PrefixIndex
-from services.conductor.policy import Decision, Params, PrefillChoice, Request
+from services.conductor.policy import Decision, Params, PrefillChoice, Request, pace_of
 from services.conductor.state import WINDOW_S, ClusterState
 from shared.predictor import Predictor
 
@@ -145,6 +145,22 @@ def test_prefills_slower_than_predicted_slow_the_instances_predictions_down():
     uncalibrated.prefill_done("r", now=0.3)
     assert uncalibrated.prefill_loads([], now=0.3)[0].slowdown == 1.0
     assert uncalibrated.prefill_pace(0.3, ["p0"]) == 1.0
+
+
+def test_a_long_prompt_is_judged_by_the_long_prompts_before_it_not_by_short_ones_caught_late():
+    s = ClusterState(PRED, PARAMS, PrefixIndex(capacity_blocks=1000), calibration_z=1.645)
+    s.add_instance("prefill", "p0")
+    s.add_instance("decode", "d0")
+    for i in range(10):  # 1 s prompts on pace, and 0.1 s ones five times slower
+        t = i * 2.0
+        assign(s, f"l{i}", now=t, prompt_len=1000)
+        s.prefill_done(f"l{i}", now=t + 1.0)
+        assign(s, f"s{i}", now=t + 1.0, prompt_len=100)
+        s.prefill_done(f"s{i}", now=t + 1.5)
+    (load,) = s.prefill_loads([], now=20.0)
+    assert pace_of(load, 2.0) == pytest.approx(1.0, abs=0.05)
+    assert pace_of(load, 0.1) > 4.0
+    assert load.slowdown > 4.0  # the whole's tail: the short ones'
 
 
 def test_a_local_prefill_joins_its_decode_at_once_and_leaves_its_queue_at_its_first_token():

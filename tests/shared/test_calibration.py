@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from shared.calibration import Calibration, quantile_z
+from shared.calibration import Calibration, length_class, quantile_z
 
 
 def test_without_evidence_the_pace_is_one():
@@ -90,3 +90,30 @@ def test_weights_stay_finite_over_many_half_lives():
         c.add(0.2, 0.1, now=float(t))
     assert c.pace(now=5000.0) == pytest.approx(2.0, rel=0.02)
     assert all(math.isfinite(w) for w in c.bins)
+
+
+def test_work_is_judged_by_work_like_it():
+    # Short prefills (0.1 s) caught by bursts, one in four, run 3x; long ones (2 s)
+    # average the bursts out and run 1.05x. A long prompt's tail is theirs, a short
+    # one's is the bursts' (all work is at least half as long), and work longer than
+    # any seen gets the median.
+    c = Calibration(half_life_s=1e9)
+    for i in range(200):
+        c.add(0.1 * (1.0 if i % 4 else 3.0), 0.1, now=0.0)
+        if i % 20 == 0:
+            c.add(2.1, 2.0, now=0.0)
+    tails = c.tails(0.0, z=quantile_z(0.95))
+    assert tails[length_class(0.1)] > 2.5
+    assert tails[length_class(4.0)] == pytest.approx(1.05, rel=0.02)
+    assert tails[-1] == pytest.approx(c.pace(0.0), rel=0.01) and tails[-1] < 1.1
+    assert c.pace(0.0, z=quantile_z(0.95)) > 2.5  # all work alike: the bursts' tail for everything
+
+
+def test_with_little_work_like_it_a_tail_leans_to_the_median():
+    c = Calibration(prior_s=0.5, half_life_s=1e9)
+    for _ in range(500):
+        c.add(0.011, 0.01, now=0.0)  # 5 s of short work at 1.1x
+    c.add(0.3, 0.2, now=0.0)  # one longer prefill at 1.5x: 0.2 s of evidence
+    tails = c.tails(0.0, z=quantile_z(0.95))
+    assert 1.1 < tails[length_class(0.2)] < 1.3
+    assert Calibration().tails(0.0, z=2.0) == (1.0, 1.0)  # no evidence: the profile
