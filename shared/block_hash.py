@@ -54,6 +54,25 @@ def chain(tokens: Sequence[int], block_size: int, salt: bytes, digest: Digest) -
     return out
 
 
+def tail_hash(tokens: Sequence[int], block_size: int, salt: bytes, full: Sequence[bytes]) -> bytes | None:
+    """The hash of `tokens`' last partial block (None: they end on a block boundary),
+    chained to its full blocks' `full`. It names the KV of exactly these tokens, so
+    decode loads a prompt's tail rather than computing it; tagged, so that it never
+    names a full block (its input is never a whole number of 8-byte tokens long).
+    """
+    start = len(full) * block_size
+    if start >= len(tokens):
+        return None
+    prev = full[-1] if full else (sha256_16(ROOT + salt) if salt else ROOT)
+    payload = array("q", tokens[start:])
+    if sys.byteorder == "big":  # pragma: no cover - the hash is little-endian everywhere
+        payload.byteswap()
+    return sha256_16(_TAIL_TAG + prev + payload.tobytes())
+
+
+_TAIL_TAG = b"tail"
+
+
 def block_hashes(tokens: Sequence[int], block_size: int, salt: bytes = b"") -> list[bytes]:
     """Hashes of every full block of `tokens`, as 16-byte digests."""
     return chain(tokens, block_size, salt, sha256_16)

@@ -461,9 +461,9 @@ def decodes(req: Request) -> bool:
 
 
 def kv_blocks(req: Request, block_size: int) -> int:
-    """The prompt's leading full blocks whose KV prefill sends to decode: every one,
-    when decode runs."""
-    return req.prompt_len // block_size if decodes(req) else 0
+    """The prompt's blocks whose KV prefill sends to decode: every one, its partial
+    tail too, when decode runs."""
+    return -(-req.prompt_len // block_size) if decodes(req) else 0
 
 
 def pool_pull(chosen_node: str, chosen_prefix: int, node_prefix: Mapping[str, int]) -> tuple[str, int]:

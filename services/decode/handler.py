@@ -22,6 +22,7 @@ from shared.engine.llm import Step, generate
 from shared.engine.runtime import Handler
 from shared.instance import Instance
 from shared.kv.chunk_cap import KV_CHUNK_CAP
+from shared.kv.plan import KV_PROMPT_TOKENS
 from shared.messages import NO_TOKEN, DecodeAccept, DecodeRequest, TokenChunk, decode_subject, encode
 from shared.predictor import load_predictor
 
@@ -109,8 +110,8 @@ class Decoder(Handler):
 
     async def _generate(self, req: DecodeRequest) -> None:
         # The engine runs prompt + first token. The connector loads the prompt's blocks
-        # that prefill streamed into this node's pool and the engine computes only the
-        # rest: the prompt's last partial block, the first token, and any block that
+        # (its tail too) that prefill streamed into this node's pool and the engine
+        # computes only the rest: the first token, and any block that
         # did not arrive within kv_wait_s (see shared/kv/connector.py). A request whose
         # sampling depends on its own output runs from the prompt alone instead, for
         # the whole output, so that its history holds every token (Sampling.history_dependent).
@@ -119,7 +120,7 @@ class Decoder(Handler):
         prompt = [*req.prompt_token_ids, req.first_token_id][: len(req.prompt_token_ids) + done]
         config = self.instance.config
         kv = {"kv_blocks": req.kv_blocks, "kv_wait_s": min(config.kv_wait_s, bus.remaining(req.deadline)),
-              "kv_hashes": req.block_hashes}
+              "kv_hashes": req.block_hashes, KV_PROMPT_TOKENS: len(req.prompt_token_ids)}
         if cap := config.prompt_chunk_tokens("decode"):  # its stream's TBT, on an engine launched for either role
             kv[KV_CHUNK_CAP] = cap
         seq, pace = 0, Pace()

@@ -8,8 +8,8 @@ the pool). This class only builds the half for its role and hands each hook to i
 the halves share nothing but the per-step `YuebingMeta`.
 
 The contract, in the request's `SamplingParams.extra_args["kv_transfer_params"]`:
-- `kv_dest: str` (prefill) — save every full prompt block into this node's pool as
-  each layer is computed; this node's messenger streams each layer on to the
+- `kv_dest: str` (prefill) — save every prompt block into this node's pool as each
+  layer is computed, the last partial one (its tail) with the prompt's last token; this node's messenger streams each layer on to the
   messenger of node `kv_dest` ("" or this node: keep the blocks here);
 - `kv_blocks: int` with `kv_wait_s: float` (decode; prefill after a pull) — the first
   `kv_blocks` prompt blocks are on their way into this node's pool: wait up to
@@ -18,7 +18,10 @@ The contract, in the request's `SamplingParams.extra_args["kv_transfer_params"]`
   beside other requests computes at most this many tokens a step, whatever role the
   engine launched in (shared/kv/chunk_cap.py);
 - `kv_hashes: list[str]` (both) — the prompt's full-block hashes (hex) as the gateway
-  computed them, so the prompt is hashed once in the cluster (computed here if absent).
+  computed them, so the prompt is hashed once in the cluster (computed here if absent);
+- `kv_prompt_tokens: int` (decode) — the prompt's length: the tokens after it (the one
+  prefill sampled, any decoded before a migration) are in no block, and the tail's
+  hash (shared/block_hash.py `tail_hash`) covers the prompt's last tokens up to it.
 Either way, the leading prompt blocks that are in the node pool (whoever computed
 them, from DRAM or SSD) are loaded layer by layer while the rest is computed.
 
@@ -26,11 +29,12 @@ The connector's word on a finished request that had a `kv_dest`, in the request'
 last output: `{"kv_blocks": n}`, the leading prompt blocks the pool took and so are
 on their way to `kv_dest`. Decode is asked to wait for exactly those.
 
-The prompt's tail that does not fill a block, and the first token (which prefill
-sampled but never ran through the model), are computed by decode: at most
-block_size - 1 prompt tokens plus one. A block that is missing, late past the wait,
-evicted before it was pinned, or failed its checksum is computed too; nothing waits
-past the wait.
+The first token (which prefill sampled but never ran through the model) is computed
+by decode, and nothing else of the prompt: its tail, a partial block, travels as a
+block of its own, so that a request joining a decode batch costs that batch one
+token, not up to block_size (measured: docs/benchmarks/goodput.md). A block that is
+missing, late past the wait, evicted before it was pinned, or failed its checksum is
+computed; nothing waits past the wait.
 """
 
 from __future__ import annotations

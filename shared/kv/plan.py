@@ -14,7 +14,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.block_hash import block_hashes
+from shared.block_hash import block_hashes, tail_hash
 from shared.kv.leading import leading_count, leading_run
 from shared.kv.wire import NO_ROOM
 
@@ -23,6 +23,7 @@ KV_DEST = "kv_dest"
 KV_BLOCKS = "kv_blocks"
 KV_WAIT_S = "kv_wait_s"
 KV_HASHES = "kv_hashes"  # the prompt's block hashes (hex) as the gateway computed them
+KV_PROMPT_TOKENS = "kv_prompt_tokens"  # decode: the prompt's length, before the tokens prefill sampled
 KV_TRACE = "kv_trace"  # the request's trace context (W3C headers): the messenger's push span joins it
 TRACE_KEYS = ("traceparent", "tracestate")
 TRACE_VALUE_CHARS = 512  # W3C caps tracestate at 512 characters
@@ -31,7 +32,7 @@ DEFAULT_WAIT_S = 2.0
 
 @dataclass
 class Send:
-    """Prefill: save every full prompt block into the node pool, streamed to `kv_dest`."""
+    """Prefill: save every prompt block (its tail too) into the node pool, streamed to `kv_dest`."""
 
     kv_dest: str  # "" or this node: kept in the node pool only
     trace: dict[str, str] = field(default_factory=dict)  # the request's trace context, for the messenger
@@ -61,7 +62,8 @@ class Match:
 class Tracked:
     """The scheduler half's state of one request."""
 
-    hashes: list[bytes]  # the prompt's full blocks
+    hashes: list[bytes]  # the prompt's blocks: every full one, then its tail, if it has one
+    tail: int = 0  # tokens in the tail, the last of `hashes` (0: none; every block is full)
     send: Send | None = None
     wait: Wait | None = None
     seen_at: float = 0.0  # when the scheduler first saw it (how long it waited for blocks)
@@ -83,6 +85,10 @@ class Load:
     request_id: str
     block_ids: list[int]
     slots: list[int]
+    # Its last block is a prompt's tail: the step writes its own first token's KV into
+    # that block, and vLLM writes a layer's new KV before the connector's wait for that
+    # layer, so the worker loads this step's blocks before the forward, not layer by layer.
+    tail: bool = False
 
 
 class PoolView(Protocol):
@@ -104,7 +110,10 @@ def track(
     params = params or {}
     if KV_DEST not in params and KV_BLOCKS not in params:
         return None
-    t = Tracked(hashes=prompt_hashes(params, prompt, block_size, salt), seen_at=now)
+    prompt = prompt[: _prompt_tokens(params, len(prompt))]
+    t = Tracked(hashes=prompt_hashes(params, prompt, block_size, salt), tail=len(prompt) % block_size, seen_at=now)
+    if t.tail:
+        t.hashes.append(tail_hash(prompt, block_size, salt, t.hashes))
     if KV_DEST in params:
         t.send = Send(kv_dest=str(params[KV_DEST]), trace=trace_context(params.get(KV_TRACE)))
     if KV_BLOCKS in params:
@@ -118,6 +127,13 @@ def trace_context(given: Any) -> dict[str, str]:
     if not isinstance(given, Mapping):
         return {}
     return {k: v for k in TRACE_KEYS if isinstance(v := given.get(k), str) and len(v) <= TRACE_VALUE_CHARS}
+
+
+def _prompt_tokens(params: Mapping[str, Any], tokens: int) -> int:
+    """The tokens whose KV the request's blocks name: a decode's prompt comes with the
+    token prefill sampled, which no block holds."""
+    given = params.get(KV_PROMPT_TOKENS)
+    return min(given, tokens) if isinstance(given, int) and given >= 0 else tokens
 
 
 def prompt_hashes(params: Mapping[str, Any], prompt: list[int], block_size: int, salt: bytes) -> list[bytes]:
@@ -135,8 +151,7 @@ def match(
     """The leading blocks past what vLLM computed that the pool holds; None while
     blocks the request waits for are still on their way (vLLM asks again next step).
     Nothing waits past `Wait.until`, for a block that failed, or on a dead messenger."""
-    # Never claim the block holding the last token: vLLM must compute at least one.
-    last = min(len(t.hashes), (num_tokens - 1) // block_size)
+    last = claimable(t, num_tokens, block_size)
     first = num_computed_tokens // block_size
     if first >= last:
         return Match(first, 0)
@@ -149,23 +164,47 @@ def match(
     return Match(first, ready if pool.alive else 0, expected)
 
 
-def claimed(m: Match, num_external_tokens: int, block_size: int) -> int:
+def claimable(t: Tracked, num_tokens: int, block_size: int) -> int:
+    """The blocks that end before the request's last token: vLLM must compute at least
+    one. A decode's tail ends there (the token after it is the one prefill sampled)."""
+    full = len(t.hashes) - (1 if t.tail else 0)
+    ahead = num_tokens - 1  # tokens before the last
+    if t.tail and (full * block_size + t.tail) <= ahead:
+        return len(t.hashes)
+    return min(full, ahead // block_size)
+
+
+def matched_tokens(t: Tracked, m: Match, block_size: int) -> int:
+    """The tokens the matched blocks hold: a tail holds fewer than a block."""
+    with_tail = t.tail and m.blocks and m.first + m.blocks == len(t.hashes)
+    return m.blocks * block_size - (block_size - t.tail if with_tail else 0)
+
+
+def claimed(t: Tracked, m: Match, num_external_tokens: int, block_size: int) -> int:
     """How many of the matched blocks vLLM allocated to load (it may take fewer)."""
+    if m.blocks and num_external_tokens >= matched_tokens(t, m, block_size):
+        return m.blocks
     return min(m.blocks, max(0, num_external_tokens) // block_size)
 
 
-def plan_load(request_id: str, block_ids: list[int], pinned: list[int]) -> tuple[Load | None, list[int]]:
+def plan_load(request_id: str, block_ids: list[int], pinned: list[int], tail: bool = False
+              ) -> tuple[Load | None, list[int]]:
     """Claimed blocks whose leading run the pin took (`pinned`: their slots) load;
     the rest, evicted since the match or never pinned (no messenger), are reported
-    as failed loads, so that vLLM computes them."""
+    as failed loads, so that vLLM computes them. `tail`: the last claimed block is the
+    prompt's tail."""
     n = min(len(pinned), len(block_ids))
-    load = Load(request_id, block_ids[:n], pinned[:n]) if n else None
+    load = Load(request_id, block_ids[:n], pinned[:n], tail and n == len(block_ids)) if n else None
     return load, block_ids[n:]
 
 
 def blocks_complete(t: Tracked, computed_tokens: int, scheduled_tokens: int, block_size: int) -> int:
-    """The prompt's full blocks computed once this step has run."""
-    return min(len(t.hashes), (computed_tokens + scheduled_tokens) // block_size)
+    """The prompt's blocks computed once this step has run: its tail with its last token."""
+    done = computed_tokens + scheduled_tokens
+    full = len(t.hashes) - (1 if t.tail else 0)
+    if t.tail and done >= full * block_size + t.tail:
+        return len(t.hashes)
+    return min(full, done // block_size)
 
 
 def saves_due(

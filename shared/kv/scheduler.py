@@ -35,6 +35,7 @@ from shared.kv.plan import (
     claimed,
     finished_params,
     match,
+    matched_tokens,
     plan_load,
     saves_due,
     take_reserved,
@@ -90,7 +91,7 @@ class ConnectorScheduler:
         # Remembered for update_state_after_alloc; a later ask replaces it.
         now = time.monotonic()
         t.match = match(t, request.num_tokens, num_computed_tokens, self.opts.block_size, self.follower, now)
-        return (None, False) if t.match is None else (t.match.blocks * self.opts.block_size, False)
+        return (None, False) if t.match is None else (matched_tokens(t, t.match, self.opts.block_size), False)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Pin what the step claimed. A claimed block the pin no longer finds is loaded
@@ -99,11 +100,12 @@ class ConnectorScheduler:
         if t is None or t.match is None:
             return
         m, t.match = t.match, None
-        n = claimed(m, num_external_tokens, self.opts.block_size)
+        n = claimed(t, m, num_external_tokens, self.opts.block_size)
         block_ids = list(blocks.get_block_ids()[0][m.first : m.first + n])
         pin = Pin(owner=request.request_id, hashes=t.hashes[m.first : m.first + n], engine=self.engine)
         pinned = self._slots(pin) if n else []
-        load, failed = plan_load(request.request_id, block_ids, pinned or [])
+        tail = bool(t.tail) and m.first + n == len(t.hashes)
+        load, failed = plan_load(request.request_id, block_ids, pinned or [], tail)
         if load is not None:
             self.next_meta.loads.append(load)
         self.next_meta.failed.extend(failed)

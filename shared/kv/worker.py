@@ -161,16 +161,22 @@ class ConnectorWorker:
         job = LayerLoad(block_ids, [s for load in meta.loads for s in load.slots])
         started = self.copier.load(pool, self.caches, self.layer_ids, job, lambda: self._release(meta.loads))
         self._loading = (started, block_ids, len(block_ids) * len(self.caches) * pool.slots.geometry.layer_bytes)
+        if any(load.tail for load in meta.loads):  # in before the forward writes into a tail (Load.tail)
+            for index in range(len(self.caches)):
+                self.wait_for_layer_index(index)
+
+    def wait_for_layer_index(self, index: int) -> None:
+        if self._loading is not None and self.copier is not None:
+            started = time.perf_counter()
+            self.copier.wait_layer(self._loading[0], index)
+            self._load_wait_s += time.perf_counter() - started
 
     def _release(self, loads: list[Load]) -> None:
         for load in loads:
             self.client.note(Release(owner=load.request_id))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        if self._loading is not None and self.copier is not None:
-            started = time.perf_counter()
-            self.copier.wait_layer(self._loading[0], self.layers[layer_name])
-            self._load_wait_s += time.perf_counter() - started
+        self.wait_for_layer_index(self.layers[layer_name])
 
     def save_kv_layer(self, meta: YuebingMeta, layer_name: str) -> None:
         if not meta.saves or self.copier is None:

@@ -56,9 +56,9 @@ def test_the_reply_carries_the_whole_placement_the_gateway_executes():
     c.on_heartbeat(Heartbeat(instance_id="p0", role="prefill", node="node-0", pid=1, seq=1, sent_at=0.0), now=0.0)
     c.on_heartbeat(Heartbeat(instance_id="d0", role="decode", node="node-1", pid=1, seq=1, sent_at=0.0), now=0.0)
     placement = c.schedule(ask("r1", ["a", "b"]), now=0.0).placement
-    # Prefill streams every full prompt block to the decode instance's node.
+    # Prefill streams every prompt block, its tail too, to the decode instance's node.
     assert (placement.prefill_id, placement.decode_id, placement.decode_node) == ("p0", "d0", "node-1")
-    assert placement.kv_blocks == 2
+    assert placement.kv_blocks == 3
     one_token = ScheduleRequest(request_id="r2", prompt_len=300, block_hashes=["a", "b"], max_tokens=1,
                                 deadline=time.time() + 60)
     alone = c.schedule(one_token, now=0.0).placement

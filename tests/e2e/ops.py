@@ -12,6 +12,7 @@ from typing import Protocol, TypeVar
 
 import httpx
 import nats
+import psutil
 from nats.aio.client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -130,6 +131,17 @@ def every_conductor_stats(cluster: Cluster, seconds: float = 1.0) -> dict[str, C
             await nc.close()
 
     return asyncio.run(ask())
+
+
+def service(cluster, *words: str) -> psutil.Process | None:  # cluster: a launched one (tests/conftest.py)
+    """The launcher's live child whose command line holds every word (pids change on restarts)."""
+    for p in psutil.Process(cluster.launcher.pid).children():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and all(w in p.cmdline() for w in words):
+                return p
+        except psutil.NoSuchProcess:
+            continue
+    return None
 
 
 def beating(cluster: Cluster, instance_id: str, timeout_s: float = 120.0) -> int:

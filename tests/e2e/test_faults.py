@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.ops import latest_heartbeat, messenger
+from tests.e2e.ops import beating, latest_heartbeat, messenger, service
 
 pytestmark = pytest.mark.e2e
 
@@ -53,6 +53,7 @@ def test_killing_the_decode_nodes_messenger_mid_transfer(cluster, client, refere
     error), and the next request is served, its prompt computed by decode."""
     rnd = random.Random(11)
     prompts = [[rnd.randrange(32, 127) for _ in range(990)] for _ in range(3)]
+    beating(cluster, "decode-0")  # back, if a destructive test before this one killed it: else no KV goes to node-1
 
     def complete(ids):
         try:
@@ -63,17 +64,19 @@ def test_killing_the_decode_nodes_messenger_mid_transfer(cluster, client, refere
             return e  # a clean error is allowed; a hang is not
 
     before = messenger(cluster, "node-1")
+    victim = service(cluster, "services.messenger", "node-1")  # its pid now: a test before may have restarted it
+    assert victim is not None
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         start = time.monotonic()
         futures = [pool.submit(complete, p) for p in prompts]
         # Kill it the moment KV of these prompts starts arriving there, not after a guess.
         while (seen := messenger(cluster, "node-1")).layers_in == before.layers_in:
             assert time.monotonic() - start < 20, "no KV reached node-1"
-        os.kill(cluster.pids["messenger-1"], signal.SIGKILL)
+        os.kill(victim.pid, signal.SIGKILL)
         results = [f.result(timeout=60) for f in futures]
     assert time.monotonic() - start < 30
     # It died mid-transfer: some layers had come in, not every block of the three prompts.
-    assert seen.blocks_received - before.blocks_received < sum(len(p) // BLOCK for p in prompts)
+    assert seen.blocks_received - before.blocks_received < sum(-(-len(p) // BLOCK) for p in prompts)
     want = reference.greedy(prompts, 8)
     for got, expected in zip(results, want):
         if isinstance(got, Exception):
@@ -87,5 +90,5 @@ def test_killing_the_decode_nodes_messenger_mid_transfer(cluster, client, refere
     r = client.completions.create(model="yuebing-tiny", prompt=ids, max_tokens=8, temperature=0,
                                   extra_body={"return_token_ids": True})
     assert r.choices[0].model_extra["token_ids"] == reference.greedy([ids], 8)[0]
-    assert r.model_extra["yuebing"]["decode_kv_loaded_tokens"] in (0, len(ids) // BLOCK * BLOCK)
+    assert r.model_extra["yuebing"]["decode_kv_loaded_tokens"] in (0, len(ids))
     assert time.monotonic() - start < 10

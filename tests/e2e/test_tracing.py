@@ -35,7 +35,7 @@ SERVICES = {"yuebing-gateway", "yuebing-conductor", "yuebing-prefill", "yuebing-
 
 def trace_of(receiver: Receiver, request_id: str, services: set[str] = SERVICES) -> list[Span]:
     """The spans of the trace whose gateway span carries `request_id`, once every
-    service's are in: the prefill node's messenger's push, the decode span with its
+    service's are in, each with its parent: the prefill node's messenger's push, the decode span with its
     wait for KV, and vLLM's span of each engine's share (a decode instance killed
     mid-stream takes its own to its grave)."""
     deadline, spans = time.monotonic() + DEADLINE_S, []
@@ -43,9 +43,13 @@ def trace_of(receiver: Receiver, request_id: str, services: set[str] = SERVICES)
         every = receiver.snapshot()
         roots = [s for s in every if s.name == "gateway.request" and s.attributes.get("yuebing.request_id") == request_id]
         spans = [s for s in every if roots and s.trace_id == roots[0].trace_id]
-        names = [s.name for s in spans]
+        names, ids = [s.name for s in spans], {s.span_id for s in spans}
+        # Every span's parent in too (a parent is exported when it ends, after its
+        # children), where both are `services`' (a killed decode may have exported a
+        # child of a span that died with it).
+        parented = all(s.parent_id in ids for s in spans if s not in roots and s.service in services)
         if services <= {s.service for s in spans} and {"decode", "decode.kv_wait", "messenger.push"} <= set(names) \
-                and names.count("llm_request") >= 2:
+                and names.count("llm_request") >= 2 and parented:
             return spans
         time.sleep(0.5)
     raise AssertionError(f"no whole trace for {request_id}: {spans}")
@@ -106,7 +110,8 @@ def test_a_request_migrated_after_its_decode_died_stays_one_trace(traced):
     spans = trace_of(receiver, request_id, SERVICES - {"yuebing-decode"})
     ids = {s.span_id for s in spans}
     root = next(s for s in spans if s.name == "gateway.request")
-    assert all(s.parent_id in ids for s in spans if s is not root)
+    survivors = [s for s in spans if s.service != "yuebing-decode"]
+    assert all(s.parent_id in ids for s in survivors if s is not root)
     starts = sorted(s.attributes["instance"] for s in spans if s.name == "gateway.decode_start")
     other = "prefill-0"  # the only engine left decodes what it prefills
     assert starts == sorted([killed, other])  # both attempts, in the one trace

@@ -1,7 +1,7 @@
 """The KV-transfer tests a cluster over another transport runs again: a module
 imports them beside its own `cluster` fixture (tests/e2e/ops.py: `cluster_over`), and
-pytest collects them there. Greedy outputs equal plain vLLM, decode computes at most
-block_size - 1 prompt tokens, a corrupted layer is detected, and a messenger killed
+pytest collects them there. Greedy outputs equal plain vLLM, decode computes none of
+the prompt (its partial tail comes as a block too), a corrupted layer is detected, and a messenger killed
 mid-transfer ends its requests cleanly."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ import struct
 
 import pytest
 
-from shared.block_hash import ROOT, block_hashes, chain, hex_hashes, sha256_16
+from shared.block_hash import ROOT, block_hashes, chain, hex_hashes, sha256_16, tail_hash
 
 
 def test_only_full_blocks_are_hashed():
@@ -49,3 +49,14 @@ def test_hash_is_truncated_sha256_of_the_previous_hash_and_little_endian_int64_t
 def test_block_size_must_be_positive():
     with pytest.raises(ValueError):
         block_hashes([1, 2, 3], 0)
+
+
+def test_a_prompts_tail_is_named_by_its_tokens_after_the_full_blocks_and_never_as_a_full_block():
+    prompt = list(range(10))
+    full = block_hashes(prompt, 4, b"m")
+    tail = tail_hash(prompt, 4, b"m", full)
+    assert tail is not None and tail not in full
+    assert tail_hash(prompt[:8], 4, b"m", full) is None  # on a block boundary: no tail
+    assert tail_hash([*prompt[:9], 99], 4, b"m", full) != tail  # its own tokens
+    assert tail_hash(prompt, 4, b"other", block_hashes(prompt, 4, b"other")) != tail  # and salt
+    assert tail_hash(prompt[:3], 4, b"m", []) != block_hashes([*prompt[:3], 0], 4, b"m")[0]

@@ -237,7 +237,7 @@ async def calibrate(
     decode_slowdown = burst_decode_slowdown(decode_gaps_by_load(gaps))
     if decode_slowdown is None:  # the burst had too few gaps of some kind: the probes' figure
         decode_slowdown = decode_slowdown_in_windows(beside.decoded, beside.windows)
-    handoff, join_step = join_costs(decode_joins(burst, predictor, options.block_tokens))
+    handoff, join_step = join_costs(decode_joins(burst))
     host = HostSharing(
         prefill_scale=alone.scale, prefill_slowdown_while_decoding=while_decoding,
         prefill_slowdown_per_decoding=per_decoding, decode_slowdown_per_prefill=max(0.0, decode_slowdown),

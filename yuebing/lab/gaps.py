@@ -16,9 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.predictor import Predictor
 from yuebing.lab.outcome import Outcome
-from yuebing.lab.sim import tail_compute_s
 
 
 @dataclass(frozen=True)
@@ -62,10 +60,9 @@ class DecodeJoin:
     step: float  # the others' step that ends with its second token: the step it joined in
     step_before: float  # their step before that one, and after it
     step_after: float
-    tail_s: float  # the profile's cost of computing its prompt tail in that step
 
 
-def decode_joins(outcomes: Sequence[Outcome], predictor: Predictor, block_tokens: int) -> list[DecodeJoin]:
+def decode_joins(outcomes: Sequence[Outcome]) -> list[DecodeJoin]:
     """Every request of a live run that joined decode beside requests already decoding."""
     decoding = [o for o in outcomes if len(o.token_times) > 2]
     joins = []
@@ -76,19 +73,18 @@ def decode_joins(outcomes: Sequence[Outcome], predictor: Predictor, block_tokens
                 for k in range(3, len(t) - 1) if abs(t[k] - second) < SAME_STEP_S]
         if seen:
             step, before, after = (statistics.fmean(x) for x in zip(*seen))
-            joins.append(DecodeJoin(second - j.token_times[0], step, before, after,
-                                    tail_compute_s(predictor, j.input_len, block_tokens)))
+            joins.append(DecodeJoin(second - j.token_times[0], step, before, after))
     return joins
 
 
 def join_costs(joins: Sequence[DecodeJoin], min_joins: int = 5) -> tuple[float, float]:
     """(handoff_s, join_step_s) for HostSharing from `decode_joins`: how much longer
-    the step a request joins in is than the steps around it, beyond its tail's
-    compute; and what its first gap holds besides that step and the wait for the step
+    the step a request joins in is than the steps around it (loading its KV,
+    computing its first token); and what its first gap holds besides that step and the wait for the step
     in progress when it came (half that step, on average). (0, 0) with too few joins."""
     if len(joins) < min_joins:
         return 0.0, 0.0
-    join_step = statistics.fmean(j.step - (j.step_before + j.step_after) / 2 - j.tail_s for j in joins)
+    join_step = statistics.fmean(j.step - (j.step_before + j.step_after) / 2 for j in joins)
     handoff = statistics.fmean(j.first_gap - j.step - j.step_before / 2 for j in joins)
     return max(0.0, handoff), max(0.0, join_step)
 

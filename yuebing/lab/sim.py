@@ -526,12 +526,9 @@ class Simulation:
             return
         if r.remaining > 0 and self.config.host.join_overhead_s:
             self._delay_prefills(self.config.host.join_overhead_s)
-        # Decode computes what no full pool block holds, the prompt's tail, beside the
-        # first token in its next step: that step is longer for the whole batch (by the
-        # tail's marginal cost, a step's fixed cost being in the step time already, and
-        # by loading the request's KV from the pool).
+        # Decode loads the request's KV from the pool (its prompt's tail too) and computes
+        # its first token in its next step: that step is longer for the whole batch.
         if r.remaining > 0:
-            inst.join_s += tail_compute_s(self.predictor, r.trace.input_length, self.config.block_tokens)
             inst.join_s += self.config.host.join_step_s
         if self._enter(inst, r):
             if not inst.busy:
@@ -719,17 +716,6 @@ def fill_step(queue: Iterable[SimRequest], budget: int, uncomputed: Callable[[Si
         chunks.append((r, n if whole else min(budget, n, cap or n)))
         budget -= chunks[-1][1]
     return chunks
-
-
-def tail_compute_s(predictor: Predictor, prompt_len: int, block_tokens: int) -> float:
-    """What computing a joining request's prompt tail (what no full block holds) adds
-    to a decode step: its marginal prefill cost, the step's fixed cost being paid
-    already."""
-    tail = prompt_len % block_tokens
-    if not tail:
-        return 0.0
-    held = prompt_len - tail
-    return max(0.0, predictor.prefill_s(tail + 1, held) - predictor.prefill_s(1, held))
 
 
 @dataclass

@@ -17,6 +17,7 @@ from shared.kv.plan import (
     claimed,
     finished_params,
     match,
+    matched_tokens,
     plan_load,
     saves_due,
     take_reserved,
@@ -53,9 +54,37 @@ def test_a_request_without_kv_params_is_not_tracked():
 
 def test_kv_params_become_a_send_and_a_wait():
     t = track({"kv_dest": "node-2", "kv_blocks": 9, "kv_wait_s": 1.5}, list(range(10)), BS, b"s", now=100.0)
-    assert t is not None and len(t.hashes) == 2  # two full blocks; the tail is not a block
+    assert t is not None and len(t.hashes) == 3 and t.tail == 2  # two full blocks and a tail of two tokens
     assert t.send == Send(kv_dest="node-2")
-    assert t.wait == Wait(kv_blocks=2, until=101.5)  # never more than the prompt's blocks
+    assert t.wait == Wait(kv_blocks=3, until=101.5)  # never more than the prompt's blocks
+
+
+def test_a_decode_names_the_tail_prefill_saved_not_one_holding_the_token_prefill_sampled():
+    prompt = list(range(10))
+    prefill = track({"kv_dest": "node-2"}, prompt, BS, b"s", now=0.0)
+    decode = track({"kv_blocks": 3, "kv_prompt_tokens": 10}, [*prompt, 99], BS, b"s", now=0.0)
+    assert prefill is not None and decode is not None
+    assert decode.hashes == prefill.hashes and decode.tail == 2
+    assert track({"kv_blocks": 3}, [*prompt, 99], BS, b"s", now=0.0).hashes[-1] != prefill.hashes[-1]
+    other = track({"kv_dest": "n"}, [*prompt[:9], 7], BS, b"s", now=0.0)
+    assert other.hashes[:2] == prefill.hashes[:2] and other.hashes[2] != prefill.hashes[2]
+
+
+def test_decode_claims_the_tail_and_computes_only_the_sampled_token():
+    t = Tracked(hashes=hashes(3), tail=2)  # 10 prompt tokens; decode runs 11
+    pool = Pool(ready=set(hashes(3)))
+    m = match(t, num_tokens=11, num_computed_tokens=0, block_size=BS, pool=pool, now=0.0)
+    assert m == Match(0, 3) and matched_tokens(t, m, BS) == 10
+    assert claimed(t, m, num_external_tokens=10, block_size=BS) == 3
+    assert claimed(t, m, num_external_tokens=8, block_size=BS) == 2  # vLLM took the full blocks only
+    # Prefill (10 tokens) must compute the last: the tail is not its to claim.
+    assert match(t, num_tokens=10, num_computed_tokens=0, block_size=BS, pool=pool, now=0.0) == Match(0, 2)
+
+
+def test_the_tail_saves_with_the_step_that_computes_the_prompts_last_token():
+    t = Tracked(hashes=hashes(3), tail=2, send=Send(kv_dest="d"))
+    assert saves_due({"s": t}, computed={"s": 0}, scheduled={"s": 9}, block_size=BS) == [("s", t, 2)]
+    assert saves_due({"s": t}, computed={"s": 0}, scheduled={"s": 10}, block_size=BS) == [("s", t, 3)]
 
 
 # --- what a step claims --------------------------------------------------------------------
@@ -95,9 +124,10 @@ def test_a_request_claims_at_once_when_its_blocks_are_all_here():
 
 
 def test_vllm_may_allocate_fewer_blocks_than_were_matched():
-    assert claimed(Match(0, 3), num_external_tokens=8, block_size=BS) == 2
-    assert claimed(Match(0, 3), num_external_tokens=0, block_size=BS) == 0
-    assert claimed(Match(0, 1), num_external_tokens=12, block_size=BS) == 1
+    t = Tracked(hashes=hashes(3))
+    assert claimed(t, Match(0, 3), num_external_tokens=8, block_size=BS) == 2
+    assert claimed(t, Match(0, 3), num_external_tokens=0, block_size=BS) == 0
+    assert claimed(t, Match(0, 1), num_external_tokens=12, block_size=BS) == 1
 
 
 def test_claimed_blocks_the_pin_missed_are_loaded_as_failed():
@@ -106,6 +136,9 @@ def test_claimed_blocks_the_pin_missed_are_loaded_as_failed():
     assert plan_load("r", [10, 11, 12, 13], pinned=[5, 6]) == (Load("r", [10, 11], [5, 6]), [12, 13])
     assert plan_load("r", [10], pinned=[]) == (None, [10])
     assert plan_load("r", [], pinned=[]) == (None, [])
+    # A tail loads before the forward only where the pin reached it.
+    assert plan_load("r", [10, 11], pinned=[5, 6], tail=True) == (Load("r", [10, 11], [5, 6], tail=True), [])
+    assert plan_load("r", [10, 11], pinned=[5], tail=True) == (Load("r", [10], [5]), [11])
 
 
 # --- what a step saves ---------------------------------------------------------------------

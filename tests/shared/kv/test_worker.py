@@ -74,6 +74,21 @@ def test_a_saved_block_loads_back_into_another_vllm_block(tmp_path):
     assert w.counts.take() is None  # given once
 
 
+def test_a_load_with_a_prompts_tail_is_in_before_the_forward_writes_its_first_layer(tmp_path):
+    # The step writes its first token's KV into the tail's block before the connector's
+    # wait for that layer: every layer must be in when start_load_kv returns.
+    w, _, caches = worker(tmp_path)
+    saving = YuebingMeta(pool_id="p1", saves=[Save(block_id=1, slot=1, block_hash=b"t" * 16)])
+    for name in caches:
+        w.save_kv_layer(saving, name)
+    assert w.copier is not None and w.copier.settle()
+    w.start_load_kv(YuebingMeta(pool_id="p1", loads=[Load("r", block_ids=[3], slots=[1], tail=True)]))
+    for cache in caches.values():  # no wait_for_layer_load yet
+        assert torch.equal(cache[:, 3], cache[:, 1])
+    w.wait_for_save()
+    assert w.take_load_errors() == set()
+
+
 def test_claimed_blocks_that_were_never_pinned_are_reported_failed(tmp_path):
     w, _, _ = worker(tmp_path)
     w.start_load_kv(YuebingMeta(pool_id="p1", failed=[2, 3]))

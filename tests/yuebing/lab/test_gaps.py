@@ -2,7 +2,6 @@
 
 import pytest
 
-from shared.predictor import Predictor
 from yuebing.lab.gaps import (
     burst_decode_slowdown,
     decode_gaps,
@@ -44,12 +43,11 @@ def test_decode_slowdown_in_windows_sets_gaps_inside_a_prefill_against_gaps_well
 
 
 def test_joins_are_read_from_the_steps_around_them_and_the_joiners_first_gap():
-    # a decodes in 10-ms steps; b (a whole number of blocks: no tail to compute) gets
+    # a decodes in 10-ms steps; b gets
     # its first token at 0.053 and joins in a's step that ends at 0.080, 20 ms long.
     a = Outcome(0.0, 256, 8, 1.0, 1.0, sent_at=0.0, token_times=[0.0, 0.03, 0.04, 0.05, 0.06, 0.08, 0.09, 0.10])
     b = Outcome(0.0, 256, 4, 1.0, 1.0, sent_at=0.0, token_times=[0.053, 0.08, 0.09, 0.10])
-    flat = Predictor(prefill_coef=(0.0, 1.0, 0.0, 0.0), decode_coef=(10.0, 0.0, 0.0))
-    (join,) = decode_joins([a, b], flat, block_tokens=128)
+    (join,) = decode_joins([a, b])
     assert (join.first_gap, join.step, join.step_before, join.step_after) == pytest.approx((0.027, 0.02, 0.01, 0.01))
     handoff, join_step = join_costs([join] * 5)
     assert join_step == pytest.approx(0.010)  # 20 ms against the 10 ms around it

@@ -38,13 +38,13 @@ def test_one_request_is_timed_exactly():
     assert o.tbt_mean_s == pytest.approx(0.010)
 
 
-def test_decode_computes_the_prompt_tail_in_its_first_step():
-    # 1000 tokens = one full 512-token block + a 488-token tail that no pool block holds.
+def test_decode_loads_the_prompt_tail_with_its_blocks_and_computes_only_its_first_token():
+    # 1000 tokens = one full 512-token block + a 488-token tail, which travels as a block too.
     trace = [TraceRequest(0.0, 1000, 11, (1, 2))]
     run = simulate(trace, SimConfig(prefill=1, decode=1, policy="round_robin", layerwise=False, kv_bytes_per_token=0), FLAT)
     (o,) = run.outcomes
-    assert o.end_s == pytest.approx(1.0 + 0.488 + 10 * 0.010)
-    assert o.tbt_mean_s == pytest.approx((0.498 + 9 * 0.010) / 10)
+    assert o.end_s == pytest.approx(1.0 + 10 * 0.010)
+    assert o.tbt_mean_s == pytest.approx(0.010)
 
 
 def test_a_shared_host_slows_prefill_beside_decode_and_decode_beside_prefill():
