@@ -72,6 +72,14 @@ class Tracked:
     # is not there, vLLM reruns it from that block, and only the rerun's blocks save.
     load_failed: bool = False
 
+    @property
+    def full_blocks(self) -> int:
+        return len(self.hashes) - (1 if self.tail else 0)
+
+    def ends_in_tail(self, end: int) -> bool:
+        """Whether blocks up to `end` (exclusive) take in the tail."""
+        return bool(self.tail) and end == len(self.hashes)
+
 
 @dataclass(frozen=True)
 class Save:
@@ -167,16 +175,15 @@ def match(
 def claimable(t: Tracked, num_tokens: int, block_size: int) -> int:
     """The blocks that end before the request's last token: vLLM must compute at least
     one. A decode's tail ends there (the token after it is the one prefill sampled)."""
-    full = len(t.hashes) - (1 if t.tail else 0)
     ahead = num_tokens - 1  # tokens before the last
-    if t.tail and (full * block_size + t.tail) <= ahead:
+    if t.tail and t.full_blocks * block_size + t.tail <= ahead:
         return len(t.hashes)
-    return min(full, ahead // block_size)
+    return min(t.full_blocks, ahead // block_size)
 
 
 def matched_tokens(t: Tracked, m: Match, block_size: int) -> int:
     """The tokens the matched blocks hold: a tail holds fewer than a block."""
-    with_tail = t.tail and m.blocks and m.first + m.blocks == len(t.hashes)
+    with_tail = m.blocks and t.ends_in_tail(m.first + m.blocks)
     return m.blocks * block_size - (block_size - t.tail if with_tail else 0)
 
 
@@ -201,10 +208,9 @@ def plan_load(request_id: str, block_ids: list[int], pinned: list[int], tail: bo
 def blocks_complete(t: Tracked, computed_tokens: int, scheduled_tokens: int, block_size: int) -> int:
     """The prompt's blocks computed once this step has run: its tail with its last token."""
     done = computed_tokens + scheduled_tokens
-    full = len(t.hashes) - (1 if t.tail else 0)
-    if t.tail and done >= full * block_size + t.tail:
+    if t.tail and done >= t.full_blocks * block_size + t.tail:
         return len(t.hashes)
-    return min(full, done // block_size)
+    return min(t.full_blocks, done // block_size)
 
 
 def saves_due(

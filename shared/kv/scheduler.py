@@ -104,8 +104,7 @@ class ConnectorScheduler:
         block_ids = list(blocks.get_block_ids()[0][m.first : m.first + n])
         pin = Pin(owner=request.request_id, hashes=t.hashes[m.first : m.first + n], engine=self.engine)
         pinned = self._slots(pin) if n else []
-        tail = bool(t.tail) and m.first + n == len(t.hashes)
-        load, failed = plan_load(request.request_id, block_ids, pinned or [], tail)
+        load, failed = plan_load(request.request_id, block_ids, pinned or [], t.ends_in_tail(m.first + n))
         if load is not None:
             self.next_meta.loads.append(load)
         self.next_meta.failed.extend(failed)
