@@ -18,14 +18,22 @@ tenants below their share.
 
 A tenant's load is counted in tokens (prompt plus max_tokens of each request: the KV
 and the steps it may take), as VTC counts cost ("Fairness in Serving Large Language
-Models", OSDI '24), not in requests. It is over its share when it is over on both
-counts, what it holds now (its requests' tokens in flight) and what it took of late
-(admitted in the last `WINDOW_S`). Either alone would refuse a tenant sending one
-request a second: by what it holds, whenever two of its requests overlap while the
-flood, held to its share, has one; by what it took, whenever chance bunches its
-requests, the flood held to the same rate. A tenant new to the window is over on
-both counts once it took as much as the others did in it: the window is short so
-that this first burst is small.
+Models", OSDI '24), not in requests, over what it took of late (admitted in the last
+`WINDOW_S`). Past the mark, a `standard` tenant that already has a request in flight
+and took more than its share of late is refused: each active tenant may always have
+one request in flight, so a tenant sending one at a time is never refused for its
+share, and one sending more has its second judged by what it took.
+
+Not by the tokens each holds in flight: judged by those, a flood is let in exactly
+when another tenant's request arrives (that arrival lowers the flood's share of what
+is in flight), and its work lands beside the other's streams. Measured with
+`yuebing bench tenants` (docs/benchmarks/tenants.md): the steady tenant's TBT then
+doubled beside the flood. Judged by what it took, a flooding tenant's requests get in
+as its own end, whenever the others' arrive. What it took is a rate, over the window
+or over the part of it since the tenant's first admission there: judged by totals, a
+tenant new to the window could take in a moment what the others took over the whole
+of it (measured: a flood's first 0.7 s filled the prefill queue to the TTFT SLO, and
+the steady tenant's next request was refused).
 
 Active is admitted within the window or still streaming: the room kept for a tenant
 between two of its requests must not go to a flood in the gap. The figures are the
@@ -44,14 +52,24 @@ from shared.tenants import Tenant
 
 LOADED = FAIR_SHARE_MARK  # the cluster's default (ClusterConfig.fair_share_mark, where it was measured)
 WINDOW_S = 10.0  # "of late": ten requests of a tenant sending one a second
+MIN_SPAN_S = 1.0  # a tenant's rate is over at least this long: its first requests are not an infinite rate
 
 
 @dataclass(frozen=True)
 class Load:
-    """One active tenant's tokens: in flight now, and admitted within the window."""
+    """One active tenant's requests in flight now, and the rate of tokens it was
+    admitted of late: over the window, or over the part of it since its first
+    admission there, where that is shorter (`rate`)."""
 
-    holding: int
-    recent: int
+    streams: int
+    recent: float  # tokens/s
+
+
+def rate(tokens: int, first_at: float, now: float) -> float:
+    """Tokens admitted since `first_at` (within the window), per second: a tenant new
+    to the window is judged by its rate so far, not by a total it has had no time to
+    take."""
+    return tokens / min(WINDOW_S, max(MIN_SPAN_S, now - first_at))
 
 
 @dataclass(frozen=True)
@@ -70,12 +88,10 @@ def judge(tenant: Tenant, pressure: float, loads: Mapping[str, Load], weights: M
         return Refused("shed_class", f"cluster past {loaded:.0%} of its SLOs: sheddable requests wait")
     if not any(t != tenant.id for t in loads):
         return None  # nobody else active to keep room for: all of it is this tenant's
-    holding = share_of(tenant, {t: x.holding for t, x in loads.items()}, weights)
     recent = share_of(tenant, {t: x.recent for t, x in loads.items()}, weights)
-    if holding > 1.0 and recent > 1.0:
-        return Refused("fair_share", f"cluster past {loaded:.0%} of its SLOs and this tenant is over its fair share "
-                                     f"({holding:.1f}x of it in the tokens in flight, {recent:.1f}x in those of "
-                                     f"the last {WINDOW_S:g} s)")
+    if tenant.id in loads and loads[tenant.id].streams > 0 and recent > 1.0:
+        return Refused("fair_share", f"cluster past {loaded:.0%} of its SLOs and this tenant, a request already in "
+                                     f"flight, is taking {recent:.1f}x its fair share of the tokens admitted of late")
     return None
 
 

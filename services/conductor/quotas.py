@@ -10,7 +10,7 @@ one interval late, so the Conductors together may admit up to (Conductors - 1) x
 sync interval's worth of a tenant's arrivals past its limit (docs/tenants.md).
 
 The same books keep fairness's figures (services/conductor/fairness.py): each tenant's
-tokens in flight and those admitted over its shorter window.
+requests in flight and the tokens admitted over its shorter window.
 """
 
 from __future__ import annotations
@@ -79,17 +79,13 @@ class Usage:
 
     minute: Window = field(default_factory=lambda: Window(WINDOW_S))
     recent: Window = field(default_factory=lambda: Window(fairness.WINDOW_S))
-    streams: dict[str, tuple[float, int]] = field(default_factory=dict)  # open ones: until their deadline, tokens
-    open_tokens: int = 0  # the sum over `streams`
+    streams: dict[str, float] = field(default_factory=dict)  # open ones: until their deadline
 
-    def open(self, request_id: str, until: float, tokens: int) -> None:
-        self.close(request_id)  # admitted again (its peer's booking of it, or a retry): one stream
-        self.streams[request_id] = (until, tokens)
-        self.open_tokens += tokens
+    def open(self, request_id: str, until: float) -> None:
+        self.streams[request_id] = until  # admitted again (its peer's booking of it, or a retry): one stream
 
     def close(self, request_id: str) -> None:
-        if (stream := self.streams.pop(request_id, None)) is not None:
-            self.open_tokens -= stream[1]
+        self.streams.pop(request_id, None)
 
     def settle(self, request_id: str, tokens: int) -> None:
         self.minute.settle(request_id, tokens)
@@ -127,7 +123,7 @@ class Quotas:
         u = self.usage.setdefault(tenant_id, Usage())
         u.minute.add(at, request_id, tokens)
         u.recent.add(at, request_id, tokens)
-        u.open(request_id, until, tokens)
+        u.open(request_id, until)
         self.tenant_of[request_id] = tenant_id
         heapq.heappush(self.deadlines, (until, request_id))
 
@@ -150,13 +146,14 @@ class Quotas:
         return {k: max(0, v) for k, v in left.items() if getattr(tenant, f"{k}_per_minute")}
 
     def loads(self, now: float) -> dict[str, Load]:
-        """Each tenant's tokens in flight (its open streams' reservations) and admitted
-        within fairness's window, for those with either: the fairness policy's figures."""
+        """Each tenant's requests in flight (its open streams) and tokens admitted within
+        fairness's window, for those with either: the fairness policy's figures."""
         out = {}
         for tenant_id in self.usage:
             u = self._usage(tenant_id, now)
             if u.recent.entries or u.streams:
-                out[tenant_id] = Load(u.open_tokens, u.recent.tokens)
+                first = u.recent.entries[0][0] if u.recent.entries else now
+                out[tenant_id] = Load(len(u.streams), fairness.rate(u.recent.tokens, first, now))
         return out
 
     def reset(self, tenant_id: str, now: float) -> float:
@@ -177,7 +174,7 @@ class Quotas:
             if tenant_id is None:
                 continue  # ended, its end heard
             u = self.usage[tenant_id]
-            if u.streams.get(request_id, (None,))[0] == until:  # not admitted again since, with a later one
+            if u.streams.get(request_id) == until:  # not admitted again since, with a later one
                 u.close(request_id)
                 del self.tenant_of[request_id]
 

@@ -52,17 +52,18 @@ def test_a_stream_admitted_again_keeps_its_later_deadline():
     assert q.check(one, 1, 15.0).limit == "streams" and q.check(one, 1, 20.0) is None
 
 
-def test_loads_are_each_active_tenants_tokens_in_flight_and_of_late():
+def test_loads_are_each_active_tenants_requests_in_flight_and_tokens_of_late():
     q = Quotas()
     q.admitted("acme", "a", 100, 0.0, FAR)
     q.admitted("acme", "b", 30, 8.0, FAR)
     q.admitted("beta", "c", 50, 9.0, FAR)
     q.finished("a", 40)  # its stream is over; its admission settles on what it took
-    assert q.loads(9.5) == {"acme": Load(30, 70), "beta": Load(50, 50)}
-    assert q.loads(15.0) == {"acme": Load(30, 30), "beta": Load(50, 50)}  # a left the window
+    # Rates: acme's 70 tokens over the 9.5 s since its first; beta's 50 over a second at least.
+    assert q.loads(9.5) == {"acme": Load(1, 70 / 9.5), "beta": Load(1, 50.0)}
+    assert q.loads(15.0) == {"acme": Load(1, 30 / 7.0), "beta": Load(1, 50 / 6.0)}  # a left the window
     q.finished("b")
     q.finished("c")
-    assert q.loads(18.5) == {"beta": Load(0, 50)}  # active: admitted of late
+    assert q.loads(18.5) == {"beta": Load(0, 50 / 9.5)}  # active: admitted of late
     assert q.loads(30.0) == {}
 
 

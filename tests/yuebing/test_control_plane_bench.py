@@ -192,3 +192,29 @@ def test_decode_refusals_and_placements_are_summed_over_the_conductors_metrics_p
     finally:
         server.shutdown()
     assert counts == {"accepted": 12, "decode_refusals": 3}
+
+
+def a_run(system: str, round_: int, **per_token: float) -> dict[str, Any]:
+    return {"system": system, "round": round_, "tokens_per_s": 100.0, "itl_p50_ms": 20.0, "itl_p99_ms": 40.0,
+            "errors": 0, "cpu": {role: {"us_per_token": us} for role, us in per_token.items()}}
+
+
+def test_against_vllm_sums_every_process_and_divides_by_vllm_s_api_server_round_by_round():
+    from yuebing.bench.control_plane import comparison_line, comparison_table, total_per_token
+
+    rows = [a_run("yuebing", 1, gateway=200, decode=250, nats=50), a_run("vllm serve", 1, vllm=400),
+            a_run("yuebing", 2, gateway=150, decode=150, nats=50), a_run("vllm serve", 2, vllm=350)]
+    assert total_per_token(rows[0]) == 500
+    lines = comparison_table(rows).splitlines()
+    assert lines[0].startswith("| round | system |") and "decode µs/token | gateway µs/token | nats" in lines[0]
+    assert lines[2].endswith("| 500 | 1.25 |") and lines[3].endswith("| — | — | — | 400 | 1.00 |")
+    assert lines[4].endswith("| 350 | 1.00 |")
+    assert comparison_line(rows[1]).startswith("vllm serve (round 1): 400 µs/token (vllm 400)")
+
+
+def test_against_vllm_runs_real_engines():
+    with pytest.raises(ValueError):
+        ControlPlaneBench(against_vllm=True)  # the fake engine's step: nothing of vLLM's to compare
+    with pytest.raises(ValueError):
+        ControlPlaneBench(against_vllm=True, step_ms=0, rounds=0)
+    assert ControlPlaneBench(against_vllm=True, step_ms=0).rounds == 2

@@ -250,14 +250,6 @@ def test_the_aiperf_client_leaves_room_for_the_chat_template():
     assert goodput.at_rate(raw, spec, 1.0)[0].input_length == spec.max_model_len - spec.max_output - 64
 
 
-def test_plain_vllm_runs_with_the_cluster_engines_settings():
-    argv = goodput.vllm_argv(GoodputSpec(max_model_len=1024), Path("/m/tiny"), 8123)
-    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    pairs = dict(zip(argv[3::2], argv[4::2]))
-    assert pairs["--served-model-name"] == "tiny" and pairs["--max-model-len"] == "1024"
-    assert (pairs["--block-size"], pairs["--max-num-batched-tokens"], pairs["--dtype"]) == ("128", "2048", "float32")
-
-
 def test_replay_over_several_servers_round_robins_in_arrival_order(monkeypatch):
     sent: dict[str, list[float]] = {}
 

@@ -69,6 +69,12 @@ class ControlPlaneBench:
         float, Meta(description="a window with no load after the streams, s: each process's idle CPU, taken off "
                                 "its figure per token as 'over idle' (0: none)")
     ] = 10.0
+    against_vllm: Annotated[
+        bool, Meta(description="with real engines (--step-ms 0): `vllm serve` on the same model too, alternated with "
+                               "the first layout's cluster --rounds times; prints all of Yuebing's processes' CPU per "
+                               "token over vLLM's API server's")
+    ] = False
+    rounds: Annotated[int, Meta(description="--against-vllm: the cluster and vllm serve, alternated, this many times")] = 2
 
     def __post_init__(self) -> None:
         if min(self.gateways + self.conductors, default=0) < 1 or self.streams < 1 or self.max_tokens < 2:
@@ -77,6 +83,8 @@ class ControlPlaneBench:
                                     self.idle_s) < 0:
             raise ValueError("seconds must be positive; warmup_s, step_ms, rate_per_conductor, conductor_sync_ms "
                              "and idle_s not negative")
+        if self.against_vllm and (self.step_ms or self.rounds < 1):
+            raise ValueError("--against-vllm runs real engines (--step-ms 0), at least one round")
 
 
 @dataclass
@@ -292,6 +300,64 @@ def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], N
         for r in results:
             r["vllm_alone"], r["core_alone"] = alone, core
     return results
+
+
+def against_vllm(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The first layout's cluster and `vllm serve` on the same model and settings, one
+    after the other, `rounds` times, the same clients against each. Every one of the
+    cluster's processes counts (its engines' cores run in children, as vLLM's does);
+    of vLLM's, its API server's (HTTP, detokenization, AsyncLLM's front end)."""
+    from shared.config import load_config
+    from yuebing.bench import vllm_serve
+    from yuebing.launcher import up_launcher
+
+    gateways, conductors = spec.gateways[0], spec.conductors[0]
+    rows: list[dict[str, Any]] = []
+    for n in range(1, spec.rounds + 1):
+        name = f"round{n}"
+        say(f"round {n}: Yuebing, {gateways} gateway(s), {conductors} Conductor(s) …")
+        with up_launcher(work, name, "--model", str(model), *cluster_flags(spec, gateways, conductors)):
+            ready = json.loads((work / f"{name}.ready.json").read_text())
+            config = load_config(str(work / name / "cluster.json"))
+            rows.append({"system": "yuebing", "round": n,
+                         **asyncio.run(measure(ready["urls"], model.name, ready["pids"], spec, conductors))})
+        say(comparison_line(rows[-1]))
+        say(f"round {n}: vllm serve …")
+        with vllm_serve.servers(work / name, model, config.max_model_len, config.dtype) as (server,):
+            pids = {"vllm": server.pid}
+            rows.append({"system": "vllm serve", "round": n,
+                         **asyncio.run(measure([server.url], model.name, pids, spec))})
+        say(comparison_line(rows[-1]))
+    return rows
+
+
+def total_per_token(row: dict[str, Any]) -> float:
+    """All of a run's measured processes together, µs per streamed token."""
+    return sum(c["us_per_token"] for c in row["cpu"].values())
+
+
+def comparison_line(row: dict[str, Any]) -> str:
+    roles = ", ".join(f"{role} {c['us_per_token']:.0f}" for role, c in row["cpu"].items())
+    return (f"{row['system']} (round {row['round']}): {total_per_token(row):.0f} µs/token ({roles}), "
+            f"{row['tokens_per_s']:.0f} tokens/s, ITL p50 {row['itl_p50_ms']:.1f} ms p99 {row['itl_p99_ms']:.1f} ms, "
+            f"{row['errors']} failed")
+
+
+def comparison_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: each round's Yuebing against vllm serve, by process and in all."""
+    roles = sorted({role for r in rows if r["system"] == "yuebing" for role in r["cpu"]})
+    head = ("| round | system | tokens/s | ITL p50 / p99 ms | " + " | ".join(f"{r} µs/token" for r in roles)
+            + " | all µs/token | × vLLM's API server |")
+    out = [head, "|" + "---|" * (6 + len(roles))]
+    for n in sorted({r["round"] for r in rows}):
+        pair = {r["system"]: r for r in rows if r["round"] == n}
+        vllm = total_per_token(pair["vllm serve"]) if "vllm serve" in pair else 0.0
+        for system, r in pair.items():
+            cells = " | ".join(f"{r['cpu'][role]['us_per_token']:.0f}" if role in r["cpu"] else "—" for role in roles)
+            ratio = f"{total_per_token(r) / vllm:.2f}" if vllm else "—"
+            out.append(f"| {n} | {system} | {r['tokens_per_s']:.0f} | {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} "
+                       f"| {cells} | {total_per_token(r):.0f} | {ratio} |")
+    return "\n".join(out)
 
 
 def per_token(cost: dict[str, Any]) -> str:

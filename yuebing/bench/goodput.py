@@ -10,7 +10,7 @@ or stretched). One `yuebing up --mode M` cluster per mode, one at a time; the ra
 bisected on a log scale between two bounds. A request counts if its TTFT and its
 TBT (the mean of its longest 10 % of gaps, as the simulator judges it) both meet
 their SLOs; a 429 or a failure is a miss.
-`plain_vllm` adds two plain vLLM OpenAI servers, the client round-robining over them,
+`plain_vllm` adds two plain vLLM OpenAI servers (yuebing/bench/vllm_serve.py), the client round-robining over them,
 to show what the gateway itself costs.
 
 The pure parts (the search given an attainment function, attainment from outcomes,
@@ -25,10 +25,8 @@ import itertools
 import math
 import os
 import shlex
-import signal
-import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -417,17 +415,6 @@ def cluster_flags(spec: GoodputSpec, model: Path, mode: str, otlp_endpoint: str 
             "--slo-tbt-ms", f"{spec.slo_tbt_ms:g}", *shlex.split(spec.up_flags)]
 
 
-def vllm_argv(spec: GoodputSpec, model: Path, port: int) -> list[str]:
-    """Plain vLLM's OpenAI server with the cluster engines' settings (shared/engine/llm.py)."""
-    from shared.config import ClusterConfig
-
-    c = ClusterConfig()
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", model.name, "--port", str(port), "--max-model-len", str(spec.max_model_len),
-            "--dtype", spec.dtype, "--block-size", str(c.block_size), "--max-num-batched-tokens", str(c.step_tokens),
-            "--enforce-eager", "--seed", "0"]
-
-
 # --- live ------------------------------------------------------------------------
 
 
@@ -546,30 +533,10 @@ def role_changes(conductor_log: Path) -> list[str]:
             for e in records if e is not None and e.get("event") == "role change"]
 
 
-@contextmanager
-def plain_vllm(spec: GoodputSpec, work: Path, model: Path, count: int = 2) -> Iterator[list[str]]:
-    """`count` plain vLLM OpenAI servers (one engine thread each, as the cluster's
-    engines run); yields their URLs, stops them on leaving."""
-    from shared.config import ClusterConfig
-    from shared.engine.llm import engine_environment
-    from yuebing import process
-    from yuebing.bench.ttft import _answers
-
-    env = {**os.environ, **engine_environment(ClusterConfig()), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    procs, urls = [], []
-    try:
-        for n in range(count):
-            port = process.free_port()
-            procs.append(process.spawn(vllm_argv(spec, model, port), work / f"vllm-{n}.log", env))
-            urls.append(f"http://127.0.0.1:{port}")
-        for n, (proc, url) in enumerate(zip(procs, urls)):
-            process.wait_until(lambda url=url: _answers(url), proc, 600.0, f"vLLM server {n} (see {work}/vllm-{n}.log)")
-        yield urls
-    finally:
-        process.stop(procs, grace_s=60.0, sig=signal.SIGINT)
-
-
 def run_plain_vllm(driver: Driver, work: Path, model: Path) -> ModeResult:
     driver.say(f"{PLAIN_VLLM}: python -m vllm.entrypoints.openai.api_server (2 servers, round-robin) …")
-    with plain_vllm(driver.spec, work, model) as urls:
-        return ModeResult(PLAIN_VLLM, driver.measure(PLAIN_VLLM, urls))
+    from yuebing.bench import vllm_serve
+
+    spec = driver.spec
+    with vllm_serve.servers(work, model, spec.max_model_len, spec.dtype, count=2) as up:
+        return ModeResult(PLAIN_VLLM, driver.measure(PLAIN_VLLM, [s.url for s in up]))

@@ -118,8 +118,9 @@ def to_json(results: Sequence[PhaseResult], spec: TenantsSpec) -> dict:
 
 
 async def _phase(url: str, spec: TenantsSpec, model_name: str, keys: dict[str, str], who: Sequence[str],
-                 number: int) -> PhaseResult:
-    """Each tenant in `who` replaying its own prompts at its rate, all at once."""
+                 number: int, work_dir: Path) -> PhaseResult:
+    """Each tenant in `who` replaying its own prompts at its rate, all at once; every
+    request's outcome (its token times too) into work_dir/outcomes-PHASE.json."""
     from yuebing.lab.replay import replay
 
     rates = {"steady": spec.steady_rps, "flood": spec.flood_rps}
@@ -131,6 +132,8 @@ async def _phase(url: str, spec: TenantsSpec, model_name: str, keys: dict[str, s
                                       salt=1000 * number + n)  # nothing another phase or tenant cached
         runs.append(replay(url, trace, options))
     done = await asyncio.gather(*runs)
+    outcomes_file = work_dir / f"outcomes-{PHASES[number]}.json"
+    outcomes_file.write_text(json.dumps({t: [dataclasses.asdict(o) for o in out] for t, (out, _) in zip(who, done)}))
     slo = Slo(spec.slo_ttft_ms / 1e3, spec.slo_tbt_ms / 1e3)
     good, refused, within, tbt = {}, {}, {}, {}
     for tenant, (outcomes, _) in zip(who, done):
@@ -161,6 +164,6 @@ def run(spec: TenantsSpec, model: Path, work: Path, say: Callable[[str], None]) 
                 time.sleep(3)  # read again within a second (shared/tenants.py RELOAD_S)
             who = ("steady",) if phase == "alone" else TENANTS
             say(f"{phase}: {' and '.join(who)} for {spec.seconds:g} s …")
-            results.append(asyncio.run(_phase(url, spec, model.name, keys, who, number)))
+            results.append(asyncio.run(_phase(url, spec, model.name, keys, who, number, work)))
             say(table(results[-1:]))
     return results

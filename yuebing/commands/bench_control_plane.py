@@ -23,11 +23,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yuebing.bench.control_plane import ControlPlaneBench, table
+    from yuebing.bench.control_plane import ControlPlaneBench, against_vllm, comparison_table, table
     from yuebing.bench.control_plane import run as run_bench
 
     model, work = cluster_paths(args, "control-plane")
-    results = run_bench(from_args(ControlPlaneBench, args), model, work, lambda text: print(text, flush=True))
-    print(table(results))
+    spec = from_args(ControlPlaneBench, args)
+    say = lambda text: print(text, flush=True)  # noqa: E731
+    if spec.against_vllm:
+        results = against_vllm(spec, model, work, say)
+        print(comparison_table(results))
+    else:
+        results = run_bench(spec, model, work, say)
+        print(table(results))
     write_json(results, args.json)
     return 0 if all(r["errors"] == 0 for r in results) else 1
