@@ -132,7 +132,14 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
         # vLLM's span of each request, a child of ours when generate passes the trace on.
         otlp_traces_endpoint=tracing.traces_url(config.otlp_endpoint) if config.otlp_endpoint else None,
     )
-    return AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder]), load
+    engine = AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder])
+    # vLLM reads some of its settings from the environment on every output (its
+    # statistics: two getenv calls a token); its engine processes cache them once up,
+    # as this one does now (vLLM's own API server does not). Nothing sets them later.
+    from vllm import envs
+
+    envs.enable_envs_cache()
+    return engine, load
 
 
 def sampling_params(

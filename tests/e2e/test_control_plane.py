@@ -19,7 +19,7 @@ SMOKE = ControlPlaneBench(streams=2, max_tokens=24, seconds=3.0, warmup_s=1.0, i
 
 
 def test_the_bench_compares_every_process_of_the_cluster_with_vllm_s_api_server(cluster, vllm_serve, request):
-    model = cluster.config.served_model_name
+    model = cluster.config().served_model_name
     ours = asyncio.run(measure([cluster.url], model, cluster.pids, SMOKE))
     served = request.config.stash[STARTED]["vllm_serve"]
     theirs = asyncio.run(measure([vllm_serve.removesuffix("/v1")], model, {"vllm": served.proc.pid}, SMOKE))
