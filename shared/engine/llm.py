@@ -87,13 +87,11 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
         os.environ.setdefault(key, value)
     os.environ[STAGES_ENV] = str(stages)  # read by the stage-buffer plugin in the engine's processes
     # Imported here: vLLM takes seconds to import, and only engine services need it.
-    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     load = EngineLoad()
-    on_gpu = current_platform.is_cuda_alike()
 
     class LoadRecorder(StatLoggerBase):
         """Keeps the scheduler's queue and KV usage where heartbeats read them."""
@@ -109,7 +107,22 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
         def log_engine_initialized(self) -> None:
             pass
 
-    args = AsyncEngineArgs(
+    args = engine_args(config, node, stages, role, on_gpu=current_platform.is_cuda_alike())
+    engine = AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder])
+    # vLLM reads some of its settings from the environment on every output (its
+    # statistics: two getenv calls a token); its engine processes cache them once up,
+    # as this one does now (vLLM's own API server does not). Nothing sets them later.
+    from vllm import envs
+
+    envs.enable_envs_cache()
+    return engine, load
+
+
+def engine_args(config: ClusterConfig, node: str | None, stages: int, role: str, on_gpu: bool):  # -> AsyncEngineArgs
+    """vLLM's settings for an engine of `role` (see `build_engine`)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(
         model=config.model,
         served_model_name=config.served_model_name,
         max_model_len=config.max_model_len,
@@ -132,14 +145,6 @@ def build_engine(config: ClusterConfig, node: str | None = None, stages: int = 1
         # vLLM's span of each request, a child of ours when generate passes the trace on.
         otlp_traces_endpoint=tracing.traces_url(config.otlp_endpoint) if config.otlp_endpoint else None,
     )
-    engine = AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder])
-    # vLLM reads some of its settings from the environment on every output (its
-    # statistics: two getenv calls a token); its engine processes cache them once up,
-    # as this one does now (vLLM's own API server does not). Nothing sets them later.
-    from vllm import envs
-
-    envs.enable_envs_cache()
-    return engine, load
 
 
 def sampling_params(
