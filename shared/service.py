@@ -8,11 +8,13 @@ import asyncio
 import gc
 import os
 import signal
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
 import uvloop
 
 from shared import tracing
@@ -21,6 +23,9 @@ from shared.identity import load_credentials
 from shared.log import setup_logging
 from shared.model_identity import fingerprint
 from shared.predictor import Predictor, default_decode_chunk_tokens, default_slos_ms, load_predictor
+
+log = structlog.get_logger(__name__)
+SLOW_GC_S = 0.05  # a collection this long shows in every stream's gaps
 
 Main = Callable[[ClusterConfig, argparse.Namespace, asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -32,6 +37,26 @@ def freeze_heap() -> None:
     only a service's own process does it, never a test's."""
     gc.collect()
     gc.freeze()
+    gc.callbacks.append(GcWatch().on_collection)
+
+
+class GcWatch:
+    """Logs a cyclic collection that held the process longer than `slow_s`: a
+    stalled event loop (the gateway's `event loop stalled`) is then told apart from
+    one starved of a core."""
+
+    def __init__(self, slow_s: float = SLOW_GC_S) -> None:
+        self.slow_s = slow_s
+        self.started = 0.0
+
+    def on_collection(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        held = time.perf_counter() - self.started
+        if held > self.slow_s:
+            log.warning("slow garbage collection", held_ms=round(held * 1e3, 1), generation=info["generation"],
+                        collected=info["collected"], tracked=len(gc.get_objects(info["generation"])))
 
 
 def parser(service: str, instance: bool) -> argparse.ArgumentParser:

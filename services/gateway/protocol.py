@@ -245,7 +245,7 @@ def parse_detokenize(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...]]
     """vLLM's /detokenize: (model, token ids)."""
     v = _fields(body, DETOKENIZE, ("tokens",))
     tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not all(is_int(t) and 0 <= t <= INT32_MAX for t in tokens):
+    if not isinstance(tokens, list) or (tokens and not token_ids(tokens)):
         raise invalid("'tokens' must be a list of token ids", "tokens")
     return v["model"], tuple(tokens)
 
@@ -364,9 +364,16 @@ def _prompt(prompt: Any, param: str) -> Prompt:
         if not prompt:
             raise invalid(f"'{param}' must not be empty", param)
         return prompt
-    if isinstance(prompt, list) and prompt and all(is_int(t) and 0 <= t <= INT32_MAX for t in prompt):
+    if isinstance(prompt, list) and token_ids(prompt):
         return tuple(prompt)
     raise invalid(f"'{param}' must be a non-empty string or a list of token ids", param)
+
+
+def token_ids(items: list[Any]) -> bool:
+    """Non-empty, every item a plain int (not a bool, not a float) in [0, INT32_MAX]:
+    checked by C loops, not one Python test per item (a prompt is thousands of them,
+    and a client flooding sends one every few milliseconds)."""
+    return bool(items) and set(map(type, items)) == {int} and 0 <= min(items) and max(items) <= INT32_MAX
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -76,5 +76,7 @@ def test_completion_prompts():
     assert "64" in error_of(parse_completion, {"model": "m", "prompt": ["a"] * 65}).message
     assert "choices" in error_of(parse_completion, {"model": "m", "prompt": ["a"] * 9, "n": 8, "temperature": 1}).message
     error_of(parse_completion, {"model": "m", "prompt": [1, -2]})
+    for not_ids in ([1, True], [1, 2.0], [1, 2**31], [[]], [[1, "2"]]):  # a bool, a float, past int32, empty, a string
+        assert "token ids" in error_of(parse_completion, {"model": "m", "prompt": not_ids}).message
     assert parse_completion({"model": "m", "prompt": "x", "echo": True}).options.echo
     error_of(parse_completion, {"model": "m", "prompt": "x", "prompt_logprobs": 2, "stream": True})
