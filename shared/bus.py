@@ -41,6 +41,21 @@ WATCHDOG_S = 1.0  # how often a Link looks at its client, callbacks or not
 OnEvent = Callable[[str], None]  # "disconnected" | "reconnected" | "closed" | "replaced"
 
 
+def reconnects(nc: Client | None) -> int:
+    """How many times a client reconnected (to its server again, or to another of a cluster)."""
+    return nc.stats["reconnects"] if nc is not None else 0
+
+
+def servers(url: str) -> list[str]:
+    """A `nats_url`'s servers: one URL, or a NATS cluster's, comma-separated. A client
+    given them all reaches the cluster while any one answers (and learns of more
+    from the servers themselves)."""
+    found = [u.strip() for u in url.split(",") if u.strip()]
+    if not found:
+        raise ValueError(f"no NATS server in {url!r}")
+    return found
+
+
 async def connect(
     url: str, name: str, credentials: NatsCredentials | None = None, *,
     on_event: OnEvent | None = None, closed_cb: Callable[[], Awaitable[None]] | None = None, no_echo: bool = False,
@@ -74,7 +89,7 @@ async def connect(
         auth = {"user": credentials.user, "password": credentials.password,
                 "inbox_prefix": inbox_prefix(credentials.user), "tls": credentials.tls()}
     return await nats.connect(
-        url, name=name, error_cb=on_error, disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
+        servers(url), name=name, error_cb=on_error, disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
         closed_cb=on_closed, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
         pending_size=PENDING_BYTES, flush_timeout=FLUSH_TIMEOUT_S, no_echo=no_echo, **auth,
     )
@@ -123,6 +138,13 @@ class Link:
             self._remake()
             raise nats.errors.ConnectionClosedError  # a new client is on its way
         return nc
+
+    @property
+    def reconnects(self) -> int:
+        """Reconnects and replacements of its clients so far: a message in flight across
+        either may have been lost."""
+        nc = self._client
+        return self.replacements + (reconnects(nc) if nc is not None else 0)
 
     @property
     def is_connected(self) -> bool:

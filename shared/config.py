@@ -105,6 +105,14 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 0.0
     heartbeat_interval_s: Annotated[float, Meta(description="seconds between an instance's heartbeats")] = 0.5
     liveness_timeout_s: Annotated[float, Meta(description="an instance silent this long is treated as gone, s")] = 2.0
+    # An engine instance told to stop (SIGTERM: a scale-down, a rolling restart) takes
+    # nothing new and lets its requests finish this long; a decode's streams still
+    # running then go on elsewhere (the gateway continues them exactly), a prefill's
+    # prompts are placed again. Below the pods' grace period (compose/kubernetes/).
+    drain_timeout_s: Annotated[
+        float, Meta(description="how long a stopping engine instance lets its requests finish before handing "
+                                "them to others, s")
+    ] = 20.0
     schedule_timeout_s: Annotated[
         float, Meta(description="how long the gateway waits for the Conductor's decision, s")
     ] = 2.0
@@ -374,6 +382,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def _check_times(self) -> None:
         if self.heartbeat_interval_s <= 0 or self.liveness_timeout_s <= self.heartbeat_interval_s:
             raise ValueError("liveness_timeout_s must exceed heartbeat_interval_s > 0")
+        if self.drain_timeout_s < 0:
+            raise ValueError("drain_timeout_s must not be negative")
         if self.request_timeout_s <= 0 or self.schedule_timeout_s <= 0 or self.token_idle_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
         if self.slo_ttft_ms < 0 or self.slo_tbt_ms < 0 or self.decode_time_s <= 0:

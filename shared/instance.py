@@ -55,6 +55,7 @@ class Instance:
         self.endpoint = ""  # messengers: their transfer endpoint, announced in heartbeats
         self.outbox = Outbox(nc)  # its requests' tokens, to the gateways
         self._seq = 0
+        self.draining = False  # stopping: refuses new requests, hands its last ones on (drain)
         self._heartbeat: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -105,6 +106,8 @@ class Instance:
             endpoint=self.endpoint,
             slowdown=self.slowdown(),
             stages=self.stages,
+            draining=self.draining,
+            reconnects=bus.reconnects(self.nc),
         )
 
     def slowdown(self) -> float:
@@ -124,6 +127,22 @@ class Instance:
                 await self.beat()
             except Exception as e:  # a NATS hiccup must not stop the heartbeat for good
                 log.warning("heartbeat failed", error=str(e))
+
+    async def drain(self, timeout_s: float) -> int:
+        """Stop taking requests (the next heartbeat, sent now, says so: nothing more is
+        placed here) and let those running finish, for up to `timeout_s`; returns how
+        many are still running. close() then ends them, and each role's handler hands
+        its own on (`draining` tells it to)."""
+        self.draining = True
+        try:
+            await self.beat()
+        except Exception as e:  # the Conductor's liveness timeout says the same, later
+            log.warning("draining heartbeat failed", error=str(e))
+        running = list(self.requests.values())
+        log.info("draining", requests=len(running), timeout_s=timeout_s)
+        if running and timeout_s > 0:
+            await asyncio.wait(running, timeout=timeout_s)
+        return len(self.requests)
 
     async def close(self) -> None:
         tasks = list(self.requests.values())

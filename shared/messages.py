@@ -86,6 +86,11 @@ class Heartbeat(Message):
     slowdown: float = 1.0
     # Prefill: the pipeline stages of its engine; above 1 it is a CPP group (services/conductor/cpp.py).
     stages: int = 1
+    # Stopping: it takes nothing new while its requests finish (shared/instance.py drain).
+    draining: bool = False
+    # Times its NATS client reconnected: a message on the way then may be lost, so a
+    # gateway waiting on it asks again (services/gateway/pipeline.py).
+    reconnects: int = 0
 
 
 # --- scheduling ---------------------------------------------------------------

@@ -29,13 +29,14 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     # Deadlines of 30 s, the chaos test's (yuebing/bench/chaos.py, DEADLINE_S).
     "two_of_each_process": (
         "--nodes", "2", "--prefill", "2", "--decode", "2", "--policy", "cache_aware", "--request-timeout", "30",
+        "--drain-timeout-s", "2",  # a stopped decode hands its long streams on soon (tests/e2e/test_migration.py)
     ),
-    # Two gateways and two Conductors sharing the schedule requests; KV between the
-    # nodes over ZeroMQ; tenants (a file: tests/e2e/conftest.py `tenants_file`), the
-    # anonymous one every test sending no key is.
+    # Two gateways and two Conductors sharing the schedule requests over a NATS cluster
+    # of three; KV between the nodes over ZeroMQ; tenants (a file: tests/e2e/conftest.py
+    # `tenants_file`), the anonymous one every test sending no key is.
     "two_conductors_process": (
         "--nodes", "2", "--kv-transport", "zmq", "--fault-injection", "--conductors", "2", "--mode", "disaggregated",
-        "--gateways", "2",
+        "--gateways", "2", "--nats-servers", "3",
     ),
     # The real model (REAL_MODEL), in the dtype vLLM picks for it, as `make run` serves
     # it: its tokenizer, chat template and text against `vllm serve` on the same folder.

@@ -50,7 +50,7 @@ from yuebing.preflight import (
 )
 from yuebing.process import free_port, free_ports
 from yuebing.restarts import RestartPolicy
-from yuebing.secrets import Layout, Listen, Secrets, generate
+from yuebing.secrets import Layout, Listen, Peer, Secrets, generate, server_environment
 
 
 @dataclass(frozen=True)
@@ -92,10 +92,14 @@ class UpOptions:
     gateways: Annotated[
         int, Meta(description="gateways serving the API side by side, on --port, --port+1, …")
     ] = 1
+    nats_servers: Annotated[
+        int, Meta(description="NATS servers, as one cluster (3 lose none of the control plane to one's death)")
+    ] = 1
 
     def __post_init__(self) -> None:
-        if self.prefill < 0 or self.decode < 1 or self.nodes < 1 or self.gateways < 1:
-            raise ValueError("--decode, --nodes and --gateways must each be at least 1, --prefill not negative")
+        if self.prefill < 0 or self.decode < 1 or self.nodes < 1 or self.gateways < 1 or self.nats_servers < 1:
+            raise ValueError("--decode, --nodes, --gateways and --nats-servers must each be at least 1, --prefill not "
+                             "negative")
         if self.config.mode not in MODES:
             raise ValueError(f"unknown --mode {self.config.mode!r}; choose from {', '.join(MODES)}")
         if self.config.conditional_rule not in CONDITIONAL_RULES:
@@ -170,6 +174,7 @@ class Cluster:
     run_lock: int | None = None  # held while this launcher uses its run folder (closed with the process)
     kv_lock: int | None = None  # held while this launcher uses its KV folder (yuebing/kv_folders.py)
     ready: dict | None = None  # what the ready file says, once written
+    nats_peers: list[Peer] = field(default_factory=list)  # a NATS cluster's servers (none: one server)
 
     @property
     def url(self) -> str:
@@ -188,11 +193,16 @@ class Cluster:
         def add(name: str, argv: list[str], login: str = "") -> None:
             # Each child logs in to NATS as itself (gateways, as one role, as "gateway"):
             # its own credentials file, by path.
-            if name != "nats":
+            if not is_nats(name):
                 argv = [*argv, "--config", str(config_path), "--nats-credentials", str(secrets.credentials(login or name))]
             self.children.append(Child(name, argv, run_dir / f"{name}.log"))
 
         add("nats", [str(nats_bin), "-c", str(secrets.nats_config)])
+        for i, peer in enumerate(self.nats_peers):  # a cluster: every server reads the one file, told who it is
+            name = nats_name(i)
+            if i:
+                add(name, [str(nats_bin), "-c", str(secrets.nats_config)])
+            self.children[-1].env = server_environment(peer, name, secrets.folder / f"jetstream-{i}")
         faults = ["--fault-injection"] if o.fault_injection else []
         for n in range(o.nodes):
             ids = ["--instance-id", f"messenger-{n}", "--node", f"node-{n}", *self._metrics_port(f"messenger-{n}")]
@@ -249,7 +259,11 @@ class Cluster:
             say(f"warning: {warning}")  # after every refusal: a mistake is still one line
         clear_last_run(run_dir, o.ready_file)
         nats_port = o.nats_port or free_port()
-        self.secrets = make_secrets(run_dir / "secrets", o, nats_port)
+        if o.nats_servers > 1:
+            self.nats_peers = [Peer("127.0.0.1", nats_port if not i else free_port(), free_port())
+                               for i in range(o.nats_servers)]
+        self.secrets = make_secrets(run_dir / "secrets", o, Listen("127.0.0.1", nats_port, o.nats_tls,
+                                                                  cluster=tuple(self.nats_peers)))
         config = self.config(run_dir, self.secrets.nats_url)
         say(f"time models from {profile_path(config)}: default SLOs TTFT {config.slo_ttft_ms:.0f} ms, "
             f"TBT {config.slo_tbt_ms:.0f} ms")
@@ -261,8 +275,8 @@ class Cluster:
         say(f"starting {len(self.children)} processes; logs in {run_dir}")
         for child in self.children:
             self.launch(child)
-            if child.name == "nats":
-                process.wait_for_port(nats_port, timeout_s=10)
+            if is_nats(child.name):
+                process.wait_for_port(child.env.get("NATS_PORT", nats_port), timeout_s=10)
         self.wait_ready(started)
         elapsed = time.monotonic() - started
         self.ready = self.ready_state(config, run_dir, elapsed)
@@ -430,8 +444,8 @@ class Cluster:
     def stop(self, grace_s: float = 15.0) -> None:
         self.stopping = True
         # Services first (they drain their NATS connections), nats-server last.
-        self._stop([c for c in self.children if c.name != "nats"], grace_s)
-        self._stop([c for c in self.children if c.name == "nats"], grace_s)
+        self._stop([c for c in self.children if not is_nats(c.name)], grace_s)
+        self._stop([c for c in self.children if is_nats(c.name)], grace_s)
         if self.kv_dir is not None and not self.options.config.kv_dir:
             shutil.rmtree(self.kv_dir, ignore_errors=True)
         for lock in (self.kv_lock, self.run_lock):  # the folders are free for the next launcher
@@ -472,9 +486,18 @@ def secrets_layout(o: UpOptions) -> Layout:
     return Layout(*o.instances, o.nodes, conductors=o.config.conductors)
 
 
-def make_secrets(folder: Path, o: UpOptions, nats_port: int) -> Secrets:
+def nats_name(i: int) -> str:
+    """The cluster's NATS servers: `nats`, then `nats-1`, `nats-2`..."""
+    return f"nats-{i}" if i else "nats"
+
+
+def is_nats(name: str) -> bool:
+    return name == "nats" or name.startswith("nats-")
+
+
+def make_secrets(folder: Path, o: UpOptions, listen: Listen) -> Secrets:
     """This run's secrets: NATS identities on loopback, and the API key if there is one."""
-    made = generate(folder, secrets_layout(o), Listen("127.0.0.1", nats_port, tls=o.nats_tls))
+    made = generate(folder, secrets_layout(o), listen)
     key = api_key(o.api_key_file)
     if o.tenants is not None:
         check_tenants(o.tenants, key)

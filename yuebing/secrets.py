@@ -64,15 +64,42 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Peer:
+    """One server of a NATS cluster: where clients reach it, and where the other servers do."""
+
+    host: str
+    port: int = 4222
+    route_port: int = 6222
+
+
+# What a cluster's servers take from their environment: every server reads the one
+# configuration file, and each is told its own name, ports and JetStream folder
+# (server_environment; compose and Kubernetes set them in their files).
+SERVER_VARIABLES = ("NATS_SERVER_NAME", "NATS_PORT", "NATS_ROUTE_PORT", "NATS_STORE_DIR")
+ROUTE_USER = "route"  # the servers' own login to each other's route port
+CLUSTER_NAME = "yuebing"
+
+
+@dataclass(frozen=True)
 class Listen:
     host: str = "127.0.0.1"  # loopback unless a deployment says otherwise
     port: int = 4222
     tls: bool = False
     tls_names: tuple[str, ...] = ("localhost", "127.0.0.1")  # what the server's certificate names
+    cluster: tuple[Peer, ...] = ()  # a NATS cluster's servers (none: the one server on `port`)
 
     @property
     def url(self) -> str:
-        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
+        """Every server clients may reach, comma-separated (shared/bus.py servers)."""
+        scheme = "tls" if self.tls else "nats"
+        peers = self.cluster or (Peer(self.host, self.port),)
+        return ",".join(f"{scheme}://{p.host}:{p.port}" for p in peers)
+
+
+def server_environment(peer: Peer, name: str, store_dir: Path) -> dict[str, str]:
+    """What one server of a cluster is told through its environment (SERVER_VARIABLES)."""
+    values = (name, str(peer.port), str(peer.route_port), str(store_dir))
+    return dict(zip(SERVER_VARIABLES, values, strict=True))
 
 
 @dataclass(frozen=True)
@@ -148,7 +175,9 @@ def _user(identity: Identity, password: str) -> dict:
 
 def server_config(users: list[dict], listen: Listen, folder: Path, store_dir: Path) -> str:
     """nats-server's configuration (its format accepts JSON): every client must log in;
-    JetStream on (the stored Responses' key-value bucket), its files in `store_dir`."""
+    JetStream on (the stored Responses' key-value bucket), its files in `store_dir`.
+    For a cluster, one file every server reads: the routes to all of them (a server
+    skips its own) and their password, its name, ports and folder from its environment."""
     config: dict = {
         "listen": f"{listen.host}:{listen.port}",
         "max_control_line": MAX_CONTROL_LINE,
@@ -159,7 +188,24 @@ def server_config(users: list[dict], listen: Listen, folder: Path, store_dir: Pa
     if listen.tls:
         config["tls"] = {"cert_file": str(folder / "nats-server.crt"), "key_file": str(folder / "nats-server.key"),
                          "timeout": 5}
-    return json.dumps(config, indent=2)
+    if listen.cluster:
+        del config["listen"]
+        config |= _cluster_config(listen)
+        config["jetstream"]["store_dir"] = "$NATS_STORE_DIR"
+    text = json.dumps(config, indent=2)
+    for variable in SERVER_VARIABLES:  # a bare $NAME is the server's environment; a quoted one, a string
+        text = text.replace(f'"${variable}"', f"${variable}")
+    return text
+
+
+def _cluster_config(listen: Listen) -> dict:
+    password = secrets.token_urlsafe(32)
+    routes = [f"nats://{ROUTE_USER}:{password}@{p.host}:{p.route_port}" for p in listen.cluster]
+    return {
+        "host": listen.host, "port": "$NATS_PORT", "server_name": "$NATS_SERVER_NAME",
+        "cluster": {"name": CLUSTER_NAME, "host": listen.host, "port": "$NATS_ROUTE_PORT", "routes": routes,
+                    "authorization": {"user": ROUTE_USER, "password": password, "timeout": 5}},
+    }
 
 
 def _write_tls(folder: Path, names: tuple[str, ...]) -> Path:

@@ -531,7 +531,8 @@ class Conductor:
                              predicted_tbt_ms=out.tbt_s * 1e3, mode=mode)
 
     def engines(self, now: float) -> list[Heartbeat]:
-        return [*self.registry.alive("prefill", now), *self.registry.alive("decode", now)]
+        """The engine instances requests may be placed on: alive and not stopping."""
+        return [hb for role in ("prefill", "decode") for hb in self.registry.alive(role, now) if not hb.draining]
 
     def _view(self, hashes: list[str], now: float, shortlist: int = 0, avoid: frozenset[str] = frozenset()) -> View:
         """The live instances' loads for a request with these block hashes, each

@@ -67,6 +67,8 @@ class Decoder(Handler):
 
     def refusal(self, req: DecodeRequest) -> tuple[str, bool]:
         """Why this request cannot start here ("" if it can), and whether for load."""
+        if self.instance.draining:  # placed before its heartbeat said so: another decode takes it
+            return f"decode instance {self.instance.instance_id} is stopping", False
         if req.slo_tbt_ms:
             # The Conductor's own rule, on the batch as it is now rather than as predicted.
             tbt = self.instance.slowdown() * joining_tbt_s(self.predictor, len(self.context), self.context_tokens,
@@ -136,7 +138,9 @@ class Decoder(Handler):
                 async for step in steps:
                     seq = await self._send(req, step, seq, pace)
         except asyncio.CancelledError:
-            log.info("decode cancelled", tokens_sent=seq)
+            log.info("decode cancelled", tokens_sent=seq, handed_on=self.instance.draining)
+            if self.instance.draining:  # the instance stops: the gateway continues the stream on another
+                self.instance.outbox.send(req.stream_subject, self._handed_on(req, seq))
             raise
         except Exception as e:
             reason = "deadline exceeded in decode" if isinstance(e, TimeoutError) else f"decode failed: {e}"
@@ -146,6 +150,10 @@ class Decoder(Handler):
             return
         self.instance.load.calibration.add(pace.observed_s, pace.predicted_s, time.monotonic())
         log.info("decode done", chunks=seq)
+
+    def _handed_on(self, req: DecodeRequest, seq: int) -> TokenChunk:
+        reason = f"decode instance {self.instance.instance_id} stopped (drain_timeout_s passed): continue elsewhere"
+        return TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason)
 
     async def _first_step(self, req: DecodeRequest, steps: AsyncIterator[Step]) -> Step | None:
         """The first step: the wait for the prompt's KV (its load, and the computing

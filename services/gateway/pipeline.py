@@ -124,6 +124,16 @@ class UpstreamError(Exception):
         self.status = status
 
 
+class Lost(UpstreamError):
+    """A NATS connection between the gateway and an instance was remade while the
+    gateway waited on it (a server of the cluster died): what went either way may be
+    lost. The request is placed again; the instance is not at fault, so not avoided."""
+
+    def __init__(self, instance_id: str, what: str = "a NATS connection on the way was remade while waiting on it"
+                 ) -> None:
+        super().__init__(503, f"{instance_id}: {what}")
+
+
 class InvalidRequest(UpstreamError):
     """The engine refused the request itself: a 400, never retried elsewhere."""
 
@@ -149,8 +159,8 @@ class ChunkCheck:
         self.done = False
 
     def take(self, chunk: TokenChunk) -> None:
-        if chunk.seq != self.seq:
-            raise UpstreamError(502, f"token stream out of order: got chunk {chunk.seq}, expected {self.seq}")
+        if chunk.seq != self.seq:  # one went missing on the way (a NATS server died): the stream goes on elsewhere
+            raise Lost(self.decode_id, f"token stream out of order: got chunk {chunk.seq}, expected {self.seq}")
         self.seq += 1
         if chunk.error:
             raise UpstreamError(502, f"decode on {self.decode_id} failed: {chunk.error}")
@@ -374,7 +384,7 @@ class Pipeline:
         if not tries.may_retry(stage, error, job.deadline):
             old.update = wasted
             raise error
-        tries.retrying(stage, error, failed)
+        tries.retrying(stage, error, "" if isinstance(error, Lost) else failed)
         # Closed first, so that the Conductor's books no longer count it when it places the next.
         tries.current = None
         await self._close(old, whole=False)
@@ -483,8 +493,9 @@ class Pipeline:
         # Open before asking, so no chunk can come before we listen. Chunks are routed by
         # the attempt's own id: a dead attempt's late chunk never lands here.
         decode_id = attempt.placement.decode_id
+        since = self._links(decode_id)
         stream = TokenStream(decode_id, job.deadline, self.config.token_idle_timeout_s,
-                             self.config.heartbeat_interval_s, self._check_alive)
+                             self.config.heartbeat_interval_s, lambda iid: self._check_instance(iid, since))
         await stream.open(self.inbox, self.nc, attempt.id)
         ask = DecodeRequest(
             request_id=attempt.id,
@@ -526,6 +537,7 @@ class Pipeline:
         """Await `work`, giving up as soon as `instance_id` stops beating."""
         task = asyncio.ensure_future(work)
         interval = self.config.heartbeat_interval_s
+        since = self._links(instance_id)
         try:
             while True:
                 waited_from = time.monotonic()
@@ -539,9 +551,22 @@ class Pipeline:
                     except MessageError as e:
                         raise UpstreamError(502, f"bad reply from {instance_id}: {e}") from e
                 if not woke_late(waited_from, interval, interval):  # else: heartbeats still unread
-                    self._check_alive(instance_id)
+                    self._check_instance(instance_id, since)
         finally:
             task.cancel()
+
+    def _links(self, instance_id: str) -> tuple[int, int]:
+        """The reconnects so far of this gateway's NATS client and of the instance's (its heartbeat's)."""
+        hb = self.registry.latest.get(instance_id)
+        mine = self.nc.reconnects if isinstance(self.nc, bus.Link) else bus.reconnects(self.nc)
+        return mine, hb.reconnects if hb is not None else 0
+
+    def _check_instance(self, instance_id: str, since: tuple[int, int]) -> None:
+        """Raises when the instance stopped beating, or when a connection between it and
+        this gateway was remade since `since` (a wait from then on may never be answered)."""
+        self._check_alive(instance_id)
+        if self._links(instance_id) != since:
+            raise Lost(instance_id)
 
     def _check_alive(self, instance_id: str) -> None:
         now = time.monotonic()

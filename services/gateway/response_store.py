@@ -17,7 +17,7 @@ import structlog
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
-from shared.bus import Link
+from shared.bus import Link, servers
 from shared.config import ClusterConfig
 from shared.identity import RESPONSES_BUCKET
 
@@ -54,14 +54,16 @@ def key(tenant: str, response_id: str) -> str:
 
 
 class ResponseStore:
-    def __init__(self, link: Link, ttl_s: float, max_bytes: int) -> None:
+    def __init__(self, link: Link, ttl_s: float, max_bytes: int, replicas: int = 1) -> None:
         self.link, self.ttl_s, self.max_bytes = link, ttl_s, max_bytes
+        self.replicas = replicas  # copies JetStream keeps, each on another server of a NATS cluster
         self._kv: Any = None
         self._client: Any = None  # the NATS client the bucket handle was made on (the link remakes clients)
 
     @classmethod
     def from_config(cls, link: Link, config: ClusterConfig) -> ResponseStore:
-        return cls(link, config.responses_ttl_s, config.responses_max_bytes)
+        # On a NATS cluster, three copies (JetStream's most): stored responses outlive a server.
+        return cls(link, config.responses_ttl_s, config.responses_max_bytes, min(3, len(servers(config.nats_url))))
 
     async def get(self, tenant: str, response_id: str) -> Stored | None:
         if not RESPONSE_ID.fullmatch(response_id):
@@ -88,7 +90,8 @@ class ResponseStore:
             except BucketNotFoundError:
                 self._kv = await js.create_key_value(KeyValueConfig(
                     bucket=BUCKET, ttl=self.ttl_s, max_bytes=self.max_bytes, max_value_size=MAX_VALUE_BYTES,
-                    history=1, storage=StorageType.FILE))
-                log.info("responses bucket made", bucket=BUCKET, ttl_s=self.ttl_s, max_bytes=self.max_bytes)
+                    history=1, storage=StorageType.FILE, replicas=self.replicas))
+                log.info("responses bucket made", bucket=BUCKET, ttl_s=self.ttl_s, max_bytes=self.max_bytes,
+                         replicas=self.replicas)
             self._client = nc
         return self._kv

@@ -45,9 +45,14 @@ class Prefiller(Handler):
 
     async def on_request(self, req: PrefillRequest, msg: Msg) -> None:
         try:
+            if self.instance.draining:  # placed before its heartbeat said so: the gateway places it again
+                raise ValueError(self._stopping())
             self.instance.run(req.request_id, self._prefill(req, msg))
         except ValueError as e:
             await msg.respond(encode(PrefillResult(request_id=req.request_id, ok=False, error=str(e))))
+
+    def _stopping(self) -> str:
+        return f"prefill instance {self.instance.instance_id} is stopping"
 
     async def _prefill(self, req: PrefillRequest, msg: Msg) -> None:
         structlog.contextvars.bind_contextvars(request_id=req.request_id, tenant=req.tenant)
@@ -60,7 +65,9 @@ class Prefiller(Handler):
         except TimeoutError:
             result = PrefillResult(request_id=req.request_id, ok=False, error="deadline exceeded in prefill")
         except asyncio.CancelledError:
-            log.info("prefill cancelled")
+            log.info("prefill cancelled", handed_on=self.instance.draining)
+            if self.instance.draining:  # the instance stops: the gateway places the prompt again now
+                await msg.respond(encode(PrefillResult(request_id=req.request_id, ok=False, error=self._stopping())))
             raise
         except Exception as e:
             invalid = is_client_error(e)

@@ -1,6 +1,8 @@
 """The one runtime of an engine instance, prefill or decode: build the engine,
 connect to NATS, announce the instance with heartbeats, hand each request of the
-role's subject to the role's handler, and shut down in order on `stop`.
+role's subject to the role's handler, and shut down in order on `stop`: take
+nothing new, let the requests running finish (within drain_timeout_s), hand the rest
+on, then close.
 
 A role is a handler class (services/prefill/handler.py, services/decode/handler.py)
 that says which subject and message it serves; everything else is the same. An
@@ -82,6 +84,9 @@ async def serve(handlers: Sequence[type[Handler]], config: ClusterConfig, args: 
     log.info(f"{role} ready", model=config.model, node=node, serves=[h.ROLE for h in handlers])
     died = await engine_died_before(stop, engine, config.heartbeat_interval_s)
     log.info(f"{role} stopping", in_flight=len(instance.requests), engine_died=died)
+    if not died:  # a dead engine finishes nothing: its requests go elsewhere at once
+        left = await instance.drain(config.drain_timeout_s)
+        log.info(f"{role} drained", handed_on=left)
     await instance.close()
     await bus.close(nc)
     if page is not None:

@@ -74,6 +74,19 @@ def test_admission_rejects_with_retry_after_and_dead_instances_are_unavailable()
     assert not late.accepted and late.rejection == "unavailable"
 
 
+def test_a_draining_instance_gets_nothing_new_and_is_not_forgotten():
+    c = conductor((("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"), ("d1", "decode")), policy="round_robin")
+    c.on_heartbeat(msgspec.structs.replace(hb("p1", "prefill"), seq=2, draining=True), now=0.1)
+    c.on_heartbeat(msgspec.structs.replace(hb("d1", "decode"), seq=2, draining=True), now=0.1)
+    placed = [c.schedule(ask(f"r{i}", [f"h{i}"]), now=0.2).placement for i in range(6)]
+    assert {(p.prefill_id, p.decode_id) for p in placed} == {("p0", "d0")}
+    assert "p1" in c.registry.latest and "d1" in c.registry.latest  # alive: its books stay until it ends
+    only_draining = conductor((("p0", "prefill"), ("d0", "decode")))
+    only_draining.on_heartbeat(msgspec.structs.replace(hb("d0", "decode"), seq=2, draining=True), now=0.1)
+    reply = only_draining.schedule(ask("r", ["a"]), now=0.2)
+    assert reply.accepted and reply.placement.decode_id != "d0"  # the prefill instance decodes meanwhile
+
+
 def test_a_stall_of_the_conductor_s_own_loop_drops_no_instance_whose_heartbeat_waits_unread():
     c = conductor()
     c.heard(0.0)

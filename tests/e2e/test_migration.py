@@ -168,8 +168,9 @@ def test_a_decode_killed_mid_stream_hands_the_stream_to_another_that_finishes_it
     assert continued[0]["loaded_tokens"] == (PROMPT_TOKENS // 128 * 128 if nodes[other].node in held else 0)
 
 
-def killed_mid_stream(cluster, url: str, body: dict, delta: Callable[[dict], str | None]) -> tuple[str, list[dict]]:
-    """The stream of `body` at `url`, its decode killed after KILL_AFTER text deltas
+def killed_mid_stream(cluster, url: str, body: dict, delta: Callable[[dict], str | None],
+                      sig: signal.Signals = signal.SIGKILL) -> tuple[str, list[dict]]:
+    """The stream of `body` at `url`, its decode sent `sig` after KILL_AFTER text deltas
     (`delta`: an event's text, or None): its joined text and every event."""
     for instance in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
         beating(cluster, instance)  # all up: a test before this one killed a decode
@@ -184,7 +185,7 @@ def killed_mid_stream(cluster, url: str, body: dict, delta: Callable[[dict], str
             texts += [t] if (t := delta(seen[-1])) is not None else []
         placed = eventually(lambda: [e for e in log_events(cluster, "conductor", "scheduled")
                                      if e.get("request_id") == request_id], bool, "the request's placement logged")
-        os.kill(nodes[placed[-1]["decode"]].pid, signal.SIGKILL)
+        os.kill(nodes[placed[-1]["decode"]].pid, sig)
         for event in events:
             seen.append(event)
             texts += [t] if (t := delta(event)) is not None else []
@@ -212,3 +213,27 @@ def test_a_responses_stream_survives_its_decodes_death_equal_to_an_uninterrupted
     assert seen[-1]["type"] == "response.completed" and seen[-1]["response"]["status"] == whole["status"] == "incomplete"
     assert [e["sequence_number"] for e in seen] == list(range(len(seen)))
     assert retries(cluster, "migration") == before + 1
+
+
+@pytest.mark.destructive
+def test_a_decode_stopped_mid_stream_hands_it_on_and_the_output_equals_an_uninterrupted_run(two_of_each):
+    """A scale-down or a rolling restart stops a decode with SIGTERM: it takes nothing
+    new, gives its streams drain_timeout_s (2 s in this layout) and hands on what is
+    still running, which another decode continues exactly."""
+    cluster = two_of_each
+    body = {"model": MODEL, "prompt": long_prompt(23), "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+    url = f"{cluster.api}/completions"
+    whole = httpx.post(url, json=body, timeout=120).json()["choices"][0]["text"]
+    before = retries(cluster, "migration")
+    decodes = ("decode-0", "decode-1")
+
+    def drains() -> list[dict]:
+        return [e for d in decodes for e in log_events(cluster, d, "decode drained")]
+
+    earlier = len(drains())
+    text, seen = killed_mid_stream(cluster, url, body, lambda e: e["choices"][0]["text"] if e["choices"] else None,
+                                   sig=signal.SIGTERM)
+    assert text == whole and seen[-1]["choices"][0]["finish_reason"] == "length"
+    assert retries(cluster, "migration") == before + 1
+    drained = eventually(drains, lambda d: len(d) > earlier, "the decode's drain logged")
+    assert [e["handed_on"] for e in drained[earlier:]] == [1]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.pipeline import ChunkCheck, Pipeline, Rejected, Report, UpstreamError, kv_expected
+from services.gateway.pipeline import ChunkCheck, Lost, Pipeline, Rejected, Report, UpstreamError, kv_expected
 from shared import bus
 from shared.config import ClusterConfig
 from shared.identity import ANY_UPDATES
@@ -288,8 +288,36 @@ def test_a_decodes_chunks_are_checked_in_order_and_done_once_every_output_ended(
     assert check.done
 
 
+def test_a_chunk_out_of_order_was_lost_on_the_way_and_the_decode_is_not_blamed():
+    with pytest.raises(Lost) as lost:
+        ChunkCheck("decode-0", n=1).take(TokenChunk(request_id="a", seq=1, token_ids=[1]))
+    assert lost.value.status == 503 and "out of order: got chunk 1, expected 0" in str(lost.value)
+
+
+async def test_a_prefill_answer_lost_with_a_nats_server_is_asked_again_of_the_same_instance(connected):
+    nc, pipeline = connected
+    pipeline.started -= 10
+    cluster = Cluster(nc)
+    answer, asked = cluster.on_prefill, []
+
+    async def loses_the_first(ask: PrefillRequest, msg) -> None:
+        asked.append(ask.request_id)
+        if len(asked) > 1:
+            return await answer(ask, msg)
+        # Its server dies with the answer: p0 reconnects to another, and its next heartbeat says so.
+        beat = Heartbeat(instance_id="p0", role="prefill", node="node-1", pid=1, seq=2, sent_at=0.0, reconnects=1)
+        pipeline.registry.observe(beat, time.monotonic())
+
+    cluster.on_prefill = loses_the_first
+    await cluster.start()
+    started = time.monotonic()
+    chunks = await run(pipeline, "r10")
+    assert [t for c in chunks for t in c.token_ids] == [7, 100, 101, 102]
+    assert asked == ["r10", "r10-a2"]  # p0 again: the Conductor was not told to avoid it
+    assert time.monotonic() - started < 2.0  # a heartbeat interval, not prefill_timeout_s
+
+
 @pytest.mark.parametrize("chunk, says", [
-    (TokenChunk(request_id="a", seq=1, token_ids=[1]), "out of order: got chunk 1, expected 0"),
     (TokenChunk(request_id="a", seq=0, token_ids=[], error="engine died"), "decode on decode-0 failed: engine died"),
     (TokenChunk(request_id="a", seq=0, token_ids=[1], index=1), "sent output 1 of a request of 1"),
 ])

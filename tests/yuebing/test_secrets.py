@@ -2,6 +2,7 @@
 generated configuration: no login, no entry; each identity only where its job is."""
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from shared import bus
 from shared.identity import load_credentials
 from shared.messages import SCHEDULE, messenger_faults_subject, prefill_subject
 from yuebing.process import free_port, spawn, stop, wait_for_port
-from yuebing.secrets import Layout, Listen, generate
+from yuebing.secrets import Layout, Listen, Peer, generate, server_environment
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "tls"])
@@ -139,3 +140,58 @@ async def test_the_gateway_keeps_responses_in_jetstream_and_an_engine_cannot_rea
     with pytest.raises(Exception):
         await js.create_key_value(KeyValueConfig(bucket=RESPONSES_BUCKET + "_other"))
     await decode.close()
+
+
+def start_cluster(tmp: Path, tls: bool = False):
+    """A generated three-server NATS cluster on loopback: (the set, each server's port → its process)."""
+    peers = tuple(Peer("127.0.0.1", free_port(), free_port()) for _ in range(3))
+    made = generate(tmp / "secrets", Layout(), Listen(port=peers[0].port, tls=tls, cluster=peers))
+    server = Path(sys.executable).with_name("nats-server")
+    procs = [spawn([str(server), "-c", str(made.nats_config)], tmp / f"nats-{i}.log",
+                   {**os.environ, **server_environment(p, f"nats-{i}", tmp / f"js-{i}")})
+             for i, p in enumerate(peers)]
+    for p in peers:
+        wait_for_port(p.port, timeout_s=10)
+    return made, {p.port: proc for p, proc in zip(peers, procs, strict=True)}
+
+
+def test_a_cluster_of_three_lists_every_server_and_routes_with_a_password_of_its_own(tmp_path):
+    peers = (Peer("nats-0"), Peer("nats-1"), Peer("nats-2"))
+    made = generate(tmp_path / "s", Layout(), Listen("0.0.0.0", cluster=peers), mounted_at=Path("/run/secrets"))
+    assert made.nats_url == "nats://nats-0:4222,nats://nats-1:4222,nats://nats-2:4222"
+    text = made.nats_config.read_text()
+    assert '"server_name": $NATS_SERVER_NAME' in text and '"store_dir": $NATS_STORE_DIR' in text
+    routes = [line for line in text.splitlines() if "nats://route:" in line]
+    assert [r.split("@")[1].strip('", ') for r in routes] == ["nats-0:6222", "nats-1:6222", "nats-2:6222"]
+    users = {f.read_text() for f in made.folder.glob("*.nats.json")}
+    assert not any(r.split(":")[2].split("@")[0] in u for r in routes for u in users)  # no client knows it
+
+
+async def test_clients_of_a_cluster_lose_nothing_when_the_server_they_use_dies(tmp_path):
+    made, procs = start_cluster(tmp_path)
+    try:
+        conductor = await login(made, "conductor")
+        admin = await login(made, "admin")
+        heard: list[bytes] = []
+
+        async def on_schedule(msg) -> None:
+            heard.append(msg.data)
+            await msg.respond(b"placed")
+
+        await conductor.subscribe(SCHEDULE, "conductors", cb=on_schedule)
+        await conductor.flush()
+        assert (await admin.request(SCHEDULE, b"1", timeout=5)).data == b"placed"
+        used = conductor.connected_url.port
+        stop([procs[used]], grace_s=5)  # the conductor's server goes: it reconnects to another
+        async with asyncio.timeout(20):
+            while True:
+                try:
+                    if (await admin.request(SCHEDULE, b"2", timeout=1)).data == b"placed":
+                        break
+                except nats.errors.Error:
+                    await asyncio.sleep(0.2)
+        assert conductor.is_connected and conductor.connected_url.port != used
+        await conductor.close()
+        await admin.close()
+    finally:
+        stop(list(procs.values()), grace_s=5)
