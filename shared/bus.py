@@ -41,9 +41,17 @@ WATCHDOG_S = 1.0  # how often a Link looks at its client, callbacks or not
 OnEvent = Callable[[str], None]  # "disconnected" | "reconnected" | "closed" | "replaced"
 
 
-def reconnects(nc: Client | None) -> int:
-    """How many times a client reconnected (to its server again, or to another of a cluster)."""
-    return nc.stats["reconnects"] if nc is not None else 0
+class Reconnected:
+    """When a client last reconnected (to its server again, or to another of a cluster;
+    a Link's: or was replaced), wall clock, 0 if never: a message in flight then may
+    have been lost. Given to connect() or a Link as (part of) its `on_event`."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def __call__(self, kind: str) -> None:
+        if kind in ("reconnected", "replaced"):
+            self.at = time.time()
 
 
 def servers(url: str) -> list[str]:
@@ -110,7 +118,14 @@ class Link:
     ) -> None:
         self.url, self.name, self.credentials = url, name, credentials
         self.on_connect = on_connect
-        self.on_event = on_event or (lambda _kind: None)
+        self.reconnected = Reconnected()
+        told = on_event or (lambda _kind: None)
+
+        def event(kind: str) -> None:
+            self.reconnected(kind)
+            told(kind)
+
+        self.on_event: OnEvent = event
         self.retry_s = retry_s
         self.replacements = 0
         self._client: Client | None = None
@@ -138,13 +153,6 @@ class Link:
             self._remake()
             raise nats.errors.ConnectionClosedError  # a new client is on its way
         return nc
-
-    @property
-    def reconnects(self) -> int:
-        """Reconnects and replacements of its clients so far: a message in flight across
-        either may have been lost."""
-        nc = self._client
-        return self.replacements + (reconnects(nc) if nc is not None else 0)
 
     @property
     def is_connected(self) -> bool:

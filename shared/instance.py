@@ -40,8 +40,9 @@ class Instance:
 
     def __init__(
         self, role: Role, instance_id: str, node: str, config: ClusterConfig, nc: Client, load: EngineLoad | None = None,
-        stages: int = 1,
+        stages: int = 1, reconnected: bus.Reconnected | None = None,
     ) -> None:
+        self.reconnected = reconnected or bus.Reconnected()  # told by its client's events (bus.connect)
         self.role = role
         self.stages = stages  # its engine's pipeline stages (a CPP prefill group: more than 1)
         self.load = load or EngineLoad()
@@ -107,7 +108,7 @@ class Instance:
             slowdown=self.slowdown(),
             stages=self.stages,
             draining=self.draining,
-            reconnects=bus.reconnects(self.nc),
+            reconnected_at=self.reconnected.at,
         )
 
     def slowdown(self) -> float:

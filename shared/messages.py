@@ -88,9 +88,10 @@ class Heartbeat(Message):
     stages: int = 1
     # Stopping: it takes nothing new while its requests finish (shared/instance.py drain).
     draining: bool = False
-    # Times its NATS client reconnected: a message on the way then may be lost, so a
-    # gateway waiting on it asks again (services/gateway/pipeline.py).
-    reconnects: int = 0
+    # When its NATS client last reconnected (unix time; 0: never): a message on the way
+    # then may be lost, so a gateway waiting on it since before asks again
+    # (services/gateway/pipeline.py).
+    reconnected_at: float = 0.0
 
 
 # --- scheduling ---------------------------------------------------------------

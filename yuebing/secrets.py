@@ -77,6 +77,8 @@ class Peer:
 # (server_environment; compose and Kubernetes set them in their files).
 SERVER_VARIABLES = ("NATS_SERVER_NAME", "NATS_PORT", "NATS_ROUTE_PORT", "NATS_STORE_DIR")
 ROUTE_USER = "route"  # the servers' own login to each other's route port
+# compose/kubernetes/nats.yaml: a StatefulSet of three behind the headless service nats-cluster.
+KUBERNETES_NATS = tuple(Peer(f"nats-{i}.nats-cluster") for i in range(3))
 CLUSTER_NAME = "yuebing"
 
 

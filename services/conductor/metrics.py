@@ -83,15 +83,24 @@ class BooksCollector:
         pace = GaugeMetricFamily("yuebing_conductor_slowdown",
                                  "Each instance's predicted times are multiplied by this (observed over predicted)",
                                  labels=["instance"])
+        queues, steps = [], []
         for x in view.prefills:
-            queue.add_metric([x.instance_id], x.slowdown * x.queue_s)
+            queues.append(x.slowdown * x.queue_s)
+            queue.add_metric([x.instance_id], queues[-1])
             pace.add_metric([x.instance_id], x.slowdown)
         for x in view.decodes:
             n, ctx = x.at(now)
             batch.add_metric([x.instance_id], n)
-            step.add_metric([x.instance_id], x.slowdown * c.state.predictor.decode_step_s(n, ctx))
+            steps.append(x.slowdown * c.state.predictor.decode_step_s(n, ctx))
+            step.add_metric([x.instance_id], steps[-1])
             pace.add_metric([x.instance_id], x.slowdown)
         yield from (queue, step, batch, pace)
+        yield _gauge("yuebing_conductor_prefill_load_ratio", "The autoscalers' signal for prefill: the mean predicted "
+                     "queue of the prefill instances over the TTFT SLO (0: idle; 1: a new request waits its whole "
+                     "budget)", load_ratio(queues, c.config.slo_ttft_ms / 1e3))
+        yield _gauge("yuebing_conductor_decode_load_ratio", "The autoscalers' signal for decode: the mean predicted step "
+                     "of the decode instances over the TBT SLO (1: no headroom left)",
+                     load_ratio(steps, c.config.slo_tbt_ms / 1e3))
         yield _gauge("yuebing_conductor_slo_tbt_seconds", "The cluster's default TBT SLO", c.config.slo_tbt_ms / 1e3)
         yield _gauge("yuebing_conductor_decode_time_seconds", "How long a request is taken to decode (t_d, learned)",
                      c.state.decode_time_s)
@@ -121,6 +130,15 @@ class BooksCollector:
         booked = CounterMetricFamily("yuebing_conductor_peer_bookings", "Placements booked from other Conductors")
         booked.add_metric([], c.peer_bookings)
         yield booked
+
+
+def load_ratio(seconds: list[float], slo_s: float) -> float:
+    """The mean of `seconds` (one per instance of a role) over the SLO they count
+    against; 0 with no instance or no SLO. One number per role that both Conductors
+    report alike (they share their books), for an autoscaler to hold at a target."""
+    if not seconds or slo_s <= 0:
+        return 0.0
+    return sum(seconds) / len(seconds) / slo_s
 
 
 def _counter(name: str, doc: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:

@@ -493,7 +493,7 @@ class Pipeline:
         # Open before asking, so no chunk can come before we listen. Chunks are routed by
         # the attempt's own id: a dead attempt's late chunk never lands here.
         decode_id = attempt.placement.decode_id
-        since = self._links(decode_id)
+        since = time.time()
         stream = TokenStream(decode_id, job.deadline, self.config.token_idle_timeout_s,
                              self.config.heartbeat_interval_s, lambda iid: self._check_instance(iid, since))
         await stream.open(self.inbox, self.nc, attempt.id)
@@ -537,7 +537,7 @@ class Pipeline:
         """Await `work`, giving up as soon as `instance_id` stops beating."""
         task = asyncio.ensure_future(work)
         interval = self.config.heartbeat_interval_s
-        since = self._links(instance_id)
+        since = time.time()
         try:
             while True:
                 waited_from = time.monotonic()
@@ -555,17 +555,14 @@ class Pipeline:
         finally:
             task.cancel()
 
-    def _links(self, instance_id: str) -> tuple[int, int]:
-        """The reconnects so far of this gateway's NATS client and of the instance's (its heartbeat's)."""
-        hb = self.registry.latest.get(instance_id)
-        mine = self.nc.reconnects if isinstance(self.nc, bus.Link) else bus.reconnects(self.nc)
-        return mine, hb.reconnects if hb is not None else 0
-
-    def _check_instance(self, instance_id: str, since: tuple[int, int]) -> None:
-        """Raises when the instance stopped beating, or when a connection between it and
-        this gateway was remade since `since` (a wait from then on may never be answered)."""
+    def _check_instance(self, instance_id: str, since: float) -> None:
+        """Raises when the instance stopped beating, or when its NATS client or this
+        gateway's reconnected after `since` (unix time): a wait begun before may never
+        be answered."""
         self._check_alive(instance_id)
-        if self._links(instance_id) != since:
+        hb = self.registry.latest.get(instance_id)
+        mine = self.nc.reconnected.at if isinstance(self.nc, bus.Link) else 0.0
+        if max(mine, hb.reconnected_at if hb is not None else 0.0) > since:
             raise Lost(instance_id)
 
     def _check_alive(self, instance_id: str) -> None:

@@ -72,8 +72,9 @@ async def serve(handlers: Sequence[type[Handler]], config: ClusterConfig, args: 
     # the connector's hooks in every step and layer.
     engine, load = build_engine(config, None if config.mode == "colocated" else node, stages, role) \
         if not config.fake_engine_step_ms else fake_engine(config)
-    nc = await bus.connect(config.nats_url, instance_id, args.nats_credentials)
-    instance = Instance(role, instance_id, node, config, nc, load, stages)
+    reconnected = bus.Reconnected()
+    nc = await bus.connect(config.nats_url, instance_id, args.nats_credentials, on_event=reconnected)
+    instance = Instance(role, instance_id, node, config, nc, load, stages, reconnected)
     for handler in handlers:
         await bus.subscribe(nc, handler.subject(instance_id), handler.REQUEST, handler(instance, engine).on_request)
     # vLLM and torch leave hundreds of thousands of objects: frozen before the heartbeats

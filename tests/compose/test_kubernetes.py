@@ -17,7 +17,17 @@ import yaml
 
 from shared.config import ClusterConfig, load_config
 from yuebing.compose import COMPOSE_DIR, ComposeOptions, resolved, service_commands
-from yuebing.secrets import Layout, Listen, generate, kubernetes_secrets, write_api_key
+from services.conductor.metrics import ConductorMetrics
+from tests.conductor.test_app import conductor
+from yuebing.secrets import (
+    KUBERNETES_NATS,
+    SERVER_VARIABLES,
+    Layout,
+    Listen,
+    generate,
+    kubernetes_secrets,
+    write_api_key,
+)
 
 KUBERNETES = "1.33.0"  # native sidecars (the messenger) are on by default from 1.29, GA in 1.33
 BASE = COMPOSE_DIR / "kubernetes"
@@ -99,7 +109,7 @@ def test_the_cluster_config_is_valid(variant):
     docs = documents() if variant == "cpu" else gpu_documents()
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
     config = msgspec.json.decode(config_map["data"]["cluster.json"].encode(), type=ClusterConfig)  # validates
-    assert config.nats_url == "nats://nats:4222" and config.kv_dir == "/kv"
+    assert config.nats_url == Listen(cluster=KUBERNETES_NATS).url and config.kv_dir == "/kv"
 
 
 def test_only_the_engines_of_the_gpu_variant_ask_for_gpus():
@@ -140,7 +150,8 @@ def normalized(command: list[str], mounts: dict[str, str]) -> dict[str, str]:
     flags = dict(zip(command[3::2], command[4::2]))
     for flag in ("--instance-id", "--node"):
         if flag in flags:
-            flags[flag] = re.sub(r"(node|prefill|decode|messenger)-\d+|\$\(POD_NAME\)", "<name>", flags[flag])
+            flags[flag] = re.sub(r"(node|prefill|decode|messenger)-\d+|conductor(-\d+)?|\$\(POD_NAME\)", "<name>",
+                                 flags[flag])
             flags[flag] = flags[flag].replace("messenger-<name>", "<name>")
     if "--advertise-host" in flags:
         flags["--advertise-host"] = "<address>"
@@ -187,4 +198,58 @@ def test_compose_and_kubernetes_read_the_same_cluster_settings_where_they_share_
     kube = json.loads(config_map["data"]["cluster.json"])
     compose = json.loads((COMPOSE_DIR / "cluster.json").read_text())
     load_config(COMPOSE_DIR / "cluster.json")
-    assert {k: v for k, v in kube.items() if k in compose} == compose
+    # Compose's one NATS server against the Kubernetes cluster of three: the one difference.
+    assert {k: v for k, v in kube.items() if k in compose and k != "nats_url"} == {
+        k: v for k, v in compose.items() if k != "nats_url"}
+
+
+# --- scaled out: every role by its replicas ------------------------------------------------
+
+def kinds(kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in documents() if d["kind"] == kind}
+
+
+def test_gateways_conductors_and_nats_run_several_each_with_a_disruption_budget():
+    found, config = workloads(documents()), cluster_config()
+    assert found["gateway"]["spec"]["replicas"] >= 2
+    assert found["conductor"]["spec"]["replicas"] == config.conductors >= 2  # digests on: they share their books
+    assert found["nats"]["kind"] == "StatefulSet" and found["nats"]["spec"]["replicas"] == len(KUBERNETES_NATS) == 3
+    assert found["nats"]["spec"]["serviceName"] == KUBERNETES_NATS[0].host.split(".")[1]
+    budgets = {name: b["spec"] for name, b in kinds("PodDisruptionBudget").items()}
+    assert budgets == {"gateway": {"minAvailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/component": "gateway"}}},
+                       "conductor": {"minAvailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/component": "conductor"}}},
+                       "nats": {"maxUnavailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/component": "nats"}}}}
+
+
+def test_the_gateway_scales_on_cpu_and_the_engines_on_the_conductors_signals():
+    scalers = {name: h["spec"] for name, h in kinds("HorizontalPodAutoscaler").items()}
+    assert scalers["gateway"]["metrics"][0]["resource"]["name"] == "cpu" and scalers["gateway"]["minReplicas"] >= 2
+    for role in ("prefill", "decode"):
+        (metric,) = scalers[role]["metrics"]
+        assert metric["external"]["metric"]["name"] == f"yuebing_conductor_{role}_load_ratio"
+        assert scalers[role]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": role}
+    page = ConductorMetrics(conductor()).registry
+    named = {m.name for m in page.collect()}
+    assert {"yuebing_conductor_prefill_load_ratio", "yuebing_conductor_decode_load_ratio"} <= named
+
+
+def test_a_stopping_engine_has_time_to_drain_before_it_is_killed():
+    drain_s = cluster_config().drain_timeout_s
+    for name in ("prefill", "decode"):
+        grace = workloads(documents())[name]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace >= drain_s + 20, name  # the drain, then the engine's own shutdown
+
+
+def test_kubernetes_secrets_route_nats_between_the_statefulsets_pods(tmp_path):
+    made = generate(tmp_path, Layout(engine_nodes=True), Listen("0.0.0.0", cluster=KUBERNETES_NATS),
+                    mounted_at=Path("/run/secrets"))
+    text = made.nats_config.read_text()
+    assert [f"@nats-{i}.nats-cluster:6222" in text for i in range(3)] == [True] * 3
+    (nats,) = [c for c in containers(workloads(documents())["nats"])]
+    env = {e["name"] for e in nats["env"]}
+    assert env == set(SERVER_VARIABLES)  # each server told who it is, as server_config's file asks
+
+
+def cluster_config() -> ClusterConfig:
+    (config_map,) = [d for d in documents() if d["kind"] == "ConfigMap"]
+    return msgspec.json.decode(config_map["data"]["cluster.json"].encode(), type=ClusterConfig)

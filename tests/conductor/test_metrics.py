@@ -5,7 +5,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.conductor.metrics import ConductorMetrics
+from services.conductor.metrics import ConductorMetrics, load_ratio
 from shared import metrics_page
 from shared.messages import RequestUpdate
 from tests.conductor.test_app import ask, conductor
@@ -40,9 +40,18 @@ def test_a_scrape_counts_decisions_by_outcome_mode_and_cause_and_reads_the_books
     assert value(f["yuebing_conductor_slowdown"], instance="d0") == 1.0
     assert f["yuebing_conductor_decision_seconds"].type == "histogram"
     assert all(family.documentation for family in f.values())  # every metric says what it is
+    queued = value(f["yuebing_conductor_prefill_queue_seconds"], instance="p0")
+    assert value(f["yuebing_conductor_prefill_load_ratio"]) == pytest.approx(queued / 0.05)  # one prefill instance
+    assert value(f["yuebing_conductor_decode_load_ratio"]) == 0  # nothing decoding
     c.on_update(RequestUpdate(request_id="r1", kind="prefill_done"), now=0.05)
     clock[0] = 0.06
     assert value(scrape(metrics)["yuebing_conductor_decode_batch"], instance="d0") == 1
+    assert value(scrape(metrics)["yuebing_conductor_decode_load_ratio"]) > 0
+
+
+def test_a_roles_load_ratio_is_its_instances_mean_over_the_slo():
+    assert load_ratio([0.1, 0.3], slo_s=0.4) == pytest.approx(0.5)
+    assert load_ratio([], slo_s=0.4) == 0.0 and load_ratio([0.1], slo_s=0.0) == 0.0
 
 
 @pytest.mark.asyncio

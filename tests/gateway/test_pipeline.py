@@ -305,7 +305,8 @@ async def test_a_prefill_answer_lost_with_a_nats_server_is_asked_again_of_the_sa
         if len(asked) > 1:
             return await answer(ask, msg)
         # Its server dies with the answer: p0 reconnects to another, and its next heartbeat says so.
-        beat = Heartbeat(instance_id="p0", role="prefill", node="node-1", pid=1, seq=2, sent_at=0.0, reconnects=1)
+        beat = Heartbeat(instance_id="p0", role="prefill", node="node-1", pid=1, seq=2, sent_at=0.0,
+                         reconnected_at=time.time())
         pipeline.registry.observe(beat, time.monotonic())
 
     cluster.on_prefill = loses_the_first
@@ -315,6 +316,23 @@ async def test_a_prefill_answer_lost_with_a_nats_server_is_asked_again_of_the_sa
     assert [t for c in chunks for t in c.token_ids] == [7, 100, 101, 102]
     assert asked == ["r10", "r10-a2"]  # p0 again: the Conductor was not told to avoid it
     assert time.monotonic() - started < 2.0  # a heartbeat interval, not prefill_timeout_s
+
+
+async def test_a_reconnect_before_the_wait_began_loses_nothing(connected):
+    _nc, pipeline = connected
+    pipeline.started -= 10
+    beat = Heartbeat(instance_id="p0", role="prefill", node="node-1", pid=1, seq=2, sent_at=0.0,
+                     reconnected_at=time.time() - 0.05)  # its heartbeat arrives while the wait runs
+    waiting = time.time()
+
+    async def work() -> str:
+        await asyncio.sleep(0.3)
+        pipeline.registry.observe(beat, time.monotonic())
+        await asyncio.sleep(0.5)
+        return "answered"
+
+    assert beat.reconnected_at < waiting
+    assert await pipeline._watch("p0", work(), time.time() + 10) == "answered"
 
 
 @pytest.mark.parametrize("chunk, says", [

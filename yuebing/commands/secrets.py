@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from shared.private_file import write_private
-from yuebing.secrets import Layout, Listen, generate, kubernetes_secrets, write_api_key
+from yuebing.secrets import KUBERNETES_NATS, Layout, Listen, Peer, generate, kubernetes_secrets, write_api_key
 
 GROUP = None
 
@@ -28,6 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--nats-host", default="127.0.0.1", help="address nats-server listens on")
     p.add_argument("--nats-port", type=int, default=4222, help="port nats-server listens on")
     p.add_argument("--nats-tls", action="store_true", help="TLS, with a CA made for this cluster")
+    p.add_argument("--nats-cluster", help="a NATS cluster: its servers' host names, comma-separated (nats-0,nats-1,"
+                   "nats-2), each on --nats-port with routes on 6222 (--kubernetes: the manifests' three)")
     p.add_argument("--tls-name", action="append", default=[], help="a name clients reach nats-server by "
                    "(repeatable; default: localhost and 127.0.0.1)")
     p.add_argument("--mounted-at", help="where the files will be seen, if not at --out (compose: /run/secrets)")
@@ -40,9 +42,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     layout = Layout(args.prefill, args.decode, args.nodes, engine_nodes=args.engine_nodes or bool(args.kubernetes))
-    names = tuple(args.tls_name) or Listen.tls_names
+    names = tuple(args.tls_name)
     mounted_at = Path(args.mounted_at) if args.mounted_at else None
-    made = generate(Path(args.out), layout, Listen(args.nats_host, args.nats_port, args.nats_tls, names), mounted_at)
+    cluster = tuple(Peer(h.strip(), args.nats_port) for h in args.nats_cluster.split(",") if h.strip()) \
+        if args.nats_cluster else KUBERNETES_NATS if args.kubernetes else ()
+    if args.nats_cluster and len(cluster) < 3:
+        raise SystemExit("--nats-cluster: three servers or more (JetStream's quorum outlives one only from three)")
+    listen = Listen(args.nats_host, args.nats_port, args.nats_tls, names or tuple(p.host for p in cluster) or
+                    Listen.tls_names, cluster)
+    made = generate(Path(args.out), layout, listen, mounted_at)
     api_key = write_api_key(made.folder)
     print(f"wrote {len(layout.identities())} NATS identities, {made.nats_config.name}, {made.kv_key.name} "
           f"and {api_key.name} to {made.folder}")
