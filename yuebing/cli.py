@@ -13,6 +13,7 @@ from yuebing.commands import (
     bench_connector,
     bench_control_plane,
     bench_goodput,
+    bench_ha,
     bench_hash,
     bench_long_context,
     bench_reuse,
@@ -38,7 +39,7 @@ from yuebing.commands import (
 # In the order `yuebing --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
     model, up, secrets, compose, docs, profile, sim, sim_long_context, sim_paper, sim_planner, sim_fleet, bench_conductor, bench_control_plane, bench_hash, bench_transfer,
-    bench_connector, bench_ttft, bench_reuse, bench_chaos, bench_soak, bench_goodput, bench_tenants, bench_long_context, replay,
+    bench_connector, bench_ttft, bench_reuse, bench_chaos, bench_ha, bench_soak, bench_goodput, bench_tenants, bench_long_context, replay,
     trace,
 )
 GROUPS = {"model": "model utilities", "bench": "benchmarks"}  # a command module's GROUP → the group's help

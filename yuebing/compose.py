@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from yuebing.process import wait_until
-from yuebing.secrets import Layout, Listen, generate, write_api_key, write_cache_key
+from yuebing.secrets import Layout, Listen, Peer, generate, write_api_key, write_cache_key
 
 COMPOSE_DIR = Path(__file__).resolve().parents[1] / "compose"
 REGISTRY_BASE = "python:3.11-slim"
@@ -160,10 +160,18 @@ def layout(model: dict) -> Layout:
     return Layout(prefill=roles.count("prefill"), decode=roles.count("decode"), nodes=roles.count("messenger"))
 
 
-def ensure_secrets(folder: Path, wanted: Layout, say: Callable[[str], None] = print) -> None:
+def nats_listen(model: dict) -> Listen:
+    """Where the layout's NATS servers listen: one, or a cluster of its nats-server
+    services (each reached by its service name; their routes come from the secrets)."""
+    names = [name for name, s in model["services"].items() if s.get("command", [])[:1] == ["nats-server"]]
+    return Listen(host="0.0.0.0", cluster=tuple(Peer(n) for n in sorted(names)) if len(names) > 1 else ())
+
+
+def ensure_secrets(folder: Path, wanted: Layout, say: Callable[[str], None] = print,
+                   listen: Listen = Listen(host="0.0.0.0")) -> None:
     """The layout's secrets, made once; a new folder rotates them."""
     if not (folder / "api-key").exists():
-        generate(folder, wanted, Listen(host="0.0.0.0"), mounted_at=MOUNTED_AT)
+        generate(folder, wanted, listen, mounted_at=MOUNTED_AT)
         write_api_key(folder)
         say(f"wrote the cluster's secrets to {folder}")
     if not (folder / "cache.key").exists():  # a folder made before the cache key was one of them
@@ -205,7 +213,7 @@ def up(options: ComposeOptions, log_dir: Path) -> dict[str, str]:
     ensure_engine(log_dir / "dockerd.log", say)
     env = environment(options, base_image(say), torch_wheel())
     model = resolved(options)
-    ensure_secrets(options.secrets, layout(model), say)
+    ensure_secrets(options.secrets, layout(model), say, nats_listen(model))
     say(f"building the image on {env['YUEBING_BASE']} (the first build installs vLLM: minutes)")
     started = time.monotonic()
     compose(options, "build", env=env, timeout_s=1800, show=options.show_build)
