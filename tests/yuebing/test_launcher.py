@@ -12,6 +12,7 @@ from shared.config import DEFAULT_PROFILE, ClusterConfig
 from shared.model_identity import fingerprint
 from yuebing import process
 from yuebing.launcher import Child, Cluster, UpOptions, api_key, child_environment, make_secrets
+from yuebing.secrets import Listen, Peer
 from yuebing.restarts import RestartPolicy
 
 EXIT_3 = [sys.executable, "-c", "import sys; sys.exit(3)"]
@@ -141,7 +142,7 @@ def test_each_child_logs_in_as_itself_and_only_the_gateway_gets_the_key(tmp_path
     monkeypatch.setenv("YUEBING_API_KEY", "sesame")
     options = UpOptions(config=ClusterConfig(), prefill=2, nodes=2, fault_injection=True)
     c = Cluster(options)
-    secrets = make_secrets(tmp_path / "secrets", options, nats_port=4333)
+    secrets = make_secrets(tmp_path / "secrets", options, Listen("127.0.0.1", 4333))
     c.plan(tmp_path, tmp_path / "cluster.json", secrets)
     argv = {child.name: child.argv for child in c.children}
     assert argv["nats"][-2:] == ["-c", str(secrets.nats_config)]
@@ -180,7 +181,7 @@ def test_a_kv_transport_that_cannot_load_stops_the_cluster_before_anything_start
 def test_colocated_runs_as_many_engines_all_as_instances_that_prefill_and_decode(tmp_path):
     options = UpOptions(config=ClusterConfig(mode="colocated"), prefill=1, decode=1)
     c = Cluster(options)
-    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, nats_port=4333))
+    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, Listen("127.0.0.1", 4333)))
     engines = sorted(child.name for child in c.children if child.name.split("-")[0] in ("prefill", "decode"))
     assert engines == ["decode-0", "decode-1"]
     assert options.layout().startswith("2 colocated")
@@ -199,7 +200,7 @@ def test_a_layout_the_mode_cannot_serve_is_refused(mode, prefill, error):
 def test_adaptive_mode_runs_a_pooled_fleet_of_decode_instances(tmp_path):
     options = UpOptions(config=ClusterConfig(mode="adaptive"), prefill=0, decode=2)
     c = Cluster(options)
-    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, nats_port=4333))
+    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, Listen("127.0.0.1", 4333)))
     engines = sorted(child.name for child in c.children if child.name.split("-")[0] in ("prefill", "decode"))
     assert engines == ["decode-0", "decode-1"] and options.instances == (0, 2)
 
@@ -207,7 +208,7 @@ def test_adaptive_mode_runs_a_pooled_fleet_of_decode_instances(tmp_path):
 def test_cpp_groups_are_prefill_instances_after_the_singles_each_told_its_stages(tmp_path):
     options = UpOptions(config=ClusterConfig(), prefill=1, cpp_groups=1, cpp_stages=3, decode=1)
     c = Cluster(options)
-    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, nats_port=4333))
+    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, Listen("127.0.0.1", 4333)))
     argv = {child.name: child.argv for child in c.children}
     assert "--stages" not in argv["prefill-0"]
     assert argv["prefill-1"][argv["prefill-1"].index("--stages") + 1] == "3"
@@ -248,7 +249,7 @@ def test_each_engine_child_starts_seeing_only_its_own_gpus(tmp_path):
 
     options = UpOptions(config=ClusterConfig(), prefill=1, decode=2)
     c = Cluster(options)
-    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, nats_port=4333))
+    c.plan(tmp_path, tmp_path / "cluster.json", make_secrets(tmp_path / "secrets", options, Listen("127.0.0.1", 4333)))
     c.give_gpus(gpus.assign(options.gpu_needs(), ["3", "5", "7"]))
     seen = {child.name: child.env.get("CUDA_VISIBLE_DEVICES") for child in c.children}
     assert seen["prefill-0"] == "3" and seen["decode-0"] == "5" and seen["decode-1"] == "7"
@@ -293,11 +294,11 @@ def test_a_run_folder_used_before_gets_new_secrets_and_loses_its_stale_ready_fil
     from yuebing.launcher import clear_last_run
 
     options = UpOptions(config=ClusterConfig())
-    first = make_secrets(tmp_path / "secrets", options, nats_port=4333).kv_key.read_bytes()
+    first = make_secrets(tmp_path / "secrets", options, Listen("127.0.0.1", 4333)).kv_key.read_bytes()
     ready = tmp_path / "ready.json"
     ready.write_text('{"url": "http://127.0.0.1:1/v1"}')  # the last run's, its cluster gone
     clear_last_run(tmp_path, ready)
-    second = make_secrets(tmp_path / "secrets", options, nats_port=4333)  # refused before: the files existed
+    second = make_secrets(tmp_path / "secrets", options, Listen("127.0.0.1", 4333))  # refused before: the files existed
     assert not ready.exists() and second.kv_key.read_bytes() != first
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "secrets").rename(tmp_path / "elsewhere" / "secrets")
@@ -310,7 +311,7 @@ def test_a_run_folder_used_before_gets_new_secrets_and_loses_its_stale_ready_fil
 def test_gateways_serve_side_by_side_on_consecutive_ports_logged_in_as_the_gateway(tmp_path):
     options = UpOptions(config=ClusterConfig(), gateways=3, port=8100)
     c = Cluster(options)
-    secrets = make_secrets(tmp_path / "secrets", options, nats_port=4333)
+    secrets = make_secrets(tmp_path / "secrets", options, Listen("127.0.0.1", 4333))
     c.plan(tmp_path, tmp_path / "cluster.json", secrets)
     argv = {child.name: child.argv for child in c.children}
     for name, port in (("gateway", 8100), ("gateway-1", 8101), ("gateway-2", 8102)):
@@ -332,3 +333,20 @@ def test_a_taken_port_of_a_later_gateway_is_named(tmp_path):
         c = Cluster(UpOptions(config=ClusterConfig(), port=port - 1, gateways=2, run_dir=tmp_path / "run"))
         with pytest.raises(ValueError, match=r"gateway 1 takes --port\+1"):
             c.start()
+
+
+def test_a_nats_cluster_is_three_servers_on_one_file_each_told_its_name_ports_and_folder(tmp_path):
+    options = UpOptions(config=ClusterConfig(), nats_servers=3)
+    peers = (Peer("127.0.0.1", 4333, 6333), Peer("127.0.0.1", 4334, 6334), Peer("127.0.0.1", 4335, 6335))
+    c = Cluster(options, nats_peers=list(peers))
+    secrets = make_secrets(tmp_path / "secrets", options, Listen("127.0.0.1", 4333, cluster=peers))
+    c.plan(tmp_path, tmp_path / "cluster.json", secrets)
+    servers = {child.name: child for child in c.children if child.name.startswith("nats")}
+    assert sorted(servers) == ["nats", "nats-1", "nats-2"]
+    assert {tuple(s.argv[1:]) for s in servers.values()} == {("-c", str(secrets.nats_config))}
+    assert [(s.env["NATS_SERVER_NAME"], s.env["NATS_PORT"], s.env["NATS_ROUTE_PORT"]) for s in servers.values()] == [
+        ("nats", "4333", "6333"), ("nats-1", "4334", "6334"), ("nats-2", "4335", "6335")]
+    assert len({s.env["NATS_STORE_DIR"] for s in servers.values()}) == 3  # JetStream's files apart
+    assert secrets.nats_url == "nats://127.0.0.1:4333,nats://127.0.0.1:4334,nats://127.0.0.1:4335"
+    with pytest.raises(ValueError, match="--nats-servers"):
+        UpOptions(config=ClusterConfig(), nats_servers=0)
