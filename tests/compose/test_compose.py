@@ -7,13 +7,15 @@ from pathlib import Path
 import pytest
 
 from shared.config import load_config
-from yuebing.compose import COMPOSE_DIR, ComposeOptions, layout, resolved, service_commands
+from yuebing.compose import COMPOSE_DIR, ComposeOptions, layout, nats_listen, resolved, service_commands
+from yuebing.secrets import SERVER_VARIABLES
 
 ROOT = COMPOSE_DIR.parent
 SERVICES = {"gateway", "conductor", "prefill", "decode", "messenger"}
 BASE = COMPOSE_DIR / "docker-compose.yml"
 COLOCATED = COMPOSE_DIR / "docker-compose.colocated.yml"
 GPU = COMPOSE_DIR / "docker-compose.gpu.yml"
+HA = COMPOSE_DIR / "docker-compose.ha.yml"
 
 
 def _model(*overrides: Path) -> dict:
@@ -46,16 +48,18 @@ def test_commands_parse_with_the_services_own_flags(name, spec, monkeypatch):
         assert args.config == "/config/cluster.json"
 
 
-@pytest.mark.parametrize("overrides", [(), (COLOCATED,), (GPU,)], ids=["disaggregated", "colocated", "gpu"])
+@pytest.mark.parametrize("overrides", [(), (COLOCATED,), (GPU,), (HA,)], ids=["disaggregated", "colocated", "gpu", "ha"])
 def test_each_layout_reads_a_valid_config_and_every_service_its_model(overrides):
     model = _model(*overrides)
     (config_file,) = {_bind(s, "/config/cluster.json") for s in model["services"].values() if "command" in s
                       and s["command"][0] == "python"}
     config = load_config(config_file)
-    assert config.nats_url == "nats://nats:4222" and config.model.startswith("/models/")
+    listen = nats_listen(model)  # every NATS server by its service's name
+    assert config.nats_url == (listen.url if listen.cluster else "nats://nats:4222")
+    assert config.model.startswith("/models/")
     for name in service_commands(model):
         assert any(v["target"] == "/models" for v in model["services"][name]["volumes"]), name
-    expected = {(): "adaptive", (COLOCATED,): "colocated", (GPU,): "adaptive"}[overrides]
+    expected = {(): "adaptive", (COLOCATED,): "colocated", (GPU,): "adaptive", (HA,): "adaptive"}[overrides]
     assert config.mode == expected
 
 
@@ -153,3 +157,34 @@ def test_the_tenants_override_mounts_the_folder_and_drops_the_single_key():
     gateway = whole["gateway"]
     assert _flag(gateway["command"], "--api-key-file") is None
     assert {s["source"] for s in gateway["secrets"]} == {"gateway.nats.json", "cache.key"}
+
+
+def test_the_ha_layout_runs_three_nats_servers_two_conductors_and_two_gateways_behind_haproxy():
+    model = _model(HA)
+    spec = model["services"]
+    servers = {name: s for name, s in spec.items() if s["command"][0] == "nats-server"}
+    assert sorted(servers) == ["nats", "nats-1", "nats-2"]
+    for name, server in servers.items():
+        assert set(server["environment"]) == set(SERVER_VARIABLES) and server["environment"]["NATS_SERVER_NAME"] == name
+    assert len({_bind(s, "/data") for s in servers.values()}) == 3  # each its own JetStream files
+    conductors = [c for c in service_commands(model).values() if c[2] == "services.conductor"]
+    assert len(conductors) == load_config(_bind(spec["conductor"], "/config/cluster.json")).conductors == 2
+    assert len({c[c.index("--instance-id") + 1] for c in conductors}) == 2
+    gateways = sorted(name for name, c in service_commands(model).items() if c[2] == "services.gateway")
+    assert gateways == ["gateway", "gateway-1"]
+    published = {name for name, s in spec.items() if s.get("ports")}
+    assert published == {"lb"} and spec["lb"]["ports"][0]["host_ip"] == "127.0.0.1"
+    config = (COMPOSE_DIR / "haproxy" / "haproxy.cfg").read_text()
+    assert [line.split()[1] for line in config.splitlines() if line.strip().startswith("server ")] == gateways
+    assert layout(model).decode == 2
+
+
+def test_haproxys_own_errors_have_the_apis_error_shape():
+    import json
+
+    for code in (502, 503, 504):
+        head, body = (COMPOSE_DIR / "haproxy" / f"{code}.http").read_bytes().decode().split("\r\n\r\n")
+        assert head.startswith(f"HTTP/1.1 {code} ") and "Content-Type: application/json" in head
+        assert int(head.split("Content-Length: ")[1].split("\r\n")[0]) == len(body.encode())
+        error = json.loads(body)["error"]
+        assert error["type"] == "server_error" and error["message"]
