@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from yuebing.process import wait_until
-from yuebing.secrets import Layout, Listen, Peer, generate, write_api_key, write_cache_key
+from yuebing.secrets import NATS_CONFIG, Layout, Listen, Peer, generate, write_api_key, write_cache_key
 
 COMPOSE_DIR = Path(__file__).resolve().parents[1] / "compose"
 REGISTRY_BASE = "python:3.11-slim"
@@ -178,9 +178,20 @@ def ensure_secrets(folder: Path, wanted: Layout, say: Callable[[str], None] = pr
         write_cache_key(folder)
         say(f"wrote the gateways' cache key to {folder}")
     missing = [i.name for i in wanted.identities() if not (folder / f"{i.name}.nats.json").exists()]
+    if not routes_fit(folder / NATS_CONFIG, listen):
+        missing.append("the routes between its NATS servers" if listen.cluster else "a single NATS server")
     if missing:
         raise RuntimeError(f"the secrets in {folder} were made for another layout (no {', '.join(missing)}): "
                            "pass a new --secrets folder")
+
+
+def routes_fit(config: Path, listen: Listen) -> bool:
+    """Whether a secrets folder's nats-server configuration routes between exactly the
+    layout's servers: three servers each reading a configuration without routes would
+    be three clusters, their clients unable to reach each other."""
+    text = config.read_text() if config.exists() else ""
+    routed = [f"@{p.host}:{p.route_port}" in text for p in listen.cluster]
+    return all(routed) if listen.cluster else '"cluster"' not in text
 
 
 def environment(options: ComposeOptions, base: str | None = None, local_torch: bool = False) -> dict[str, str]:

@@ -11,7 +11,7 @@ import pytest
 from yuebing.compose import (ComposeOptions, ensure_secrets, environment, health, layout, listed_instances,
                              service_commands)
 from yuebing.process import free_port
-from yuebing.secrets import Layout
+from yuebing.secrets import Layout, Listen, Peer
 
 
 def _model(*services: tuple[str, list[str], dict]) -> dict:
@@ -59,6 +59,18 @@ def test_secrets_are_made_once_and_refused_for_another_layout(tmp_path):
     assert (tmp_path / "s" / "api-key").read_bytes() == key and len(said) == 1
     with pytest.raises(RuntimeError, match="another layout .*decode-1"):
         ensure_secrets(tmp_path / "s", Layout(prefill=0, decode=2, nodes=2))
+
+
+def test_a_single_servers_secrets_are_refused_for_a_nats_cluster_and_the_other_way_round(tmp_path):
+    layout_ = Layout(prefill=1, decode=1, nodes=2)
+    three = Listen(host="0.0.0.0", cluster=(Peer("nats"), Peer("nats-1"), Peer("nats-2")))
+    ensure_secrets(tmp_path / "one", layout_)
+    with pytest.raises(RuntimeError, match="routes between its NATS servers"):
+        ensure_secrets(tmp_path / "one", layout_, listen=three)
+    ensure_secrets(tmp_path / "three", layout_, listen=three)
+    ensure_secrets(tmp_path / "three", layout_, listen=three)  # made once, and fits
+    with pytest.raises(RuntimeError, match="a single NATS server"):
+        ensure_secrets(tmp_path / "three", layout_)
 
 
 def test_health_says_why_nothing_answered():
