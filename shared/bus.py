@@ -94,7 +94,7 @@ async def connect(
 
     auth: dict[str, Any] = {}
     if credentials is not None:
-        auth = {"user": credentials.user, "password": credentials.password,
+        auth = {"user": credentials.user, "password": credentials.secret(),
                 "inbox_prefix": inbox_prefix(credentials.user), "tls": credentials.tls()}
     return await nats.connect(
         servers(url), name=name, error_cb=on_error, disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,

@@ -14,7 +14,9 @@ subscribe to the answers meant for another.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -37,8 +39,9 @@ from shared.messages import (
 )
 from shared.private_file import read_private
 
-IdentityRole = Literal["gateway", "conductor", "prefill", "decode", "messenger", "admin"]
-ROLES: tuple[IdentityRole, ...] = ("gateway", "conductor", "prefill", "decode", "messenger", "admin")
+IdentityRole = Literal["gateway", "conductor", "prefill", "decode", "messenger", "admin", "auth"]
+ROLES: tuple[IdentityRole, ...] = ("gateway", "conductor", "prefill", "decode", "messenger", "admin", "auth")
+AUTH_CALLOUT = "$SYS.REQ.USER.AUTH"  # where nats-server asks the auth callout (services/nats_auth/)
 
 ANY_PREFILL = prefill_subject("*")
 ANY_DECODE = decode_subject("*")
@@ -119,6 +122,8 @@ def permissions(identity: Identity) -> Permissions:
             allow_responses=True,
         ),
         "admin": Permissions(publish=(f"{PREFIX}.>",), subscribe=(f"{PREFIX}.>",), allow_responses=True),
+        # The auth callout: it hears the servers' authorization requests and answers them.
+        "auth": Permissions(publish=(), subscribe=(AUTH_CALLOUT,), allow_responses=True),
     }[identity.role]
     return Permissions(own.publish, (*own.subscribe, inbox), own.allow_responses)
 
@@ -127,8 +132,18 @@ class NatsCredentials(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One identity's credentials file (written 0600 by `yuebing secrets`)."""
 
     user: str
-    password: str
+    password: str = ""
     ca_file: str = ""  # set when the server speaks TLS: its CA, to verify it
+    # Instead of a password: a file holding the pod's Kubernetes ServiceAccount token,
+    # read at each (re)connect (the kubelet keeps it fresh), for the auth callout to check.
+    token_file: str = ""
+
+    def secret(self) -> str | Callable[[], str]:
+        """What goes as the password: the password, or a reader of the token file."""
+        if not self.token_file:
+            return self.password
+        path = self.token_file
+        return lambda: Path(path).read_text().strip()
 
     def tls(self) -> ssl.SSLContext | None:
         return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None

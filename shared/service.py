@@ -19,7 +19,7 @@ import uvloop
 
 from shared import tracing
 from shared.config import ClusterConfig, check_id, load_config, profile_path
-from shared.identity import load_credentials
+from shared.identity import NatsCredentials, load_credentials
 from shared.log import setup_logging
 from shared.model_identity import fingerprint
 from shared.predictor import Predictor, default_decode_chunk_tokens, default_slos_ms, load_predictor
@@ -74,6 +74,8 @@ def parser(service: str, instance: bool) -> argparse.ArgumentParser:
         "none: a server without authentication)",
     )
     if instance:
+        p.add_argument("--nats-token-file", help="instead of --nats-credentials: log in as --instance-id with the "
+                       "Kubernetes ServiceAccount token in this file (the NATS auth callout checks it)")
         p.add_argument("--instance-id", required=True, help="unique id, [A-Za-z0-9_-]")
         p.add_argument("--node", default="node-0", help="the node (messenger) this instance belongs to")
     return p
@@ -91,7 +93,7 @@ def run(service: str, main: Main, args: argparse.Namespace) -> None:
         if hasattr(args, "node"):
             check_id(args.node, "node")
         # Read once, here: a missing or world-readable file stops the service before it starts.
-        args.nats_credentials = load_credentials(args.nats_credentials) if args.nats_credentials else None
+        args.nats_credentials = nats_login(args, instance_id)
     except ValueError as e:
         raise SystemExit(f"{service}: {e}") from e
     setup_logging(service, instance_id, config.log_level)
@@ -116,6 +118,17 @@ def _profiled(config: ClusterConfig, predictor: Predictor) -> ClusterConfig:
     chunk = config.decode_chunk_tokens or default_decode_chunk_tokens(
         predictor, config.slo_tbt_ms / 1e3, config.max_model_len, config.step_tokens, config.block_size)
     return msgspec.structs.replace(config, decode_chunk_tokens=chunk)
+
+
+def nats_login(args: argparse.Namespace, instance_id: str) -> NatsCredentials | None:
+    """Who the process logs in as: its credentials file's identity, or its instance id
+    with a token file; None: a server without authentication."""
+    token_file = getattr(args, "nats_token_file", None)
+    if token_file and args.nats_credentials:
+        raise ValueError("--nats-token-file or --nats-credentials, not both")
+    if token_file:
+        return NatsCredentials(user=instance_id, token_file=token_file)
+    return load_credentials(args.nats_credentials) if args.nats_credentials else None
 
 
 def _fields(config: ClusterConfig) -> dict[str, Any]:

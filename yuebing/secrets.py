@@ -21,9 +21,12 @@ import msgspec
 
 from shared.identity import Identity, NatsCredentials, permissions
 from shared.kv.keys import write_keys
+from shared.nats_jwt import KeyPair
 from shared.private_file import private_dir, write_private
 
 NATS_CONFIG = "nats-server.conf"
+AUTH_USER = "nats-auth"  # the auth callout's own login (services/nats_auth/)
+AUTH_SEED = "nats-auth.seed"  # the account key it signs with, which nats-server trusts
 MAX_CONTROL_LINE = 4096  # nats-server's default; subjects we build stay far below it
 # JetStream holds one bucket, the stored Responses (shared/config.py responses_max_bytes
 # bounds it, at 256 MiB by default): room for it on disk, a little in memory.
@@ -43,6 +46,10 @@ class Layout:
     nodes: int = 1
     engine_nodes: bool = False
     conductors: int = 1  # sharing the schedule requests and their books
+    # Engine pods log in with their Kubernetes ServiceAccount tokens, which the NATS auth
+    # callout (services/nats_auth/) checks, instead of with a password made for each:
+    # nothing per replica is made, and the engines scale freely.
+    engines_by_token: bool = False
 
     def conductor_names(self) -> list[str]:
         """`conductor`, then `conductor-1`, `conductor-2`... for each further one."""
@@ -58,9 +65,12 @@ class Layout:
         return [Identity(f"messenger-{n}", "messenger", node=f"node-{n}") for n in range(self.nodes)]
 
     def identities(self) -> list[Identity]:
+        """Every identity that logs in with a password (all, unless engines use tokens)."""
         conductors = [Identity(name, "conductor") for name in self.conductor_names()]
-        return [Identity("gateway", "gateway"), *conductors, Identity("admin", "admin"), *self.engines(),
-                *self.messengers()]
+        services = [Identity("gateway", "gateway"), *conductors, Identity("admin", "admin")]
+        if self.engines_by_token:
+            return [*services, Identity(AUTH_USER, "auth")]
+        return [*services, *self.engines(), *self.messengers()]
 
 
 @dataclass(frozen=True)
@@ -146,7 +156,8 @@ def generate(folder: Path, layout: Layout, listen: Listen, mounted_at: Path | No
     # JetStream's files hold tenants' stored responses: beside the secrets here (owner-only),
     # on the NATS container's own volume where the set is mounted read-only.
     store_dir = CONTAINER_JETSTREAM_DIR if mounted_at is not None else folder / "jetstream"
-    write_private(out.nats_config, server_config(users, listen, seen, store_dir).encode())
+    config = server_config(users, listen, seen, store_dir, _callout(folder) if layout.engines_by_token else "")
+    write_private(out.nats_config, config.encode())
     write_keys(out.kv_key)
     write_cache_key(folder)
     return out
@@ -175,15 +186,27 @@ def _user(identity: Identity, password: str) -> dict:
     }
 
 
-def server_config(users: list[dict], listen: Listen, folder: Path, store_dir: Path) -> str:
+def _callout(folder: Path) -> str:
+    """The auth callout's signing key, made (owner-only); its public key, for nats-server."""
+    key = KeyPair.new()
+    write_private(folder / AUTH_SEED, key.seed.encode())
+    return key.public_key
+
+
+def server_config(users: list[dict], listen: Listen, folder: Path, store_dir: Path, callout_issuer: str = "") -> str:
     """nats-server's configuration (its format accepts JSON): every client must log in;
     JetStream on (the stored Responses' key-value bucket), its files in `store_dir`.
     For a cluster, one file every server reads: the routes to all of them (a server
-    skips its own) and their password, its name, ports and folder from its environment."""
+    skips its own) and their password, its name, ports and folder from its environment.
+    With `callout_issuer`, a login not among `users` is asked of the auth callout,
+    whose answers that key signs."""
+    authorization: dict = {"users": users}
+    if callout_issuer:
+        authorization["auth_callout"] = {"issuer": callout_issuer, "auth_users": [u["user"] for u in users]}
     config: dict = {
         "listen": f"{listen.host}:{listen.port}",
         "max_control_line": MAX_CONTROL_LINE,
-        "authorization": {"users": users},
+        "authorization": authorization,
         "jetstream": {"store_dir": str(store_dir), "max_memory_store": JETSTREAM_MEMORY_BYTES,
                       "max_file_store": JETSTREAM_FILE_BYTES},
     }
@@ -228,9 +251,12 @@ def kubernetes_secrets(folder: Path, layout: Layout, namespace: str = "yuebing")
                 "metadata": {"name": f"yuebing-{name}", "namespace": namespace}}
 
     def role(kind: str) -> list[str]:
+        if layout.engines_by_token:  # nothing per replica: the pods log in with their own tokens
+            return ["kv.key"]
         engines = [e.name for e in layout.engines() if e.role == kind]
         return ["kv.key", *(f"{e}.nats.json" for e in engines), *(f"messenger-{e}.nats.json" for e in engines)]
 
-    return [secret("nats", [NATS_CONFIG]), secret("gateway", ["gateway.nats.json", "api-key", "cache.key"]),
+    nats = [NATS_CONFIG, f"{AUTH_USER}.nats.json", AUTH_SEED] if layout.engines_by_token else [NATS_CONFIG]
+    return [secret("nats", nats), secret("gateway", ["gateway.nats.json", "api-key", "cache.key"]),
             secret("conductor", ["conductor.nats.json"]), secret("prefill", role("prefill")),
             secret("decode", role("decode"))]

@@ -1,0 +1,1 @@
+"""The NATS auth callout: logs engine pods in by their Kubernetes ServiceAccount tokens."""
