@@ -18,6 +18,7 @@ import yaml
 from shared.config import ClusterConfig, load_config
 from yuebing.compose import COMPOSE_DIR, ComposeOptions, resolved, service_commands
 from services.conductor.metrics import ConductorMetrics
+from services.nats_auth.app import parser as nats_auth_parser
 from tests.conductor.test_app import conductor
 from yuebing.secrets import (
     KUBERNETES_NATS,
@@ -120,7 +121,7 @@ def test_only_the_engines_of_the_gpu_variant_ask_for_gpus():
 
 
 def test_every_mounted_secret_file_is_in_the_generated_secrets(tmp_path):
-    layout = Layout(prefill=2, decode=2, engine_nodes=True)
+    layout = Layout(prefill=2, decode=2, engine_nodes=True, engines_by_token=True)
     generate(tmp_path, layout, Listen(host="0.0.0.0"), mounted_at=Path("/run/secrets"))
     write_api_key(tmp_path)
     secrets = {s["metadata"]["name"]: set(s["data"]) for s in kubernetes_secrets(tmp_path, layout)}
@@ -148,6 +149,9 @@ def normalized(command: list[str], mounts: dict[str, str]) -> dict[str, str]:
     (instance and node names, the pod's address, its own credentials' file name) made
     alike; every other value must be equal. `mounts`: path in the container → secret file."""
     flags = dict(zip(command[3::2], command[4::2]))
+    if "--nats-token-file" in flags:  # a pod's token, where compose gives each instance a password
+        del flags["--nats-token-file"]
+        flags["--nats-credentials"] = "/run/secrets/<own>.nats.json"
     for flag in ("--instance-id", "--node"):
         if flag in flags:
             flags[flag] = re.sub(r"(node|prefill|decode|messenger)-\d+|conductor(-\d+)?|\$\(POD_NAME\)", "<name>",
@@ -158,8 +162,8 @@ def normalized(command: list[str], mounts: dict[str, str]) -> dict[str, str]:
     for flag, path in flags.items():
         if path.startswith("/run/secrets/"):
             secret_file = mounts.get(path, Path(path).name)
-            flags[flag] = OWN if re.fullmatch(r"(messenger-)?(prefill|decode|messenger)-.*\.nats\.json", secret_file) \
-                or "$(POD_NAME)" in secret_file else secret_file
+            flags[flag] = OWN if re.fullmatch(r"(messenger-)?(prefill|decode|messenger)-.*\.nats\.json|<own>\.nats\.json",
+                                              secret_file) or "$(POD_NAME)" in secret_file else secret_file
     return flags
 
 
@@ -182,6 +186,8 @@ def test_kubernetes_runs_the_services_as_compose_does():
         assert compose.setdefault(command[2], flags) == flags, name  # every instance of a role alike
     seen = set()
     for workload, command, mounts in kubernetes_commands():
+        if command[2] == "services.nats_auth":  # engine pods' token logins: compose gives each a password
+            continue
         seen.add(command[2])
         assert normalized(command, mounts) == compose[command[2]], (workload, command[2])
     assert seen == set(compose)
@@ -245,7 +251,7 @@ def test_kubernetes_secrets_route_nats_between_the_statefulsets_pods(tmp_path):
                     mounted_at=Path("/run/secrets"))
     text = made.nats_config.read_text()
     assert [f"@nats-{i}.nats-cluster:6222" in text for i in range(3)] == [True] * 3
-    (nats,) = [c for c in containers(workloads(documents())["nats"])]
+    (nats,) = [c for c in containers(workloads(documents())["nats"]) if c["name"] == "nats"]
     env = {e["name"] for e in nats["env"]}
     assert env == set(SERVER_VARIABLES)  # each server told who it is, as server_config's file asks
 
@@ -253,3 +259,29 @@ def test_kubernetes_secrets_route_nats_between_the_statefulsets_pods(tmp_path):
 def cluster_config() -> ClusterConfig:
     (config_map,) = [d for d in documents() if d["kind"] == "ConfigMap"]
     return msgspec.json.decode(config_map["data"]["cluster.json"].encode(), type=ClusterConfig)
+
+
+def test_engine_pods_log_in_with_their_own_tokens_and_nothing_per_replica_is_in_a_secret(tmp_path):
+    layout = Layout(prefill=2, decode=2, engine_nodes=True, engines_by_token=True)
+    generate(tmp_path, layout, Listen(host="0.0.0.0", cluster=KUBERNETES_NATS), mounted_at=Path("/run/secrets"))
+    write_api_key(tmp_path)
+    secrets = {s["metadata"]["name"]: set(s["data"]) for s in kubernetes_secrets(tmp_path, layout)}
+    assert secrets["yuebing-prefill"] == secrets["yuebing-decode"] == {"kv.key"}
+    defaults = nats_auth_parser().parse_args(["--issuer-seed-file", "x"])
+    found = workloads(documents())
+    for role in ("prefill", "decode"):
+        spec = found[role]["spec"]["template"]["spec"]
+        assert spec["serviceAccountName"] == defaults.service_account
+        (projected,) = [v["projected"] for v in spec["volumes"] if v["name"] == "nats-token"]
+        (source,) = projected["sources"]
+        assert source["serviceAccountToken"]["audience"] == defaults.audience
+        for c in containers(found[role]):
+            if c["command"][:2] == ["python", "-m"]:
+                assert c["command"][c["command"].index("--nats-token-file") + 1] == "/var/run/secrets/yuebing/token"
+    nats = found["nats"]["spec"]["template"]["spec"]
+    assert nats["serviceAccountName"] == "yuebing-nats"
+    (callout,) = [c for c in nats["containers"] if c["name"] == "nats-auth"]
+    assert "--issuer-seed-file" in callout["command"]
+    bindings = kinds("ClusterRoleBinding")
+    assert bindings["yuebing-nats-issuer-discovery"]["roleRef"]["name"] == "system:service-account-issuer-discovery"
+    assert "auth_callout" in (tmp_path / "nats-server.conf").read_text()

@@ -36,12 +36,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-nodes", action="store_true", help="every engine a node of its own with its messenger "
                    "beside it (the Kubernetes manifests' layout; --nodes is then unused)")
     p.add_argument("--kubernetes", type=Path, help="also write the set as Kubernetes Secrets to this YAML file "
-                   "(compose/kubernetes/ mounts them; implies --engine-nodes)")
+                   "(compose/kubernetes/ mounts them; implies --engine-nodes, and engine pods log in with their "
+                   "ServiceAccount tokens through the NATS auth callout: --prefill and --decode are then unused)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    layout = Layout(args.prefill, args.decode, args.nodes, engine_nodes=args.engine_nodes or bool(args.kubernetes))
+    layout = Layout(args.prefill, args.decode, args.nodes, engine_nodes=args.engine_nodes or bool(args.kubernetes),
+                    engines_by_token=bool(args.kubernetes))
     names = tuple(args.tls_name)
     mounted_at = Path(args.mounted_at) if args.mounted_at else None
     cluster = tuple(Peer(h.strip(), args.nats_port) for h in args.nats_cluster.split(",") if h.strip()) \
