@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import os
 import random
-import signal
 import threading
 import time
 
 import httpx
+import psutil
 import pytest
 
 from shared import bus
@@ -77,6 +76,19 @@ class Load:
         return self.done
 
 
+def child(cluster, program: str, name: str) -> psutil.Process | None:
+    """The launcher's live child running `program` as `name` (its --instance-id, or a
+    NATS server's name): pids change as earlier tests' victims restart."""
+    for p in psutil.Process(cluster.launcher.pid).children():
+        try:
+            argv, env = p.cmdline(), p.environ()
+            if any(a.endswith(program) for a in argv[:3]) and (name in argv or env.get("NATS_SERVER_NAME") == name):
+                return p
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
 def bucket_replicas(cluster) -> int:
     """How many servers keep the stored Responses, asked as the gateways ask JetStream."""
     async def ask() -> int:
@@ -100,14 +112,18 @@ def stored_response(cluster, text: str) -> str:
 @pytest.mark.destructive
 def test_streams_survive_a_nats_server_killed_and_a_conductor_stopped(two_conductors, reference):
     cluster = two_conductors
+
+    def live(program: str, name: str) -> psutil.Process:  # up again, if an earlier test killed it
+        return eventually(lambda: child(cluster, program, name), bool, f"{name} running", timeout_s=60)
+
     kept = stored_response(cluster, "kept on every server")
     assert bucket_replicas(cluster) == 3
     load = Load(cluster)
     try:
         eventually(lambda: len(load.done), lambda n: n >= STREAMS, "streams running", timeout_s=60)
-        os.kill(cluster.pids["nats-1"], signal.SIGKILL)
+        live("nats-server", "nats-1").kill()
         time.sleep(4)
-        os.kill(cluster.pids["conductor-1"], signal.SIGTERM)
+        live("services.conductor", "conductor-1").terminate()
         time.sleep(4)
     finally:
         done = load.finish()

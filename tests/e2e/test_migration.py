@@ -3,7 +3,8 @@
 greedy stream hands the request to the other decode, and the client's stream goes
 on with no token missing or repeated, equal to the reference engine's greedy
 output; a prefill service stopped (SIGSTOP) before its first token has its
-requests placed on the other prefill."""
+requests placed on the other prefill; a decode stopped on purpose (SIGTERM) hands its
+stream on at the end of its drain, and it continues exactly."""
 
 from __future__ import annotations
 
@@ -197,43 +198,30 @@ def long_prompt(seed: int) -> str:
 
 
 @pytest.mark.destructive
-def test_a_responses_stream_survives_its_decodes_death_equal_to_an_uninterrupted_run(two_of_each):
-    """A Responses API stream runs the one pipeline: it migrates as a chat stream does,
-    its events in sequence. (Anthropic's Messages API is the same pipeline under
-    another adapter; its stream events are compared with vLLM's in test_messages.py.)"""
+def test_a_responses_stream_outlives_its_decode_stopping_equal_to_an_uninterrupted_run(two_of_each):
+    """A scale-down or a rolling restart stops a decode with SIGTERM: it takes nothing
+    new, gives its streams drain_timeout_s (0 s in this layout) and hands on what is
+    still running, which another decode continues exactly. A Responses API stream runs
+    the one pipeline: it moves as a chat stream does, its events in sequence.
+    (Anthropic's Messages API is the same pipeline under another adapter; its stream
+    events are compared with vLLM's in test_messages.py.)"""
     cluster = two_of_each
     body = {"model": MODEL, "max_output_tokens": 300, "temperature": 0, "input": long_prompt(19), "store": False}
     url = f"{cluster.api}/responses"
     whole = httpx.post(url, json=body, timeout=120).json()
     assert whole["usage"]["output_tokens"] >= 200, whole
     before = retries(cluster, "migration")
+    earlier = len(drains(cluster))
     text, seen = killed_mid_stream(cluster, url, body,
-                                   lambda e: e["delta"] if e["type"] == "response.output_text.delta" else None)
+                                   lambda e: e["delta"] if e["type"] == "response.output_text.delta" else None,
+                                   sig=signal.SIGTERM)
     assert text == whole["output"][0]["content"][0]["text"]
     assert seen[-1]["type"] == "response.completed" and seen[-1]["response"]["status"] == whole["status"] == "incomplete"
     assert [e["sequence_number"] for e in seen] == list(range(len(seen)))
     assert retries(cluster, "migration") == before + 1
+    drained = eventually(lambda: drains(cluster), lambda d: len(d) > earlier, "the stopped decode's drain logged")
+    assert [e["handed_on"] for e in drained[earlier:]] == [1]  # the stream, handed on at the drain's end
 
 
-@pytest.mark.destructive
-def test_a_decode_stopped_mid_stream_hands_it_on_and_the_output_equals_an_uninterrupted_run(two_of_each):
-    """A scale-down or a rolling restart stops a decode with SIGTERM: it takes nothing
-    new, gives its streams drain_timeout_s (2 s in this layout) and hands on what is
-    still running, which another decode continues exactly."""
-    cluster = two_of_each
-    body = {"model": MODEL, "prompt": long_prompt(23), "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
-    url = f"{cluster.api}/completions"
-    whole = httpx.post(url, json=body, timeout=120).json()["choices"][0]["text"]
-    before = retries(cluster, "migration")
-    decodes = ("decode-0", "decode-1")
-
-    def drains() -> list[dict]:
-        return [e for d in decodes for e in log_events(cluster, d, "decode drained")]
-
-    earlier = len(drains())
-    text, seen = killed_mid_stream(cluster, url, body, lambda e: e["choices"][0]["text"] if e["choices"] else None,
-                                   sig=signal.SIGTERM)
-    assert text == whole and seen[-1]["choices"][0]["finish_reason"] == "length"
-    assert retries(cluster, "migration") == before + 1
-    drained = eventually(drains, lambda d: len(d) > earlier, "the decode's drain logged")
-    assert [e["handed_on"] for e in drained[earlier:]] == [1]
+def drains(cluster) -> list[dict]:
+    return [e for d in ("decode-0", "decode-1") for e in log_events(cluster, d, "decode drained")]
