@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from tests.e2e.ops import eventually
-from yuebing.compose import down, gateway_sees, health, run
+from yuebing.compose import COMPOSE_DIR, down, gateway_sees, health, run
 
 BLOCK = 128  # compose/cluster.json's block_size
 MAX_TOKENS = 12
@@ -128,3 +128,13 @@ def test_down_leaves_nothing(compose_cluster):
     for kind in ("container", "volume", "network"):
         left = run(["docker", kind, "ls", *(["-a"] if kind == "container" else []), "-q", "--filter", project])
         assert not left.stdout.strip(), f"{kind}s left: {left.stdout}"
+
+
+def test_the_ha_layouts_haproxy_configuration_is_valid_for_the_images_haproxy(compose_cluster):
+    """The HA layout (docker-compose.ha.yml) runs HAProxy from this image: its own check
+    of the configuration (the layout itself is drilled by `yuebing bench ha`)."""
+    checked = run(["docker", "run", "--rm", "--network", "none", "-v",
+                   f"{COMPOSE_DIR / 'haproxy'}:/etc/yuebing/haproxy:ro", "--entrypoint", "haproxy",
+                   compose_cluster.inspect("gateway", "{{.Config.Image}}"), "-c", "-f", "/etc/yuebing/haproxy/haproxy.cfg"],
+                  check=False)
+    assert checked.returncode == 0 and "Configuration file is valid" in checked.stdout + checked.stderr, checked.stderr

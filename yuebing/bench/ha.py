@@ -1,7 +1,8 @@
 """`yuebing bench ha`: the compose HA layout (compose/docker-compose.ha.yml) under steady
 streaming load through its load balancer while, one step at a time:
 
-- a server crashes: SIGKILL of a container's process (its restart policy brings it back);
+- a server crashes: SIGKILL of a container's process (its restart policy brings it back,
+  and the next step waits for it);
 - a role is restarted one replica at a time (`docker compose restart`: SIGTERM, its
   grace, then a start), each back before the next;
 - decode goes from two instances to one (`docker compose stop decode-1`).
@@ -15,6 +16,7 @@ For a crashed gateway it also says how long after the crash a new request still 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -29,6 +31,7 @@ HA_FILES = (COMPOSE_DIR / "docker-compose.yml", COMPOSE_DIR / "docker-compose.ha
 MODEL = "yuebing-tiny"
 SETTLE_S = 8.0  # load runs on this long after each step's action, before the next
 BACK_TIMEOUT_S = 300.0  # a restarted replica must be back within this (an engine loads its model)
+LB_CHECK_S = 2.0  # HAProxy's checks: one a second, one passing to put a gateway back
 ENGINES = ("prefill-0", "decode-0", "decode-1", "messenger-0", "messenger-1")  # listed by /health when alive
 
 
@@ -120,19 +123,30 @@ def crash(options: ComposeOptions, service: str) -> None:
     os.kill(int(pid), signal.SIGKILL)
 
 
+def healthy_now(container: str) -> bool | None:
+    """The container's own health check, run now (None: it has none). Docker's status
+    lags a restart by its interval, and may still say healthy from before it."""
+    check = json.loads(run(["docker", "inspect", "-f", "{{json .Config.Healthcheck}}", container]).stdout or "null")
+    test = (check or {}).get("Test") or []
+    if not test or test[0] not in ("CMD", "CMD-SHELL"):
+        return None
+    argv = test[1:] if test[0] == "CMD" else ["sh", "-c", test[1]]
+    return run(["docker", "exec", container, *argv], timeout_s=30, check=False).returncode == 0
+
+
 def wait_back(options: ComposeOptions, service: str, since: float) -> None:
-    """Until a restarted replica serves again: healthy where it has a health check, listed
-    alive by the gateways where it is an instance, else a few seconds."""
+    """Until a replica restarted (or crashed) serves again: listed alive by the gateways
+    where it is an instance, its health check passing where it has one (and HAProxy's
+    next check after it), else a few seconds."""
     container = f"{options.project}-{service}-1"
     deadline = time.monotonic() + BACK_TIMEOUT_S
     while time.monotonic() < deadline:
-        health = run(["docker", "inspect", "-f", "{{if .State.Health}}{{.State.Health.Status}}{{end}}", container],
-                     check=False).stdout.strip()
         if service in ENGINES:  # the instance id is the service's name
             if service in (gateway_sees(options.url) or set()):
                 return
-        elif health:
-            if health == "healthy":
+        elif (healthy := healthy_now(container)) is not None:
+            if healthy:
+                time.sleep(LB_CHECK_S)
                 return
         elif time.monotonic() - since > 3:
             return
@@ -145,6 +159,8 @@ def act(options: ComposeOptions, env: dict[str, str], step: Step, say: Callable[
         started = time.monotonic()
         if step.action == "kill":
             crash(options, service)
+            time.sleep(1)  # dead before it is asked whether it is back
+            wait_back(options, service, started)
         elif step.action == "restart":
             compose(options, "restart", service, env=env, timeout_s=180)
             wait_back(options, service, started)
