@@ -33,6 +33,10 @@ class Pod:
     expires_at: float  # unix time
 
 
+class UnknownKey(ValueError):
+    """Signed by a key not among those given: the cluster's keys may have rotated."""
+
+
 def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
@@ -72,7 +76,7 @@ def verify(token: str, keys: dict[str, Any], audience: str, now: float) -> Pod:
         raise ValueError("not a JWT") from e
     key = keys.get(head.get("kid", ""))
     if key is None:
-        raise ValueError(f"signed by an unknown key ({head.get('kid')!r})")
+        raise UnknownKey(f"signed by an unknown key ({head.get('kid')!r})")
     try:
         _check_signature(key, head.get("alg", ""), f"{head_b64}.{body_b64}".encode(), _unb64(signature_b64))
     except InvalidSignature as e:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.identity import Identity, permissions
-from shared.k8s_token import Pod, verify
+from shared.k8s_token import Pod, UnknownKey, verify
 
 ENGINE_POD = re.compile(r"(prefill|decode)-\d+")  # the StatefulSets' pods: compose/kubernetes/
 ACCOUNT = "$G"  # nats-server's global account, where every Yuebing identity is
@@ -60,7 +60,7 @@ def decide(user: str, token: str, keys: dict[str, Any], settings: Settings, now:
     try:
         pod = verify(token, keys, settings.audience, now)
     except ValueError as e:
-        return Refusal(f"token refused: {e}", unknown_key="unknown key" in str(e))
+        return Refusal(f"token refused: {e}", unknown_key=isinstance(e, UnknownKey))
     try:
         return Grant(identity_of(user, pod, settings), pod)
     except ValueError as e:

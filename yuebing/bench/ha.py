@@ -25,14 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from yuebing import client
-from yuebing.compose import COMPOSE_DIR, ComposeOptions, compose, gateway_sees, run
+from yuebing.compose import COMPOSE_DIR, ComposeOptions, compose, gateway_sees, listed_instances, resolved, run
 
 HA_FILES = (COMPOSE_DIR / "docker-compose.yml", COMPOSE_DIR / "docker-compose.ha.yml")
 MODEL = "yuebing-tiny"
 SETTLE_S = 8.0  # load runs on this long after each step's action, before the next
 BACK_TIMEOUT_S = 300.0  # a restarted replica must be back within this (an engine loads its model)
 LB_CHECK_S = 2.0  # HAProxy's checks: one a second, one passing to put a gateway back
-ENGINES = ("prefill-0", "decode-0", "decode-1", "messenger-0", "messenger-1")  # listed by /health when alive
 
 
 @dataclass(frozen=True)
@@ -139,9 +138,10 @@ def wait_back(options: ComposeOptions, service: str, since: float) -> None:
     where it is an instance, its health check passing where it has one (and HAProxy's
     next check after it), else a few seconds."""
     container = f"{options.project}-{service}-1"
+    instances = listed_instances(resolved(options))  # each engine's and messenger's --instance-id: its service's name
     deadline = time.monotonic() + BACK_TIMEOUT_S
     while time.monotonic() < deadline:
-        if service in ENGINES:  # the instance id is the service's name
+        if service in instances:  # listed by the gateways' /health when alive
             if service in (gateway_sees(options.url) or set()):
                 return
         elif (healthy := healthy_now(container)) is not None:
