@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +18,14 @@ from nats.aio.msg import Msg
 from services.conductor.policy import decode_context, joining_tbt_s, tbt_exceeded
 from shared import bus, tracing
 from shared.config import profile_path
-from shared.engine.llm import Step, generate
+from shared.engine.llm import Run, Step, running
+from shared.engine.outputs import LeanOutputs
 from shared.engine.runtime import Handler
 from shared.instance import Instance
 from shared.kv.chunk_cap import KV_CHUNK_CAP
 from shared.kv.plan import KV_PROMPT_TOKENS
 from shared.messages import NO_TOKEN, DecodeAccept, DecodeRequest, TokenChunk, decode_subject, encode
+from shared.outbox import Outbox
 from shared.predictor import load_predictor
 
 log = structlog.get_logger(__name__)
@@ -64,6 +66,8 @@ class Decoder(Handler):
         self.predictor = load_predictor(profile_path(instance.config))
         self.context: dict[str, int] = {}  # request id → the context the books count it with
         self.context_tokens = 0  # their sum
+        # vLLM's engine: its streams' steps read from the engine core's outputs (the fake one has none).
+        self.lean = LeanOutputs(engine) if hasattr(engine, "output_processor") else None
 
     def refusal(self, req: DecodeRequest) -> tuple[str, bool]:
         """Why this request cannot start here ("" if it can), and whether for load."""
@@ -125,53 +129,62 @@ class Decoder(Handler):
               "kv_hashes": req.block_hashes, KV_PROMPT_TOKENS: len(req.prompt_token_ids)}
         if cap := config.prompt_chunk_tokens("decode"):  # its stream's TBT, on an engine launched for either role
             kv[KV_CHUNK_CAP] = cap
-        seq, pace = 0, Pace()
+        chunks = Chunks(req, self.instance.outbox, self.predicted_step_s)
         log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens, kv_blocks=req.kv_blocks)
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
-                steps = generate(self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - done, kv,
-                                 done, req.sampling.n, prompt_logprobs=req.first_token_id == NO_TOKEN,
-                                 cache_salt=req.cache_salt)
-                first = await self._first_step(req, steps)
-                if first is not None:
-                    seq = await self._send(req, first, seq, pace)
-                async for step in steps:
-                    seq = await self._send(req, step, seq, pace)
+                async with running(self.engine, req.request_id, prompt, req.sampling, req.sampling.max_tokens - done,
+                                   chunks.send, kv, done, req.sampling.n, prompt_logprobs=req.first_token_id == NO_TOKEN,
+                                   cache_salt=req.cache_salt, lean=self.lean) as run:
+                    await self._first_step(req, run, chunks)
+                    await run.wait()
         except asyncio.CancelledError:
-            log.info("decode cancelled", tokens_sent=seq, handed_on=self.instance.draining)
+            log.info("decode cancelled", tokens_sent=chunks.seq, handed_on=self.instance.draining)
             if self.instance.draining:  # the instance stops: the gateway continues the stream on another
-                self.instance.outbox.send(req.stream_subject, self._handed_on(req, seq))
+                self.instance.outbox.send(req.stream_subject, self._handed_on(req, chunks.seq))
             raise
         except Exception as e:
             reason = "deadline exceeded in decode" if isinstance(e, TimeoutError) else f"decode failed: {e}"
             log.warning("decode failed", error=reason)
-            failed = TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason)
+            failed = TokenChunk(request_id=req.request_id, seq=chunks.seq, token_ids=[], error=reason)
             self.instance.outbox.send(req.stream_subject, failed)
             return
-        self.instance.load.calibration.add(pace.observed_s, pace.predicted_s, time.monotonic())
-        log.info("decode done", chunks=seq)
+        self.instance.load.calibration.add(chunks.pace.observed_s, chunks.pace.predicted_s, time.monotonic())
+        log.info("decode done", chunks=chunks.seq)
 
     def _handed_on(self, req: DecodeRequest, seq: int) -> TokenChunk:
         reason = f"decode instance {self.instance.instance_id} stopped (drain_timeout_s passed): continue elsewhere"
         return TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason)
 
-    async def _first_step(self, req: DecodeRequest, steps: AsyncIterator[Step]) -> Step | None:
+    async def _first_step(self, req: DecodeRequest, run: Run, chunks: Chunks) -> None:
         """The first step: the wait for the prompt's KV (its load, and the computing
         of what did not arrive) is all in it, so it has a span of its own."""
         with tracing.span("decode.kv_wait", req.request_id, kv_blocks=req.kv_blocks) as span:
-            first = await anext(steps, None)
-            if first is not None:
-                span.set_attribute("yuebing.loaded_tokens", first.num_cached_tokens)
-                log.info("decode kv", loaded_tokens=first.num_cached_tokens,
-                         computed_prompt_tokens=len(req.prompt_token_ids) - first.num_cached_tokens)
-            return first
+            await run.started
+            if chunks.seq:
+                span.set_attribute("yuebing.loaded_tokens", chunks.loaded_tokens)
+                log.info("decode kv", loaded_tokens=chunks.loaded_tokens,
+                         computed_prompt_tokens=len(req.prompt_token_ids) - chunks.loaded_tokens)
 
-    async def _send(self, req: DecodeRequest, step: Step, seq: int, pace: Pace) -> int:
-        """One step's tokens onto the request's stream; the next chunk's number."""
+
+class Chunks:
+    """A request's steps onto its stream, as the engine's output task hands them on
+    (shared/engine/llm.py, Run): a chunk each, numbered, into the outbox."""
+
+    def __init__(self, req: DecodeRequest, outbox: Outbox, predicted_step_s: Callable[[], float]) -> None:
+        self.request_id, self.subject = req.request_id, req.stream_subject
+        self.outbox, self.predicted_step_s = outbox, predicted_step_s
+        self.pace = Pace()
+        self.seq = 0  # the next chunk's number
+        self.loaded_tokens = 0  # prompt tokens whose KV was loaded, as the first step says
+
+    def send(self, step: Step) -> None:
         if step.index == 0:  # the outputs step together: one paces the request
-            pace.step(len(step.token_ids), self.predicted_step_s(), first=not pace.last, now=time.monotonic())
-        chunk = TokenChunk(request_id=req.request_id, seq=seq, token_ids=step.token_ids,
-                           finish_reason=step.finish_reason, kv_loaded_tokens=step.num_cached_tokens if seq == 0 else 0,
+            self.pace.step(len(step.token_ids), self.predicted_step_s(), first=not self.pace.last, now=time.monotonic())
+        if self.seq == 0:
+            self.loaded_tokens = step.num_cached_tokens
+        chunk = TokenChunk(request_id=self.request_id, seq=self.seq, token_ids=step.token_ids,
+                           finish_reason=step.finish_reason, kv_loaded_tokens=self.loaded_tokens if self.seq == 0 else 0,
                            logprobs=step.logprobs or [], index=step.index, prompt_logprobs=step.prompt_logprobs or [])
-        self.instance.outbox.send(req.stream_subject, chunk)
-        return seq + 1
+        self.outbox.send(self.subject, chunk)
+        self.seq += 1

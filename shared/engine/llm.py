@@ -7,8 +7,10 @@ that tokens can be split between two engines without a text round trip.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,26 +217,142 @@ def generate(
     vLLM's own span of the request is a child of the caller's span now (not of whatever
     span the first step is awaited in)."""
     params = sampling_params(sampling, max_tokens, kv_transfer_params, produced, n, prompt_logprobs)
-    prompt = {"prompt_token_ids": prompt_token_ids, **({"cache_salt": cache_salt} if cache_salt else {})}
-    return _steps(engine.generate(prompt, params, request_id, priority=sampling.priority,
-                                  trace_headers=tracing.headers()), params)
+    return _steps(engine.generate(_prompt(prompt_token_ids, cache_salt), params, request_id,
+                                  priority=sampling.priority, trace_headers=tracing.headers()), params)
+
+
+def _prompt(prompt_token_ids: list[int], cache_salt: str) -> dict[str, Any]:
+    return {"prompt_token_ids": prompt_token_ids, **({"cache_salt": cache_salt} if cache_salt else {})}
 
 
 async def _steps(outputs: AsyncIterator[Any], params: Any) -> AsyncIterator[Step]:
     async for out in outputs:
-        # Only the first output carries them: the prompt's, for every choice.
-        prompt_rows = [token_logprobs(d, params.prompt_logprobs) for d in out.prompt_logprobs or () if d is not None]
-        for completion in out.outputs:
-            yield Step(
-                token_ids=list(completion.token_ids),
-                finish_reason=completion.finish_reason if completion.finished() else None,
-                num_cached_tokens=out.num_cached_tokens or 0,
-                kv_transfer_params=out.kv_transfer_params if out.finished else None,
-                logprobs=None if completion.logprobs is None else [token_logprobs(d, params.logprobs)
-                                                                   for d in completion.logprobs],
-                index=completion.index,
-                prompt_logprobs=prompt_rows or None,
-            )
+        for step in steps_of(out, params):
+            yield step
+
+
+def steps_of(out: Any, params: Any) -> list[Step]:
+    """One vLLM RequestOutput as a step of each of its outputs."""
+    # Only the first output carries them: the prompt's, for every choice.
+    prompt_rows = [token_logprobs(d, params.prompt_logprobs) for d in out.prompt_logprobs or () if d is not None]
+    return [Step(
+        token_ids=list(completion.token_ids),
+        finish_reason=completion.finish_reason if completion.finished() else None,
+        num_cached_tokens=out.num_cached_tokens or 0,
+        kv_transfer_params=out.kv_transfer_params if out.finished else None,
+        logprobs=None if completion.logprobs is None else [token_logprobs(d, params.logprobs)
+                                                           for d in completion.logprobs],
+        index=completion.index,
+        prompt_logprobs=prompt_rows or None,
+    ) for completion in out.outputs]
+
+
+class Run:
+    """One request whose steps go to `on_step` as the engine's output task produces
+    them, in that task: no task of the request's own wakes for each step, as one
+    iterating AsyncLLM.generate does (its queue, its event and the generators
+    around it cost a stream more CPU a token than what it does with the token)."""
+
+    def __init__(self, params: Any, on_step: Callable[[Step], None]) -> None:
+        self.params, self.on_step = params, on_step
+        loop = asyncio.get_running_loop()
+        self.started = loop.create_future()  # its first step is out, or it ended
+        self.ended = loop.create_future()  # every output ended, or it failed
+        self.error: BaseException | None = None
+        self.complete = False  # the engine finished it (else it may still run there)
+        self.request_id = ""  # the engine's own id for it
+
+    def take_over(self, collector: Any) -> None:
+        """Receive what vLLM's output processor puts into the request's own collector
+        (AsyncLLM.add_request's: a RequestOutput a step, or the error that ends it)."""
+        self.request_id = collector.request_id
+        collector.put = self.put
+        try:
+            early = collector.get_nowait()  # put before the hand-off
+        except Exception as e:  # noqa: BLE001 (an error it held: the request's end)
+            early = e
+        if early is not None:
+            self.put(early)
+
+    def put(self, out: Any) -> None:
+        if isinstance(out, BaseException):
+            self.end(out)
+            return
+        try:
+            steps = steps_of(out, self.params)
+        except Exception as e:  # noqa: BLE001 (never into vLLM's output task: it would fail every request)
+            self.end(e)
+            return
+        for step in steps:
+            self.take(step)
+        if out.finished:
+            self.finish()
+
+    def take(self, step: Step) -> None:
+        """One output's step, to `on_step`."""
+        if self.ended.done():  # ended, or given up (an abort's last output)
+            return
+        try:
+            self.on_step(step)
+        except Exception as e:  # noqa: BLE001 (as in put)
+            self.end(e)
+            return
+        if not self.started.done():
+            self.started.set_result(None)
+
+    def finish(self) -> None:
+        """The engine finished every output."""
+        if not self.ended.done():
+            self.complete = True
+            self.end()
+
+    def end(self, error: BaseException | None = None) -> None:
+        self.error = error
+        for future in (self.started, self.ended):
+            if not future.done():
+                future.set_result(None)
+
+    async def wait(self) -> None:
+        """Until every output ended; raises what ended it otherwise."""
+        await self.ended
+        if self.error is not None:
+            raise self.error
+
+
+@asynccontextmanager
+async def running(
+    engine,
+    request_id: str,
+    prompt_token_ids: list[int],
+    sampling: Sampling,
+    max_tokens: int,
+    on_step: Callable[[Step], None],
+    kv_transfer_params: dict[str, Any] | None = None,
+    produced: int = 0,
+    n: int = 1,
+    prompt_logprobs: bool = False,
+    cache_salt: str = "",
+    lean: Any = None,
+) -> AsyncIterator[Run]:
+    """`generate`'s request, its steps handed to `on_step` (see Run); leaving the
+    block before it ended (cancelled, timed out, failed) aborts it in the engine.
+    `lean`: the engine's LeanOutputs (shared/engine/outputs.py), which read the steps
+    of a request it can serve from the engine core's outputs themselves."""
+    params = sampling_params(sampling, max_tokens, kv_transfer_params, produced, n, prompt_logprobs)
+    run = Run(params, on_step)
+    collector = await engine.add_request(request_id, _prompt(prompt_token_ids, cache_salt), params,
+                                         priority=sampling.priority, trace_headers=tracing.headers())
+    run.take_over(collector)
+    if lean is not None:
+        lean.add(run)
+    try:
+        yield run
+    finally:
+        if lean is not None:
+            lean.runs.pop(run.request_id, None)
+        if not run.complete:  # cancelled, timed out, or failed on our side
+            run.end()  # the abort's own last output is nobody's step
+            await engine.abort(run.request_id, internal=True)
 
 
 def token_logprobs(position: dict[int, Any], k: int) -> TokenLogprobs:
