@@ -16,9 +16,15 @@ module-scoped fixtures start once. Within a layout, the modules that compare aga
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from tests.layouts import LAYOUTS
+from tests.reference import Reference
+from tests.suite_report import suite_report
+from yuebing.model import default_model_dir
 
 pytest_plugins = ["tests.suite_report"]  # where the time went, printed at the end of each run
 
@@ -59,3 +65,22 @@ def pytest_collection_modifyitems(config, items):
         return (2,) if module in own else (0, module.startswith("tests/compose/"))
 
     items.sort(key=key)
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    path = default_model_dir()
+    if not (path / "config.json").exists():
+        pytest.fail(f"no model at {path}: `make test` writes it (yuebing model init)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def reference(model_dir, request) -> Reference:
+    """Plain vLLM in pytest, kept for the whole session from its first user on (the
+    compose cluster's tests, then every layout's and the clusters of their own)."""
+    started = time.monotonic()
+    ref = Reference(model_dir)
+    suite_report(request.config).started("reference", "plain vLLM engine in pytest", 1, time.monotonic() - started, ref)
+    yield ref
+    ref.close()

@@ -34,7 +34,7 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
         "--drain-timeout-s", "0",
     ),
     # Two gateways and two Conductors sharing the schedule requests over a NATS cluster
-    # of three; KV between the nodes over ZeroMQ; tenants (a file: tests/e2e/conftest.py
+    # of three (the gateways' own tests too); KV between the nodes over ZeroMQ; tenants (a file: tests/e2e/conftest.py
     # `tenants_file`), the anonymous one every test sending no key is.
     "two_conductors_process": (
         "--nodes", "2", "--kv-transport", "zmq", "--fault-injection", "--conductors", "2", "--mode", "disaggregated",

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.reference import DTYPE, Reference
+from tests.reference import DTYPE
 from tests.suite_report import suite_report
 from yuebing.compose import COMPOSE_DIR, ComposeOptions, DockerUnavailable, compose, down, ensure_engine, run, up
-from yuebing.model import default_model_dir
 from yuebing.process import free_port
 
 PROJECT = "yuebing-test"
@@ -85,10 +84,3 @@ def compose_client(compose_cluster):
     from openai import OpenAI
 
     return OpenAI(base_url=compose_cluster.api, api_key=compose_cluster.key, timeout=120, max_retries=0)
-
-
-@pytest.fixture(scope="package")
-def compose_reference(compose_cluster) -> Reference:
-    ref = Reference(default_model_dir())
-    yield ref
-    ref.close()

@@ -64,13 +64,13 @@ def test_chat_streaming_and_completions_with_the_key(compose_client):
 
 
 def test_greedy_outputs_equal_plain_vllm_with_kv_from_the_other_node(compose_cluster, compose_client,
-                                                                    compose_reference):
+                                                                    reference):
     """Prefill runs on node-0 and decode on node-1: decode loads every block (a partial tail too) from
     messenger-0 through messenger-1, over the kv network, and still matches plain vLLM."""
     before = messenger_metric(compose_cluster, "messenger-1", "blocks_received")
     prompts = [prompt(n, seed=n) for n in (60, 300, 2 * BLOCK, 700)]
     results = [complete(compose_client, p) for p in prompts]
-    assert [tokens for tokens, _, _ in results] == compose_reference.greedy(prompts, MAX_TOKENS)
+    assert [tokens for tokens, _, _ in results] == reference.greedy(prompts, MAX_TOKENS)
     for p, (_, report, _) in zip(prompts, results):
         assert report["decode_kv_loaded_tokens"] == len(p), report
     received = messenger_metric(compose_cluster, "messenger-1", "blocks_received") - before

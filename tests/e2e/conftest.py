@@ -29,7 +29,7 @@ from shared.config import ClusterConfig, load_config
 from shared.engine.llm import engine_environment
 from tests.e2e.ops import openai_client
 from tests.layouts import LAYOUTS, REAL_MODEL, TENANT_KEYS, TOOL_CALL_PARSER, write_tenants
-from tests.reference import DTYPE, Reference
+from tests.reference import DTYPE
 from tests.suite_report import SuiteReport, suite_report
 from yuebing import process
 from yuebing.lab.otlp import receiving
@@ -70,14 +70,6 @@ class Cluster:
 
     def log(self, name: str) -> str:
         return (self.run_dir / f"{name}.log").read_text(errors="replace")
-
-
-@pytest.fixture(scope="session")
-def model_dir() -> Path:
-    path = default_model_dir()
-    if not (path / "config.json").exists():
-        pytest.fail(f"no model at {path}: `make test` writes it (yuebing model init)")
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -194,6 +186,7 @@ FETCHING = pytest.StashKey[tuple]()  # the real model's fetch: (its process, its
 FETCH_TIMEOUT_S = 900
 SERVERS = ("vllm_serve", "real_vllm_serve")  # plain vLLM's servers, stopped after their last users too
 STARTED = pytest.StashKey[dict]()  # fixture name → what it started (anything with a stop())
+EARLY = pytest.StashKey[dict]()  # plain vLLM's servers started beside their layouts, not yet waited for
 LAST_USER = pytest.StashKey[dict]()  # fixture name → the node id of the last test that uses it
 
 
@@ -206,6 +199,7 @@ def pytest_collection_modifyitems(config, items):
                 last[name] = item.nodeid
     config.stash[LAST_USER] = last
     config.stash[STARTED] = {}
+    config.stash[EARLY] = {}
     start_fetch(config, items)
 
 
@@ -248,8 +242,13 @@ def _layout(model_dir: Path, tmp_path_factory, request, name: str, *more: str):
 
 @pytest.fixture(scope="session")
 def cluster_process(model_dir, tmp_path_factory, request, otlp):
-    """The shared cluster, started without waiting so the reference engine loads meanwhile."""
-    yield from _layout(model_dir, tmp_path_factory, request, "cluster_process", "--otlp-endpoint", otlp.endpoint)
+    """The shared cluster, started without waiting so the reference engine loads
+    meanwhile, and plain vLLM's server beside it."""
+    layout = _layout(model_dir, tmp_path_factory, request, "cluster_process", "--otlp-endpoint", otlp.endpoint)
+    started = next(layout)
+    _serve_beside(request, "vllm_serve", model_dir, DTYPE, tmp_path_factory)
+    yield started
+    yield from layout
 
 
 @pytest.fixture(scope="session")
@@ -297,6 +296,8 @@ class Served:
 
     proc: subprocess.Popen
     api: str  # its /v1 URL
+    log: Path
+    started: float  # when it was spawned (monotonic)
 
     def stop(self) -> None:
         if self.proc.poll() is not None:
@@ -311,16 +312,20 @@ class Served:
 @pytest.fixture(scope="session")
 def vllm_serve(model_dir, cluster, tmp_path_factory, request):
     """Plain vLLM's OpenAI server on the same model, dtype and tool parser, for the
-    tests that compare whole API responses (started after the cluster, so that the
-    two do not load at once); its /v1 URL. Its users run one after another and it
-    stops after the last: a resident engine more would crowd the later layouts out
-    of memory."""
+    tests that compare whole API responses (started beside the shared cluster when
+    anything collected uses it: `_serve_beside`); its /v1 URL. Its users run one
+    after another and it stops after the last: a resident engine more would crowd
+    the later layouts out of memory."""
     yield from _serve(model_dir, DTYPE, tmp_path_factory, request, "vllm_serve")
 
 
 @pytest.fixture(scope="session")
 def real_model_process(real_model_dir, tmp_path_factory, request):
-    yield from _layout(real_model_dir, tmp_path_factory, request, "real_model_process")
+    layout = _layout(real_model_dir, tmp_path_factory, request, "real_model_process")
+    started = next(layout)
+    _serve_beside(request, "real_vllm_serve", real_model_dir, "auto", tmp_path_factory)
+    yield started
+    yield from layout
 
 
 @pytest.fixture(scope="session")
@@ -336,6 +341,18 @@ def real_vllm_serve(real_model_dir, real_model, tmp_path_factory, request):
 
 
 def _serve(model_dir: Path, dtype: str, tmp_path_factory, request, name: str):
+    served = request.config.stash[EARLY].pop(name, None) or _spawn_serve(model_dir, dtype, tmp_path_factory)
+    try:
+        _wait_healthy(served.api.removesuffix("/v1"), served.proc, served.log)
+        suite_report(request.config).started(name.replace("_", " "), f"plain vLLM's OpenAI server ({model_dir.name})",
+                                             1, time.monotonic() - served.started, served.api)
+        started_for(request, name, served)
+        yield served.api
+    finally:
+        served.stop()
+
+
+def _spawn_serve(model_dir: Path, dtype: str, tmp_path_factory) -> Served:
     port = free_port()
     # Its Responses store on, as Yuebing's is: chained responses compare with chained ones.
     env = {**os.environ, **engine_environment(ClusterConfig(kv_cache_gib=1)), "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
@@ -343,16 +360,17 @@ def _serve(model_dir: Path, dtype: str, tmp_path_factory, request, name: str):
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--port", str(port),
             "--served-model-name", model_dir.name, "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN),
             "--enforce-eager", "--seed", "0", "--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER]
-    served = Served(process.spawn(argv, log, env), f"http://127.0.0.1:{port}/v1")
-    try:
-        started = time.monotonic()
-        _wait_healthy(served.api.removesuffix("/v1"), served.proc, log)
-        suite_report(request.config).started(name.replace("_", " "), f"plain vLLM's OpenAI server ({model_dir.name})",
-                                             1, time.monotonic() - started, served.api)
-        started_for(request, name, served)
-        yield served.api
-    finally:
-        served.stop()
+    return Served(process.spawn(argv, log, env), f"http://127.0.0.1:{port}/v1", log, time.monotonic())
+
+
+def _serve_beside(request, name: str, model_dir: Path, dtype: str, tmp_path_factory) -> None:
+    """Start plain vLLM's server `name` now, beside a layout that is starting, when
+    any collected test uses it: the two load at once on the machine's cores, rather
+    than one after the other (its fixture then only waits for it)."""
+    if any(name in item.fixturenames for item in request.session.items):
+        early = request.config.stash[EARLY]
+        early[name] = _spawn_serve(model_dir, dtype, tmp_path_factory)
+        request.addfinalizer(lambda: early.pop(name).stop() if name in early else None)  # never waited for
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
@@ -371,16 +389,6 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
 @pytest.fixture(scope="session")
 def cluster(cluster_process) -> Cluster:
     return cluster_process.wait()
-
-
-@pytest.fixture(scope="session")
-def reference(model_dir, request) -> Reference:
-    """Kept for the whole session: the tests of clusters of their own compare with it too."""
-    started = time.monotonic()
-    ref = Reference(model_dir)
-    suite_report(request.config).started("reference", "plain vLLM engine in pytest", 1, time.monotonic() - started, ref)
-    yield ref
-    ref.close()
 
 
 @pytest.fixture(scope="session")

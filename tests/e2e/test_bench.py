@@ -80,14 +80,3 @@ def test_calibration_measures_the_serving_path_against_the_profile(cluster):
     # handing a request to decode and its join step cost milliseconds.
     assert 0.1 < host.decode_scale < 3.0
     assert host.handoff_s < 0.2 and host.join_step_s < 0.2
-
-
-def test_the_engine_alone_runs_below_asyncllm_on_the_engine_core_client(cluster):
-    # `bench control-plane --step-ms 0`'s floor under vLLM's front end: requests on
-    # the engine-core client itself, read by one task of its own. It reaches into
-    # AsyncLLM's parts, so a vLLM that moved them fails here, not in a bench.
-    from yuebing.bench import engine_alone
-
-    core = engine_alone.run(cluster.run_dir / "cluster.json", streams=2, max_tokens=16, warmup_s=2.0, seconds=3.0,
-                            raw=True)
-    assert core["tokens"] > 0 and core["us_per_token"] > 0

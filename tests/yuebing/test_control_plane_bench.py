@@ -1,6 +1,7 @@
 """`yuebing bench control-plane`'s arithmetic: the window's requests, tokens and gaps,
 and CPU per request and per token by role. (The bench itself runs live clusters:
-tests/e2e/test_gateways.py runs the same fake-engine layout.)"""
+tests/e2e/test_control_plane.py runs it against vllm serve at smoke size, and
+tests/e2e/test_ports.py starts a cluster of fake engines.)"""
 
 from __future__ import annotations
 
