@@ -349,7 +349,7 @@ async def running(
         yield run
     finally:
         if lean is not None:
-            lean.runs.pop(run.request_id, None)
+            lean.drop(run)
         if not run.complete:  # cancelled, timed out, or failed on our side
             run.end()  # the abort's own last output is nobody's step
             await engine.abort(run.request_id, internal=True)

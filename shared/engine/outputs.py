@@ -36,6 +36,10 @@ class LeanOutputs:
         if p.n == 1 and p.logprobs is None and p.prompt_logprobs is None and not self.processor.tracing_enabled:
             self.runs[run.request_id] = run
 
+    def drop(self, run: Run) -> None:
+        """`run` is over (or given up): its late outputs, if any, are vLLM's to drop."""
+        self.runs.pop(run.request_id, None)
+
     def process_outputs(self, outputs: list[Any], engine_core_timestamp: float | None = None,
                         iteration_stats: Any = None, weight_version: str | None = None) -> Any:
         """vLLM's OutputProcessor.process_outputs, less the outputs taken here."""

@@ -231,11 +231,14 @@ def otlp():
         yield receiver
 
 
-def _layout(model_dir: Path, tmp_path_factory, request, name: str, *more: str):
+def _layout(model_dir: Path, tmp_path_factory, request, name: str, *more: str, beside: tuple[str, str] = ()):
     """Starts the shared layout `name` (tests/layouts.py) without waiting; stopped
-    after its last user, or at the session's end."""
+    after its last user, or at the session's end. `beside`: plain vLLM's server
+    (its fixture's name and dtype) to start with it (`_serve_beside`)."""
     started = launch(model_dir, tmp_path_factory.mktemp(name.removesuffix("_process")), *LAYOUTS[name], *more,
                      report=suite_report(request.config))
+    if beside:
+        _serve_beside(request, beside[0], model_dir, beside[1], tmp_path_factory)
     yield started_for(request, name, started)
     started.stop()
 
@@ -244,11 +247,8 @@ def _layout(model_dir: Path, tmp_path_factory, request, name: str, *more: str):
 def cluster_process(model_dir, tmp_path_factory, request, otlp):
     """The shared cluster, started without waiting so the reference engine loads
     meanwhile, and plain vLLM's server beside it."""
-    layout = _layout(model_dir, tmp_path_factory, request, "cluster_process", "--otlp-endpoint", otlp.endpoint)
-    started = next(layout)
-    _serve_beside(request, "vllm_serve", model_dir, DTYPE, tmp_path_factory)
-    yield started
-    yield from layout
+    yield from _layout(model_dir, tmp_path_factory, request, "cluster_process", "--otlp-endpoint", otlp.endpoint,
+                       beside=("vllm_serve", DTYPE))
 
 
 @pytest.fixture(scope="session")
@@ -321,11 +321,8 @@ def vllm_serve(model_dir, cluster, tmp_path_factory, request):
 
 @pytest.fixture(scope="session")
 def real_model_process(real_model_dir, tmp_path_factory, request):
-    layout = _layout(real_model_dir, tmp_path_factory, request, "real_model_process")
-    started = next(layout)
-    _serve_beside(request, "real_vllm_serve", real_model_dir, "auto", tmp_path_factory)
-    yield started
-    yield from layout
+    yield from _layout(real_model_dir, tmp_path_factory, request, "real_model_process",
+                       beside=("real_vllm_serve", "auto"))
 
 
 @pytest.fixture(scope="session")
