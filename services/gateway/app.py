@@ -39,6 +39,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Owner, Pipeline, Rejected, Report, Slo, UpstreamError
 from services.gateway.protocol import ApiError, ChatRequest, CompletionRequest, Options
 from services.gateway.response_store import ResponseStore, Stored
+from services.gateway.stream import Sink
 from services.gateway.text import LENGTH_SLACK, TextStream, Tokenizer
 from services.gateway.tool_parser import ToolParsing, ToolUse, template_tools
 from shared import bus, service, tracing
@@ -379,7 +380,7 @@ class Gateway:
             if prepared.api == "anthropic":
                 return await self._anthropic_whole(prepared)
             if prepared.options.stream:
-                return await self._stream(request, prepared, self._stream_body)
+                return await self._stream(request, prepared, self._stream_body, Shortcut())
             return await self._complete(prepared)
         finally:
             self.metrics.in_flight.dec()
@@ -553,14 +554,17 @@ class Gateway:
             prompt_logprobs=self._prompt_top(p), priority=o.priority,
         )
 
-    async def _events(self, p: Prepared, choices: list[Choice], report: Report) -> Any:
+    async def _events(self, p: Prepared, choices: list[Choice], report: Report, shortcut: Shortcut | None = None
+                      ) -> Any:
         """The pipeline's token chunks into their choices, as (choice, text delta),
-        with metrics, until every choice has ended."""
+        with metrics, until every choice has ended. With a `shortcut`, the ordinary
+        tokens it takes go past this generator, straight to the client."""
         timing = Timing(time.monotonic())
         deadline = time.time() + self.config.request_timeout_s
+        sink = None if shortcut is None else self._sink(p, choices, report, timing, shortcut)
         try:
             chunks = self.pipeline.run(p.request_id, p.prompt, self._sampling(p), deadline, p.slo, report,
-                                       Owner(p.tenant, p.cache_salt))
+                                       Owner(p.tenant, p.cache_salt), sink)
             # Closed however this ends (a stop string, an error, a client that stops
             # reading): the pipeline then cancels the request on every instance.
             async with contextlib.aclosing(chunks):
@@ -582,6 +586,22 @@ class Gateway:
         finally:
             self.metrics.e2e.observe(time.monotonic() - timing.start)
         self._done(p, choices, timing)
+
+    def _sink(self, p: Prepared, choices: list[Choice], report: Report, timing: Timing, shortcut: Shortcut) -> Sink:
+        """A chunk taken as _events takes it, and its delta sent on at once, where
+        nothing in between could differ: not the first (echo, TTFT), into a choice
+        still open that no stop string can end, to a client whose socket takes it now."""
+
+        def take(chunk: TokenChunk) -> bool:
+            choice = choices[chunk.index]
+            if shortcut.send is None or not timing.first_at or choice.finish is not None or choice.text.stop \
+                    or not shortcut.ready():
+                return False
+            self._observe(p, chunk, report, timing)
+            shortcut.send(choice, choice.push(chunk))
+            return True
+
+        return take
 
     def _echo_into(self, p: Prepared, choices: list[Choice], report: Report) -> None:
         """The prompt leads each choice, with its logprobs when asked for (they came with the first token)."""
@@ -695,9 +715,10 @@ class Gateway:
                 c["prompt_logprobs"] = prompt
         return body, report, choices
 
-    async def _stream(self, request: web.Request, p: Prepared, write_body: BodyWriter) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, p: Prepared, write_body: BodyWriter,
+                      shortcut: Shortcut | None = None) -> web.StreamResponse:
         choices, report = await self._choices(p), Report()
-        events = self._events(p, choices, report)
+        events = self._events(p, choices, report, shortcut)
         # Fail before the first byte where we can: a rejection must be a real 429.
         try:
             first = await anext(events)
@@ -709,6 +730,8 @@ class Gateway:
         )
         try:
             await self._bounded(response.prepare(request))
+            if shortcut is not None:
+                self._open(shortcut, request, response, p, choices, report)
             await write_body(request, response, p, choices, report, first, events)
         except server.WriteTimeout as e:
             # The client stopped reading: cancel the request upstream, then drop the
@@ -830,8 +853,20 @@ class Gateway:
 
     async def _send(self, request: web.Request, response: web.StreamResponse, head: bytes, choice: dict[str, Any],
                     usage: dict[str, Any] | None = None) -> None:
-        tail = b"]}\n\n" if usage is None else b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
-        await server.bounded_write(request, response, head + orjson.dumps(choice) + tail, self.limits.write_timeout_s)
+        await server.bounded_write(request, response, sse_chunk(head, choice, usage), self.limits.write_timeout_s)
+
+    def _open(self, shortcut: Shortcut, request: web.Request, response: web.StreamResponse, p: Prepared,
+              choices: list[Choice], report: Report) -> None:
+        """The headers are out: a delta can go from the inbox's callback (as _stream_body sends it)."""
+        head, usage = self._chunk_head(p), self._running_usage(p, choices, report)
+
+        def send(choice: Choice, text: str) -> None:
+            part = choice.delta(p.kind, text, p.options.return_token_ids)
+            if part is not None:
+                server.write_now(response, sse_chunk(head, part, usage()))
+
+        shortcut.ready = lambda: server.writable(request)
+        shortcut.send = send
 
     def _chunk_head(self, p: Prepared) -> bytes:
         """`data: {...envelope,"choices":[`: a streamed chunk's bytes up to its choice,
@@ -844,6 +879,22 @@ class Gateway:
         else:
             obj, prefix = "text_completion", "cmpl-"
         return {"id": prefix + (p.response_id or p.request_id), "object": obj, "created": p.created, "model": self.model_name}
+
+
+@dataclass
+class Shortcut:
+    """An OpenAI stream's ordinary tokens from the inbox's callback straight to its
+    client (services/gateway/stream.py): no task wakes for them. `send` is set once
+    the headers are out; `ready`: the client's socket takes bytes now."""
+
+    send: Callable[[Choice, str], None] | None = None
+    ready: Callable[[], bool] = lambda: False
+
+
+def sse_chunk(head: bytes, choice: dict[str, Any], usage: dict[str, Any] | None) -> bytes:
+    """A streamed chunk's event: the request's `head`, the choice's part, the usage so far if asked."""
+    tail = b"]}\n\n" if usage is None else b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
+    return head + orjson.dumps(choice) + tail
 
 
 @dataclass

@@ -33,7 +33,7 @@ from services.gateway.retry import (
     continuation,
     with_decode,
 )
-from services.gateway.stream import Inbox, StreamEnded, TokenStream
+from services.gateway.stream import Inbox, Sink, StreamEnded, TokenStream
 from shared import bus, tracing
 from shared.block_hash import hex_hashes, request_salt
 from shared.config import ClusterConfig
@@ -104,6 +104,7 @@ class Report:
     prefills: int = 0  # times its prompt was prefilled (once, whatever n, unless an instance failed it)
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # where prefill computed them, when asked
     limits: list[RateLimit] = field(default_factory=list)  # its tenant's quotas after it: the x-ratelimit-* headers
+    streamed_tokens: int = 0  # output tokens handed on so far, every output's
 
 
 class Rejected(Exception):
@@ -170,6 +171,12 @@ class ChunkCheck:
             self.ended.add(chunk.index)
             self.done = len(self.ended) == self.n
 
+    def plain(self, chunk: TokenChunk) -> bool:
+        """An ordinary token of the stream: the next one after its first, taken
+        without an error or an end, carrying nothing but tokens."""
+        return chunk.seq == self.seq > 0 and not chunk.error and chunk.finish_reason is None \
+            and 0 <= chunk.index < self.n and not chunk.kv_loaded_tokens
+
 
 @dataclass(frozen=True)
 class Job:
@@ -182,6 +189,54 @@ class Job:
     deadline: float
     slo: Slo
     owner: Owner = Owner()
+    sink: Sink | None = None  # takes a decode's ordinary chunks as they arrive, past this generator (TokenStream)
+
+
+@dataclass
+class Taking:
+    """One decode attempt's chunks as the pipeline takes them: checked, and its books
+    kept (the tokens the client has, the report, the attempt's end). The same steps
+    for a chunk yielded through the pipeline and for one a sink took on arrival."""
+
+    outbox: Outbox  # the pipeline's: its request updates
+    attempt: Attempt
+    order: DecodeOrder
+    checked: ChunkCheck
+    streamed: list[int]  # the request's tokens the client has, in order
+    report: Report
+
+    def take(self, chunk: TokenChunk) -> TokenChunk:
+        self.checked.take(chunk)
+        if self.order.continued:  # it loaded (or computed) KV for a prompt that holds output: not prefill's
+            chunk = msgspec.structs.replace(chunk, kv_loaded_tokens=0)
+        if self.order.first_token_id == NO_TOKEN and chunk.seq == 0:
+            self._prefilled_locally(chunk)
+        self.report.kv_loaded_tokens = self.report.kv_loaded_tokens or chunk.kv_loaded_tokens
+        self.streamed.extend(chunk.token_ids)
+        self.attempt.finished = self.checked.done
+        return chunk
+
+    def _prefilled_locally(self, chunk: TokenChunk) -> None:
+        """A local prefill's first token is out: the Conductor's books move it from
+        prefilling to decoding, as a prefill instance's prefill_done does."""
+        self.report.cached_tokens = chunk.kv_loaded_tokens
+        self.report.prompt_logprobs = chunk.prompt_logprobs
+        self.report.prefills += 1
+        update = RequestUpdate(request_id=self.attempt.id, kind="prefill_done",
+                               instance_id=self.attempt.placement.decode_id)
+        self.outbox.send(self.attempt.updates, update)
+
+    def sunk(self, sink: Sink) -> Sink:
+        """`sink`, given the attempt's ordinary chunks only, each taken here once it took it."""
+
+        def take(chunk: TokenChunk) -> bool:
+            if not self.checked.plain(chunk) or not sink(chunk):
+                return False
+            self.take(chunk)
+            self.report.streamed_tokens += len(chunk.token_ids)
+            return True
+
+        return take
 
 
 class Pipeline:
@@ -206,22 +261,23 @@ class Pipeline:
 
     async def run(
         self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo = Slo(),
-        report: Report | None = None, owner: Owner = Owner(),
+        report: Report | None = None, owner: Owner = Owner(), sink: Sink | None = None,
     ) -> AsyncIterator[TokenChunk]:
         """The request's tokens, the first from prefill, the rest from decode; placed
-        again (within max_attempts and the deadline) when an instance fails it."""
+        again (within max_attempts and the deadline) when an instance fails it.
+        `sink`: where a decode's ordinary tokens go instead, when it takes them (they
+        are then not yielded here; see services/gateway/stream.py)."""
         report = report if report is not None else Report()
         # The one place the prompt is hashed: the Conductor and prefill take these.
         with tracing.span("gateway.hash", request_id, prompt_tokens=len(prompt)):
             hashes = hex_hashes(prompt, self.config.block_size, request_salt(self.config.model_salt, owner.cache_salt))
-        job = Job(request_id, prompt, hashes, sampling, deadline, slo, owner)
+        job = Job(request_id, prompt, hashes, sampling, deadline, slo, owner, sink)
         tries = Tries(request_id, self.config.max_attempts, self.retries)
         whole = True  # no continuation: the last attempt decoded the whole output
-        streamed = 0
         try:
             async for chunk in self._serve(job, tries, report):
-                whole = whole and not report.migrations
-                streamed += len(chunk.token_ids)
+                whole = whole and not report.migrations  # a continuation's first chunk always comes this way
+                report.streamed_tokens += len(chunk.token_ids)
                 yield chunk
         except DecodeRefused as e:
             raise Rejected(ScheduleReply(request_id=request_id, accepted=False, rejection="overloaded", reason=str(e),
@@ -229,7 +285,7 @@ class Pipeline:
         finally:
             report.attempts = tries.count
             if tries.current is not None:
-                await self._close(tries.current, whole, len(prompt) + streamed)
+                await self._close(tries.current, whole, len(prompt) + report.streamed_tokens)
 
     async def _serve(self, job: Job, tries: Tries, report: Report) -> AsyncIterator[TokenChunk]:
         result = await self._prefilled(job, tries, report)
@@ -329,29 +385,14 @@ class Pipeline:
             if first is not None and not streamed and not job.sampling.history_dependent:
                 streamed.extend(first.token_ids)
                 yield first
-            checked = ChunkCheck(attempt.placement.decode_id, job.sampling.n)
-            while not checked.done:  # a loop, not a generator: every token passes here
-                chunk = await self._next_chunk(stream)
-                checked.take(chunk)
-                if order.continued:  # it loaded (or computed) KV for a prompt that holds output: not prefill's
-                    chunk = msgspec.structs.replace(chunk, kv_loaded_tokens=0)
-                if order.first_token_id == NO_TOKEN and chunk.seq == 0:
-                    await self._prefilled_locally(attempt, chunk, report)
-                report.kv_loaded_tokens = report.kv_loaded_tokens or chunk.kv_loaded_tokens
-                streamed.extend(chunk.token_ids)
-                attempt.finished = checked.done
-                yield chunk
+            taking = Taking(self.outbox, attempt, order, ChunkCheck(attempt.placement.decode_id, job.sampling.n), streamed,
+                            report)
+            if job.sink is not None:
+                stream.sink = taking.sunk(job.sink)
+            while not taking.checked.done:  # a loop, not a generator: every token the sink leaves passes here
+                yield taking.take(await self._next_chunk(stream))
         finally:
             await stream.close()
-
-    async def _prefilled_locally(self, attempt: Attempt, chunk: TokenChunk, report: Report) -> None:
-        """A local prefill's first token is out: the Conductor's books move it from
-        prefilling to decoding, as a prefill instance's prefill_done does."""
-        report.cached_tokens = chunk.kv_loaded_tokens
-        report.prompt_logprobs = chunk.prompt_logprobs
-        report.prefills += 1
-        update = RequestUpdate(request_id=attempt.id, kind="prefill_done", instance_id=attempt.placement.decode_id)
-        self.outbox.send(attempt.updates, update)
 
     @staticmethod
     def _current(tries: Tries) -> Attempt:

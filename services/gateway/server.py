@@ -87,12 +87,30 @@ async def bounded_write(request: web.Request, response: web.StreamResponse, data
     """A streamed chunk, bounded as `bounded` bounds a write. One that cannot block goes
     without the timer: aiohttp's write waits only while writing is paused, and the
     transport pauses it only when its buffer goes over the high-water mark."""
-    transport = request.transport
-    if transport is not None and not request.protocol.writing_paused \
-            and transport.get_write_buffer_size() + len(data) <= transport.get_write_buffer_limits()[1]:
+    if writable(request, len(data)):
         await response.write(data)
     else:
         await bounded(response.write(data), timeout_s)
+
+
+def writable(request: web.Request, size: int = 0) -> bool:
+    """Whether `size` more bytes to the client go into its transport's buffer
+    without waiting (the buffer stays under its high-water mark)."""
+    transport = request.transport
+    return transport is not None and not transport.is_closing() and not request.protocol.writing_paused \
+        and transport.get_write_buffer_size() + size <= transport.get_write_buffer_limits()[1]
+
+
+def write_now(response: web.StreamResponse, data: bytes) -> None:
+    """A streamed chunk written from a callback, where nothing may wait: the caller
+    checked `writable`, so aiohttp's write runs to its end without waiting."""
+    write = response.write(data)
+    try:
+        write.send(None)
+    except StopIteration:
+        return
+    write.close()  # it would have waited: the caller's check and aiohttp's disagree
+    raise RuntimeError("a write to the client would have waited where it could not")
 
 
 def abort(request: web.Request) -> None:

@@ -10,7 +10,10 @@ task per stream, waking once per heartbeat interval.
 
 Handing a token to its request costs one wake of the request's task: the queue is
 a deque and at most one waiting future, not an asyncio.Queue with its loop checks
-and waiter lists."""
+and waiter lists. An ordinary token costs no wake at all where the stream has a
+sink: while the request's task waits for its next chunk (everything before it is
+done), the sink takes the chunk on the inbox's callback, all the way to the
+client's socket (services/gateway/app.py), or leaves it to the queue."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TypeAlias
 
 import structlog
 from nats.aio.client import Client
@@ -30,6 +34,7 @@ from shared.liveness import woke_late
 from shared.messages import MessageError, TokenBatch, TokenChunk, decode, stream_subject
 
 log = structlog.get_logger(__name__)
+Sink: TypeAlias = Callable[[TokenChunk], bool]  # takes a chunk whole (True), or leaves it to the queue
 
 
 class StreamEnded(Exception):
@@ -56,6 +61,7 @@ class TokenStream:
         self.watchdog: asyncio.Task[None] | None = None
         self.inbox: Inbox | None = None
         self.attempt_id = ""
+        self.sink: Sink | None = None
 
     async def open(self, inbox: Inbox, nc: Client | bus.Link, attempt_id: str) -> None:
         """Take the chunks of `attempt_id` from now on (the inbox listening on `nc`)."""
@@ -85,7 +91,20 @@ class TokenStream:
 
     def arrived(self, chunk: TokenChunk) -> None:
         self.last = time.monotonic()
-        self._put(chunk)
+        if not self._sunk(chunk):
+            self._put(chunk)
+
+    def _sunk(self, chunk: TokenChunk) -> bool:
+        """Whether the sink took the chunk. Only while the request's task waits here
+        with nothing queued: every chunk before this one has then been handled."""
+        if self.sink is None or self.queue or self.waiter is None or self.waiter.done():
+            return False
+        try:
+            return self.sink(chunk)
+        except Exception as e:  # its own request fails (in its task), not the inbox's other streams
+            self.sink = None
+            self._put(e)
+            return True
 
     def _put(self, item: TokenChunk | BaseException) -> None:
         self.queue.append(item)

@@ -54,7 +54,7 @@ class EndlessPipeline:
         self.endless = False  # past max_tokens: until the gateway closes it
         self.owners: list = []  # whose each run was (services/gateway/pipeline.py Owner)
 
-    async def run(self, request_id, prompt, sampling, deadline, slo, report, owner=None):
+    async def run(self, request_id, prompt, sampling, deadline, slo, report, owner=None, sink=None):
         self.owners.append(owner)
         self.running += 1
         self.started.set()

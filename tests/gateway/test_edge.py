@@ -44,7 +44,7 @@ class FakePipeline:
         self.seen: list[Sampling] = []
         self.owners: list[Owner | None] = []  # whose each run was, as the gateway said
 
-    async def run(self, request_id, prompt, sampling, deadline, slo, report, owner=None) -> AsyncIterator[TokenChunk]:
+    async def run(self, request_id, prompt, sampling, deadline, slo, report, owner=None, sink=None) -> AsyncIterator[TokenChunk]:
         self.seen.append(sampling)
         self.owners.append(owner)
         for i in range(sampling.max_tokens):

@@ -69,8 +69,9 @@ class Cluster:
     """Responders for the Conductor, p0 and d0 that record what they were asked."""
 
     def __init__(self, nc, placement: Placement = PLACEMENT, prefill_kv_blocks: int = 2, tokens: int = 3,
-                 decode_overloaded: bool = False) -> None:
+                 decode_overloaded: bool = False, gap_s: float = 0.0) -> None:
         self.nc = nc
+        self.gap_s = gap_s  # between decode's chunks
         self.placement = placement
         self.prefill_kv_blocks = prefill_kv_blocks
         self.tokens = tokens
@@ -110,6 +111,7 @@ class Cluster:
             chunk = TokenChunk(request_id=ask.request_id, seq=seq, token_ids=[100 + seq],
                                finish_reason="length" if last else None, kv_loaded_tokens=256 if seq == 0 else 0)
             await bus.publish(self.nc, ask.stream_subject, TokenBatch(chunks=[chunk]))
+            await asyncio.sleep(self.gap_s)
 
     async def on_published(self, message, _msg) -> None:
         self.published.append(message)
@@ -159,6 +161,32 @@ async def test_prefill_gives_the_first_token_decode_the_rest_as_placed(connected
     [update] = await cluster.updates(1)
     # Its tenant's token quota settles on the prompt and the tokens it streamed.
     assert update == RequestUpdate(request_id="r1", kind="finished", completed=True, tokens=300 + 4)
+
+
+async def test_a_sink_takes_decodes_ordinary_tokens_past_the_generator_and_the_books_count_them(connected):
+    nc, pipeline = connected
+    cluster = Cluster(nc, tokens=5, gap_s=0.05)  # the request waits for each chunk: the sink may take it
+    await cluster.start()
+    sunk: list[TokenChunk] = []
+    report = Report()
+    sampling = Sampling(max_tokens=6, temperature=0.0)
+    chunks = [c async for c in pipeline.run("r1", PROMPT, sampling, time.time() + 10, report=report,
+                                            sink=lambda c: sunk.append(c) is None)]
+    # Prefill's token, decode's first (it carries what decode loaded) and last (its end) come this way.
+    assert [c.token_ids for c in chunks] == [[7], [100], [104]] and chunks[-1].finish_reason == "length"
+    assert [c.seq for c in sunk] == [1, 2, 3]
+    assert report.streamed_tokens == 6 and report.kv_loaded_tokens == 256
+    [update] = await cluster.updates(1)
+    assert update == RequestUpdate(request_id="r1", kind="finished", completed=True, tokens=300 + 6)
+
+
+async def test_chunks_a_sink_leaves_come_through_the_generator(connected):
+    nc, pipeline = connected
+    cluster = Cluster(nc, tokens=5, gap_s=0.05)
+    await cluster.start()
+    sampling = Sampling(max_tokens=6, temperature=0.0)
+    chunks = [c async for c in pipeline.run("r1", PROMPT, sampling, time.time() + 10, sink=lambda c: False)]
+    assert [t for c in chunks for t in c.token_ids] == [7, 100, 101, 102, 103, 104]
 
 
 async def test_decode_waits_only_for_the_blocks_prefills_pool_took(connected):

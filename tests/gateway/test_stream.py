@@ -85,6 +85,34 @@ async def test_one_batch_feeds_each_of_its_attempts_and_drops_the_chunks_of_atte
         await stream.close()
 
 
+async def test_a_sink_takes_a_chunk_only_while_the_request_waits_with_nothing_queued():
+    stream = TokenStream("decode-0", time.time() + 30, 30.0, 0.05, alive)
+    taken: list[int] = []
+    stream.sink = lambda c: taken.append(c.seq) is None and c.seq % 2 == 1  # takes the odd ones
+    stream.arrived(chunk("a1", 1))  # nobody waits yet: queued, everything before it may be unhandled
+    assert (await stream.next()).seq == 1 and taken == []
+    waiting = asyncio.create_task(stream.next())
+    await asyncio.sleep(0)
+    stream.arrived(chunk("a1", 3))  # taken: the request sleeps on
+    stream.arrived(chunk("a1", 4))  # left: queued, the request wakes for it
+    assert (await asyncio.wait_for(waiting, 5)).seq == 4 and taken == [3, 4]
+
+
+async def test_a_sink_that_fails_fails_its_own_request_and_takes_nothing_more():
+    stream = TokenStream("decode-0", time.time() + 30, 30.0, 0.05, alive)
+
+    def broken(_chunk: TokenChunk) -> bool:
+        raise ValueError("broken sink")
+
+    stream.sink = broken
+    waiting = asyncio.create_task(stream.next())
+    await asyncio.sleep(0)
+    stream.arrived(chunk("a1", 1))  # on the inbox's callback: must not raise there
+    with pytest.raises(ValueError, match="broken sink"):
+        await asyncio.wait_for(waiting, 5)
+    assert stream.sink is None
+
+
 async def test_the_inbox_subscribes_once_per_client(nats_client):
     inbox = Inbox("g3")
     await inbox.listen(nats_client)
