@@ -8,7 +8,7 @@ REAL    := models/smollm2-135m-instruct
 
 # `make check`: everything that starts no cluster (unit tests, code shape, the docs'
 # build), for the inner loop; `make test`: the whole suite. docs/development.md says when.
-.PHONY: run test check install model real-model clean mooncake compose-up compose-down aiperf prometheus
+.PHONY: run test check install model real-model clean mooncake libibverbs compose-up compose-down aiperf prometheus
 
 run: $(STAMP) $(REAL)/config.json
 	$(VENV)/bin/yuebing up --model $(REAL)
@@ -47,18 +47,24 @@ real-model: $(REAL)/config.json
 # (and nothing here uses them), so they go.
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	if nvidia-smi -L >/dev/null 2>&1; then extra=gpu; else extra=cpu; fi; \
-	  $(PY) -m pip install -e ".[$$extra,test]"
+	if nvidia-smi -L >/dev/null 2>&1; then extra=gpu; mc=mooncake-gpu; else extra=cpu; mc=mooncake; fi; \
+	  $(PY) -m pip install -e ".[$$extra,test,$$mc]" || { echo "retrying without Mooncake's Transfer Engine"; \
+	  $(PY) -m pip install -e ".[$$extra,test]"; }
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
-	$(MAKE) --no-print-directory mooncake
+	$(MAKE) --no-print-directory libibverbs
 	touch $(STAMP)
 
 # Mooncake's Transfer Engine (`--kv-transport mooncake`) is optional: where it cannot
-# install, ZeroMQ (the default) serves and its tests skip saying why. Its wheel loads
-# libibverbs.so.1 even for TCP; installed here only as root with apt-get, never failing.
+# install, ZeroMQ (the default) serves and its tests skip saying why. The install above
+# takes it in the same resolve; this target adds it to a venv installed without it.
 mooncake:
 	if nvidia-smi -L >/dev/null 2>&1; then extra=mooncake-gpu; else extra=mooncake; fi; \
 	  $(PY) -m pip install -e ".[$$extra]" || echo "Mooncake Transfer Engine not installed: --kv-transport mooncake unavailable"
+	$(MAKE) --no-print-directory libibverbs
+
+# The Transfer Engine's wheel loads libibverbs.so.1 even for TCP: installed here only
+# as root with apt-get, never failing.
+libibverbs:
 	-if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! ldconfig -p | grep -q 'libibverbs\.so\.1'; then \
 	  apt-get install -y -q libibverbs1 >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libibverbs1 >/dev/null 2>&1; } \
 	  || echo "libibverbs1 not installed: --kv-transport mooncake unavailable"; fi
