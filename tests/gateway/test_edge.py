@@ -9,6 +9,7 @@ import asyncio
 import gzip
 import json
 import os
+import re
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -43,14 +44,21 @@ class FakePipeline:
         self.nc = SimpleNamespace(is_connected=True)
         self.seen: list[Sampling] = []
         self.owners: list[Owner | None] = []  # whose each run was, as the gateway said
+        self.sinking = False  # hand the middle chunks to the gateway's sink, when it gives one, as the inbox does
+        self.sunk = 0  # chunks its sink took
 
     async def run(self, request_id, prompt, sampling, deadline, slo, report, owner=None, sink=None) -> AsyncIterator[TokenChunk]:
         self.seen.append(sampling)
         self.owners.append(owner)
         for i in range(sampling.max_tokens):
             last, token = i == sampling.max_tokens - 1, 97 + i % 26
-            yield TokenChunk(request_id=request_id, seq=i, token_ids=[token], finish_reason="length" if last else None,
-                             logprobs=[] if sampling.logprobs is None else [self.row(token, sampling.logprobs)])
+            chunk = TokenChunk(request_id=request_id, seq=i, token_ids=[token], finish_reason="length" if last else None,
+                               logprobs=[] if sampling.logprobs is None else [self.row(token, sampling.logprobs)])
+            # Here the request waits for its next chunk with everything before it sent: the sink's moment.
+            if self.sinking and sink is not None and 0 < i and not last and sink(chunk):
+                self.sunk += 1
+                continue
+            yield chunk
 
     @staticmethod
     def row(token: int, top: int) -> TokenLogprobs:
@@ -171,6 +179,31 @@ def test_json_schema_passes_through(served):
     rf = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
     assert post(served, chat(response_format=rf), "/v1/chat/completions")[0] == 200
     assert orjson.loads(served.pipeline.seen[-1].json_schema) == schema
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", completion(max_tokens=12)),
+    ("/v1/completions", completion(max_tokens=12, n=2, logprobs=2, return_token_ids=True)),
+    ("/v1/completions", completion(max_tokens=12, stop=["ghi"], stream_options={"include_usage": True,
+                                                                                "continuous_usage_stats": True})),
+    ("/v1/chat/completions", {"model": "yuebing-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12,
+                              "n": 2, "logprobs": True, "top_logprobs": 1}),
+])
+def test_tokens_a_sink_takes_reach_the_client_as_the_ones_through_the_request_do(served, path, body):
+    """The same SSE events, byte for byte but the ids, whether the gateway's sink takes the middle chunks."""
+    def events(sinking: bool) -> bytes:
+        served.pipeline.sinking = sinking
+        try:
+            status, raw = post(served, {**body, "stream": True}, path)
+        finally:
+            served.pipeline.sinking = False
+        assert status == 200
+        return re.sub(rb'"(id|created)":("[^"]*"|\d+)', b"", raw)
+
+    before = served.pipeline.sunk
+    assert events(True) == events(False)
+    plain = "stop" not in body  # a stop string may end the text at any token: those take the request's way
+    assert (served.pipeline.sunk > before) == plain
 
 
 def test_stream_options_and_continuous_usage(served):
