@@ -289,9 +289,10 @@ def messenger_leg(block_bytes: int, blocks: int, work: Path, key_file: Path | No
         sub.close(0)
         a.close()
         b.close()
-    # A thread that ended meanwhile takes its count with it: never below nothing.
+    # A thread that ended meanwhile takes its count with it, and the counts are read a
+    # moment apart: never below nothing, and a process never below its own loop thread.
     spent = [max(0.0, a - b) for a, b in zip(after, before)]
-    return Leg(seconds, (spent[0], spent[1]), (spent[2], spent[3]))
+    return Leg(seconds, (max(spent[0], spent[2]), max(spent[1], spent[3])), (spent[2], spent[3]))
 
 
 def _fill(a: MessengerClient, reply, geometry: Geometry, blocks: int) -> list[Written]:
