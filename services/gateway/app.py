@@ -594,8 +594,7 @@ class Gateway:
 
         def take(chunk: TokenChunk) -> bool:
             choice = choices[chunk.index]
-            if shortcut.send is None or not timing.first_at or choice.finish is not None or choice.text.stop \
-                    or not shortcut.ready():
+            if not timing.first_at or choice.finish is not None or choice.text.stop or not shortcut.ready():
                 return False
             self._observe(p, chunk, report, timing)
             shortcut.send(choice, choice.push(chunk))
@@ -731,7 +730,7 @@ class Gateway:
         try:
             await self._bounded(response.prepare(request))
             if shortcut is not None:
-                self._open(shortcut, request, response, p, choices, report)
+                shortcut.open(request, response, p, self._chunk_head(p), self._running_usage(p, choices, report))
             await write_body(request, response, p, choices, report, first, events)
         except server.WriteTimeout as e:
             # The client stopped reading: cancel the request upstream, then drop the
@@ -855,19 +854,6 @@ class Gateway:
                     usage: dict[str, Any] | None = None) -> None:
         await server.bounded_write(request, response, sse_chunk(head, choice, usage), self.limits.write_timeout_s)
 
-    def _open(self, shortcut: Shortcut, request: web.Request, response: web.StreamResponse, p: Prepared,
-              choices: list[Choice], report: Report) -> None:
-        """The headers are out: a delta can go from the inbox's callback (as _stream_body sends it)."""
-        head, usage = self._chunk_head(p), self._running_usage(p, choices, report)
-
-        def send(choice: Choice, text: str) -> None:
-            part = choice.delta(p.kind, text, p.options.return_token_ids)
-            if part is not None:
-                server.write_now(response, sse_chunk(head, part, usage()))
-
-        shortcut.ready = lambda: server.writable(request)
-        shortcut.send = send
-
     def _chunk_head(self, p: Prepared) -> bytes:
         """`data: {...envelope,"choices":[`: a streamed chunk's bytes up to its choice,
         the request's own, encoded once (per token, only its choice is)."""
@@ -881,14 +867,31 @@ class Gateway:
         return {"id": prefix + (p.response_id or p.request_id), "object": obj, "created": p.created, "model": self.model_name}
 
 
-@dataclass
 class Shortcut:
     """An OpenAI stream's ordinary tokens from the inbox's callback straight to its
-    client (services/gateway/stream.py): no task wakes for them. `send` is set once
-    the headers are out; `ready`: the client's socket takes bytes now."""
+    client (services/gateway/stream.py): no task wakes for them. Open once the
+    headers are out; each delta then goes as _stream_body sends it."""
 
-    send: Callable[[Choice, str], None] | None = None
-    ready: Callable[[], bool] = lambda: False
+    def __init__(self) -> None:
+        self.request: web.Request | None = None
+        self.response: web.StreamResponse | None = None
+        self.p: Prepared | None = None
+        self.head = b""
+        self.usage: Callable[[], dict[str, Any] | None] = lambda: None
+
+    def open(self, request: web.Request, response: web.StreamResponse, p: Prepared, head: bytes,
+             usage: Callable[[], dict[str, Any] | None]) -> None:
+        self.request, self.response, self.p, self.head, self.usage = request, response, p, head, usage
+
+    def ready(self) -> bool:
+        """Open, and the client's socket takes bytes now."""
+        return self.request is not None and server.writable(self.request)
+
+    def send(self, choice: Choice, text: str) -> None:
+        assert self.response is not None and self.p is not None, "sent only once ready"
+        part = choice.delta(self.p.kind, text, self.p.options.return_token_ids)
+        if part is not None:
+            server.write_now(self.response, sse_chunk(self.head, part, self.usage()))
 
 
 def sse_chunk(head: bytes, choice: dict[str, Any], usage: dict[str, Any] | None) -> bytes:

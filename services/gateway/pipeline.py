@@ -160,22 +160,28 @@ class ChunkCheck:
         self.done = False
 
     def take(self, chunk: TokenChunk) -> None:
-        if chunk.seq != self.seq:  # one went missing on the way (a NATS server died): the stream goes on elsewhere
-            raise Lost(self.decode_id, f"token stream out of order: got chunk {chunk.seq}, expected {self.seq}")
+        if (fault := self._fault(chunk)) is not None:
+            raise fault
         self.seq += 1
-        if chunk.error:
-            raise UpstreamError(502, f"decode on {self.decode_id} failed: {chunk.error}")
-        if not 0 <= chunk.index < self.n:
-            raise UpstreamError(502, f"decode on {self.decode_id} sent output {chunk.index} of a request of {self.n}")
         if chunk.finish_reason is not None:
             self.ended.add(chunk.index)
             self.done = len(self.ended) == self.n
 
     def plain(self, chunk: TokenChunk) -> bool:
-        """An ordinary token of the stream: the next one after its first, taken
-        without an error or an end, carrying nothing but tokens."""
-        return chunk.seq == self.seq > 0 and not chunk.error and chunk.finish_reason is None \
-            and 0 <= chunk.index < self.n and not chunk.kv_loaded_tokens
+        """An ordinary token of the stream: one `take` passes without ending anything,
+        after the first, carrying nothing but tokens."""
+        return chunk.seq > 0 and chunk.finish_reason is None and not chunk.kv_loaded_tokens \
+            and self._fault(chunk) is None
+
+    def _fault(self, chunk: TokenChunk) -> UpstreamError | None:
+        """What is wrong with the chunk as the stream's next, if anything."""
+        if chunk.seq != self.seq:  # one went missing on the way (a NATS server died): the stream goes on elsewhere
+            return Lost(self.decode_id, f"token stream out of order: got chunk {chunk.seq}, expected {self.seq}")
+        if chunk.error:
+            return UpstreamError(502, f"decode on {self.decode_id} failed: {chunk.error}")
+        if not 0 <= chunk.index < self.n:
+            return UpstreamError(502, f"decode on {self.decode_id} sent output {chunk.index} of a request of {self.n}")
+        return None
 
 
 @dataclass(frozen=True)
