@@ -124,6 +124,11 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     token_idle_timeout_s: Annotated[
         float, Meta(description="longest wait for a request's next token from a live decode instance, s")
     ] = 30.0
+    # Off, every token goes through nats-server (for comparison: `yuebing bench control-plane`).
+    token_channels: Annotated[
+        bool, Meta(description="decode instances stream tokens to each gateway over a direct, sealed TCP connection "
+                               "(off: over NATS)")
+    ] = True
     # --- retry and migration (services/gateway/retry.py) ---
     # Every attempt counts: the first, each prefill placed again, each decode asked
     # after a refusal, and each continuation of a stream whose decode died.

@@ -19,6 +19,7 @@ from shared.calibration import Calibration, quantile_z
 from shared.config import ClusterConfig
 from shared.messages import CANCEL, HEARTBEAT, Cancel, Heartbeat, Role
 from shared.outbox import Outbox
+from shared.token_channel import Channels
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +56,7 @@ class Instance:
         self.aborted_total = 0
         self.endpoint = ""  # messengers: their transfer endpoint, announced in heartbeats
         self.outbox = Outbox(nc)  # its requests' tokens, to the gateways
+        self.channels = Channels(instance_id)  # the gateways' token channels (decode's)
         self._seq = 0
         self.draining = False  # stopping: refuses new requests, hands its last ones on (drain)
         self._heartbeat: asyncio.Task[None] | None = None
@@ -153,3 +155,4 @@ class Instance:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.outbox.flush()  # the last steps' chunks, before the connection drains
+        await self.channels.close()

@@ -344,6 +344,8 @@ class DecodeRequest(Message):
     sampling: Sampling  # max_tokens counts the first token too
     deadline: float
     stream_subject: str  # the gateway's: each step's chunks go there in a TokenBatch
+    stream_channel: str = ""  # the gateway's token channel, "tcp://host:port" ("": none; shared/token_channel.py)
+    stream_key: bytes = b""  # its key (never logged)
     slo_tbt_ms: float = 0.0  # decode double-checks it on arrival; 0: no check
     block_hashes: list[str] = []  # the prompt's, as the gateway hashed them
     kv_blocks: int = 0  # the placement's, as prefill reported it: decode waits for these and computes the rest

@@ -7,7 +7,9 @@ turn are one step's: the outbox sends them on the next turn, one TokenBatch per
 gateway, instead of one NATS message per token. A request's chunks keep their order:
 they join its gateway's batch in order, and batches leave in order on one connection.
 Request updates (a step's prefills done, a step's streams closed) go the same way, as
-one UpdateBatch: each Conductor takes one message for them, not one per request."""
+one UpdateBatch: each Conductor takes one message for them, not one per request.
+A gateway's batch goes over its token channel instead where the chunks name one that
+is up (shared/token_channel.py); NATS is the way for everything else."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import asyncio
 import structlog
 
 from shared import bus
-from shared.messages import Message, RequestUpdate, TokenBatch, TokenChunk, UpdateBatch
+from shared.messages import Message, RequestUpdate, TokenBatch, TokenChunk, UpdateBatch, encode
+from shared.token_channel import Channel
 
 log = structlog.get_logger(__name__)
 
@@ -24,15 +27,17 @@ log = structlog.get_logger(__name__)
 class Outbox:
     def __init__(self, nc: bus.Client | bus.Link) -> None:
         self.nc = nc
-        self.pending: dict[str, list[TokenChunk | RequestUpdate]] = {}  # subject → its items, in order
+        # (subject, its channel or None) → its items, in order
+        self.pending: dict[tuple[str, Channel | None], list[TokenChunk | RequestUpdate]] = {}
         self.sending: asyncio.Task[None] | None = None
         self.batches = 0  # token messages sent, and the chunks in them: what batching saves
         self.chunks = 0
+        self.channelled = 0  # of those batches, the ones that went over a token channel
 
-    def send(self, subject: str, item: TokenChunk | RequestUpdate) -> None:
+    def send(self, subject: str, item: TokenChunk | RequestUpdate, channel: Channel | None = None) -> None:
         """Queue `item` for `subject`'s batch (chunks: its gateway's stream subject),
-        sent on the loop's next turn."""
-        self.pending.setdefault(subject, []).append(item)
+        sent on the loop's next turn, over `channel` if it is still ready then."""
+        self.pending.setdefault((subject, channel), []).append(item)
         if self.sending is None:
             self._schedule()
 
@@ -47,9 +52,12 @@ class Outbox:
         await asyncio.sleep(0)
         pending, self.pending = self.pending, {}
         try:
-            for subject, items in pending.items():
+            for (subject, channel), items in pending.items():
                 batch = _batch(items)
-                await bus.publish(self.nc, subject, batch)
+                if channel is not None and channel.send(encode(batch)):
+                    self.channelled += 1
+                else:
+                    await bus.publish(self.nc, subject, batch)
                 if isinstance(batch, TokenBatch):
                     self.batches += 1
                     self.chunks += len(items)

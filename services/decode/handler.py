@@ -1,6 +1,7 @@
 """The decode role: take a request after its prefill, double-check its TBT SLO
 against the batch as it is now, then generate every token after the first and
-publish them, in order, on the request's stream subject. A request placed here
+send them, in order, to the request's gateway (over its token channel, or on its
+stream subject over NATS). A request placed here
 with a local prefill (serving modes colocated and conditional) is prefilled here
 too, in the decode batch, and its first token is published like the rest."""
 
@@ -27,6 +28,7 @@ from shared.kv.plan import KV_PROMPT_TOKENS
 from shared.messages import NO_TOKEN, DecodeAccept, DecodeRequest, TokenChunk, decode_subject, encode
 from shared.outbox import Outbox
 from shared.predictor import load_predictor
+from shared.token_channel import Channel
 
 log = structlog.get_logger(__name__)
 
@@ -88,6 +90,8 @@ class Decoder(Handler):
     async def on_request(self, req: DecodeRequest, msg: Msg) -> None:
         error, overloaded = self.refusal(req)
         if not error:
+            # The gateway's token channel starts opening now, while the prompt's KV loads.
+            self.instance.channels.get(req.stream_channel, req.stream_key)
             try:
                 self.instance.run(req.request_id, self._decode(req))
             except ValueError as e:
@@ -129,7 +133,8 @@ class Decoder(Handler):
               "kv_hashes": req.block_hashes, KV_PROMPT_TOKENS: len(req.prompt_token_ids)}
         if cap := config.prompt_chunk_tokens("decode"):  # its stream's TBT, on an engine launched for either role
             kv[KV_CHUNK_CAP] = cap
-        chunks = Chunks(req, self.instance.outbox, self.predicted_step_s)
+        channel = self.instance.channels.get(req.stream_channel, req.stream_key)
+        chunks = Chunks(req, self.instance.outbox, self.predicted_step_s, channel)
         log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens, kv_blocks=req.kv_blocks)
         try:
             async with asyncio.timeout(bus.remaining(req.deadline)):
@@ -141,20 +146,16 @@ class Decoder(Handler):
         except asyncio.CancelledError:
             log.info("decode cancelled", tokens_sent=chunks.seq, handed_on=self.instance.draining)
             if self.instance.draining:  # the instance stops: the gateway continues the stream on another
-                self.instance.outbox.send(req.stream_subject, self._handed_on(req, chunks.seq))
+                chunks.fail(f"decode instance {self.instance.instance_id} stopped (drain_timeout_s passed): "
+                            "continue elsewhere")
             raise
         except Exception as e:
             reason = "deadline exceeded in decode" if isinstance(e, TimeoutError) else f"decode failed: {e}"
             log.warning("decode failed", error=reason)
-            failed = TokenChunk(request_id=req.request_id, seq=chunks.seq, token_ids=[], error=reason)
-            self.instance.outbox.send(req.stream_subject, failed)
+            chunks.fail(reason)
             return
         self.instance.load.calibration.add(chunks.pace.observed_s, chunks.pace.predicted_s, time.monotonic())
         log.info("decode done", chunks=chunks.seq)
-
-    def _handed_on(self, req: DecodeRequest, seq: int) -> TokenChunk:
-        reason = f"decode instance {self.instance.instance_id} stopped (drain_timeout_s passed): continue elsewhere"
-        return TokenChunk(request_id=req.request_id, seq=seq, token_ids=[], error=reason)
 
     async def _first_step(self, req: DecodeRequest, run: Run, chunks: Chunks) -> None:
         """The first step: the wait for the prompt's KV (its load, and the computing
@@ -169,11 +170,15 @@ class Decoder(Handler):
 
 class Chunks:
     """A request's steps onto its stream, as the engine's output task hands them on
-    (shared/engine/llm.py, Run): a chunk each, numbered, into the outbox."""
+    (shared/engine/llm.py, Run): a chunk each, numbered, into the outbox, over the
+    gateway's token channel if it is ready for the first chunk and while it stays so
+    (else over NATS to the end: a stream's chunks take one way at a time)."""
 
-    def __init__(self, req: DecodeRequest, outbox: Outbox, predicted_step_s: Callable[[], float]) -> None:
+    def __init__(self, req: DecodeRequest, outbox: Outbox, predicted_step_s: Callable[[], float],
+                 channel: Channel | None = None) -> None:
         self.request_id, self.subject = req.request_id, req.stream_subject
         self.outbox, self.predicted_step_s = outbox, predicted_step_s
+        self.channel = channel
         self.pace = Pace()
         self.seq = 0  # the next chunk's number
         self.loaded_tokens = 0  # prompt tokens whose KV was loaded, as the first step says
@@ -186,5 +191,14 @@ class Chunks:
         chunk = TokenChunk(request_id=self.request_id, seq=self.seq, token_ids=step.token_ids,
                            finish_reason=step.finish_reason, kv_loaded_tokens=self.loaded_tokens if self.seq == 0 else 0,
                            logprobs=step.logprobs or [], index=step.index, prompt_logprobs=step.prompt_logprobs or [])
-        self.outbox.send(self.subject, chunk)
+        self._send(chunk)
+
+    def fail(self, error: str) -> None:
+        """The stream's last chunk: why it ends here."""
+        self._send(TokenChunk(request_id=self.request_id, seq=self.seq, token_ids=[], error=error))
+
+    def _send(self, chunk: TokenChunk) -> None:
+        if self.channel is not None and not self.channel.ready:
+            self.channel = None
+        self.outbox.send(self.subject, chunk, self.channel)
         self.seq += 1

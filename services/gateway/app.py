@@ -1039,6 +1039,11 @@ def parser() -> argparse.ArgumentParser:
     p = service.parser("gateway", instance=False)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--channel-host", default="",
+                   help="address decode instances stream tokens to, with token_channels (default: --host)")
+    p.add_argument("--channel-port", type=int, default=0, help="its port (0: any free port)")
+    p.add_argument("--channel-advertise-host", default="",
+                   help="the name decode instances reach --channel-host by (default: --channel-host)")
     # Never the key itself on the command line: argv is readable by every local user.
     p.add_argument("--api-key-file", default=os.environ.get(edge.API_KEY_FILE_ENV),
                    help="owner-only file holding the Bearer key clients must send (default: $YUEBING_API_KEY_FILE; "
@@ -1073,12 +1078,16 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
+    channel = gateway.pipeline.inbox.channel
+    if config.token_channels:
+        await channel.start(args.channel_host or args.host, args.channel_port, args.channel_advertise_host)
     lag = asyncio.create_task(server.LagMonitor(metrics, on_tick=registry.heard).run())
     watch = asyncio.create_task(access.source.watch(stop)) if isinstance(access.source, Watched) else None
     # The tokenizer and the tool parsers bring transformers and vLLM in: some 680,000
     # objects a full collection would walk, in a pause of 0.3-0.4 s for every stream.
     service.freeze_heap()
-    log.info("gateway ready", url=f"http://{args.host}:{args.port}", model=config.served_model_name)
+    log.info("gateway ready", url=f"http://{args.host}:{args.port}", model=config.served_model_name,
+             token_channel=channel.endpoint or "off")
     await stop.wait()
     log.info("gateway stopping")
     lag.cancel()
@@ -1087,6 +1096,7 @@ async def main(config: ClusterConfig, args: argparse.Namespace, stop: asyncio.Ev
     await runner.cleanup()
     gateway.executor.shutdown(wait=False, cancel_futures=True)
     await gateway.pipeline.outbox.flush()  # the last streams' closing updates
+    await channel.close()
     await link.close()
 
 

@@ -264,6 +264,7 @@ class Pipeline:
         self.retries.register(registry)
         registry.register(self.modes)
         registry.register(self.inbox.dropped)
+        registry.register(self.inbox.batches)
 
     async def run(
         self, request_id: str, prompt: list[int], sampling: Sampling, deadline: float, slo: Slo = Slo(),
@@ -551,6 +552,8 @@ class Pipeline:
             sampling=order.sampling,
             deadline=job.deadline,
             stream_subject=self.inbox.subject,
+            stream_channel=self.inbox.channel.endpoint,
+            stream_key=self.inbox.channel.key if self.inbox.channel.endpoint else b"",
             slo_tbt_ms=job.slo.tbt_ms or self.config.slo_tbt_ms,
             block_hashes=order.block_hashes,
             kv_blocks=order.kv_blocks_on(attempt.placement.decode_node),

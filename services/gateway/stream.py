@@ -32,6 +32,7 @@ from prometheus_client import Counter
 from shared import bus
 from shared.liveness import woke_late
 from shared.messages import MessageError, TokenBatch, TokenChunk, decode, stream_subject
+from shared.token_channel import ChannelServer
 
 log = structlog.get_logger(__name__)
 Sink: TypeAlias = Callable[[TokenChunk], bool]  # takes a chunk whole (True), or leaves it to the queue
@@ -136,14 +137,20 @@ class TokenStream:
 
 
 class Inbox:
-    """The gateway's stream subject, and the streams open on it by attempt id."""
+    """The gateway's stream subject and token channel, and the streams open on them by
+    attempt id. Batches come either way: over the channel (shared/token_channel.py)
+    from a decode instance connected to it, over NATS otherwise."""
 
     def __init__(self, name: str = "") -> None:
         self.subject = stream_subject(name or secrets.token_hex(8))
+        self.channel = ChannelServer(self._channelled)  # decode instances' direct connections, once started
         self.streams: dict[str, TokenStream] = {}
         self.client: Client | None = None  # the NATS client listening, once one is
         self.dropped = Counter("yuebing_gateway_late_chunks", "Token chunks for no attempt open here (late ones of "
                                "attempts given up), dropped", registry=None)
+        self.batches = Counter("yuebing_gateway_token_batches", "Token batches taken from decode instances, by the "
+                               "way they came: channel (a direct connection) or nats", ["way"], registry=None)
+        self._by_nats, self._by_channel = self.batches.labels("nats"), self.batches.labels("channel")
 
     async def listen(self, nc: Client | bus.Link) -> None:
         """Subscribe on `nc`'s current client, unless already: a Link that replaced its
@@ -155,8 +162,17 @@ class Inbox:
             self.client = client
 
     async def _arrived(self, msg: Msg) -> None:
+        self._by_nats.inc()
+        self.deliver(msg.data)
+
+    def _channelled(self, data: bytes) -> None:
+        self._by_channel.inc()
+        self.deliver(data)
+
+    def deliver(self, data: bytes) -> None:
+        """One TokenBatch's bytes, from NATS or a token channel: each chunk to its stream."""
         try:
-            batch = decode(msg.data, TokenBatch)
+            batch = decode(data, TokenBatch)
         except MessageError as e:  # no attempt to blame: its streams end by the watchdog
             log.warning("bad token batch", error=str(e))
             return

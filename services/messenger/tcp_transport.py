@@ -45,6 +45,7 @@ from services.messenger.transport import (
     keep_big_buffers,
     split,
 )
+from shared.endpoint import parse_endpoint, tcp_endpoint
 from shared.kv.keys import ClusterKeys
 
 log = structlog.get_logger(__name__)
@@ -59,16 +60,6 @@ RECONNECT_S = 0.1  # a peer we could not reach is tried again after this long
 CONNECT_TIMEOUT_S = 5.0
 CONNECTIONS_MAX = 1024  # streams in from peers at once; more are refused
 STALL_S = 10.0  # a stream silent this long before its first batch, or inside one, is closed
-
-
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """"tcp://host:port" → (host, port); ValueError for anything else."""
-    if not endpoint.startswith("tcp://"):
-        raise ValueError(f"not a tcp:// endpoint: {endpoint!r}")
-    host, _, port = endpoint[len("tcp://") :].rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"not a tcp://host:port endpoint: {endpoint!r}")
-    return host.strip("[]"), int(port)
 
 
 Batch = tuple[list[Entry], list[memoryview] | None]
@@ -253,7 +244,7 @@ class TcpTransport:
         self.authenticated = keys is not None  # None: plaintext, anyone may send (only with --kv-insecure)
         self._listener = socket.create_server((host, port), backlog=128)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BYTES)  # accepted streams inherit it
-        self.endpoint = f"tcp://{advertise_host or host}:{self._listener.getsockname()[1]}"
+        self.endpoint = tcp_endpoint(advertise_host or host, self._listener.getsockname()[1])
         self._reject = Rejections(self.endpoint)
         self._batches = Batches(Sealer(keys) if keys is not None else None, self._reject)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the streams in are watched on

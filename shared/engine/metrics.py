@@ -54,7 +54,9 @@ class InstanceCollector:
                     ("yuebing_instance_aborted", "Requests it stopped early", i.aborted_total),
                     ("yuebing_instance_token_chunks", "Token chunks it sent to gateways", i.outbox.chunks),
                     ("yuebing_instance_token_batches", "Messages those chunks went in: one per gateway per step",
-                     i.outbox.batches))
+                     i.outbox.batches),
+                    ("yuebing_instance_token_batches_channelled", "Of those, the ones sent over a gateway's token "
+                     "channel (the rest: over NATS)", i.outbox.channelled))
         for name, doc, value in counters:
             family = CounterMetricFamily(name, doc, labels=labels)
             family.add_metric(values, value)

@@ -63,6 +63,23 @@ def test_chat_streaming_and_completions_with_the_key(compose_client):
     assert text.choices[0].text and text.usage.completion_tokens == 8
 
 
+def test_decode_streams_tokens_over_the_gateways_token_channel_across_containers(compose_cluster, compose_client):
+    def channelled() -> float:
+        request = urllib.request.Request(f"{compose_cluster.options.url}/metrics",
+                                         headers={"Authorization": f"Bearer {compose_cluster.key}"})
+        with urllib.request.urlopen(request, timeout=5) as r:
+            page = r.read().decode()
+        found = re.findall(r'^yuebing_gateway_token_batches_total\{way="channel"\} (\S+)$', page, re.MULTILINE)
+        return float(found[0]) if found else 0.0
+
+    # A gateway's first request to a decode instance may stream over NATS while its channel opens.
+    for attempt in range(5):
+        compose_client.completions.create(model=SERVED, prompt=f"a channel, {attempt}", max_tokens=6, temperature=0)
+        if channelled() >= 1:
+            return
+    pytest.fail("no token batch came over the gateway's token channel")
+
+
 def test_greedy_outputs_equal_plain_vllm_with_kv_from_the_other_node(compose_cluster, compose_client,
                                                                     reference):
     """Prefill runs on node-0 and decode on node-1: decode loads every block (a partial tail too) from

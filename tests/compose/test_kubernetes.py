@@ -157,8 +157,9 @@ def normalized(command: list[str], mounts: dict[str, str]) -> dict[str, str]:
             flags[flag] = re.sub(r"(node|prefill|decode|messenger)-\d+|conductor(-\d+)?|\$\(POD_NAME\)", "<name>",
                                  flags[flag])
             flags[flag] = flags[flag].replace("messenger-<name>", "<name>")
-    if "--advertise-host" in flags:
-        flags["--advertise-host"] = "<address>"
+    for flag in ("--advertise-host", "--channel-advertise-host"):  # a service name in compose, a pod IP here
+        if flag in flags:
+            flags[flag] = "<address>"
     for flag, path in flags.items():
         if path.startswith("/run/secrets/"):
             secret_file = mounts.get(path, Path(path).name)

@@ -36,3 +36,19 @@ def test_each_engine_instance_serves_vllms_metrics_under_its_id_and_its_own_load
     served = sum(v for name in engines for key, v in scrape(cluster.metrics[name]).items()
                  if key.startswith("yuebing_instance_served_total"))
     assert served >= 1
+
+
+def test_decode_streams_the_gateways_tokens_over_its_token_channel(client, cluster):
+    def channelled() -> tuple[float, float]:
+        gateway = scrape(cluster.metrics["gateway"]).get("yuebing_gateway_token_batches_total[('way', 'channel')]", 0.0)
+        decodes = [scrape(url) for name, url in cluster.metrics.items() if name.startswith("decode-")]
+        sent = sum(v for p in decodes for k, v in p.items() if k.startswith("yuebing_instance_token_batches_channelled"))
+        return gateway, sent
+
+    # A gateway's first request to a decode instance may stream over NATS while its channel opens.
+    for attempt in range(5):
+        client.chat.completions.create(model="yuebing-tiny", messages=[{"role": "user", "content": f"Hi {attempt}"}],
+                                       temperature=0, max_tokens=6)
+        if min(channelled()) >= 1:
+            return
+    pytest.fail(f"no token batch over a token channel (gateway took, decode sent): {channelled()}")

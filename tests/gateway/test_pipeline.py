@@ -18,6 +18,8 @@ from shared import bus
 from shared.config import ClusterConfig
 from shared.identity import ANY_UPDATES
 from shared.liveness import Registry
+from services.decode.handler import Chunks
+from shared.engine.llm import Step
 from shared.messages import (
     CANCEL,
     SCHEDULE,
@@ -39,6 +41,8 @@ from shared.messages import (
     encode,
     prefill_subject,
 )
+from shared.outbox import Outbox
+from shared.token_channel import Channels, ChannelServer
 
 PLACEMENT = Placement(conductor="c0", prefill_id="p0", decode_id="d0", decode_node="node-1", kv_blocks=2)
 PROMPT = list(range(300))  # two full 128-token blocks
@@ -69,9 +73,10 @@ class Cluster:
     """Responders for the Conductor, p0 and d0 that record what they were asked."""
 
     def __init__(self, nc, placement: Placement = PLACEMENT, prefill_kv_blocks: int = 2, tokens: int = 3,
-                 decode_overloaded: bool = False, gap_s: float = 0.0) -> None:
+                 decode_overloaded: bool = False, gap_s: float = 0.0, channelled: Channelled | None = None) -> None:
         self.nc = nc
         self.gap_s = gap_s  # between decode's chunks
+        self.channelled = channelled  # decode's chunks over the gateway's token channel, as a decode instance's go
         self.placement = placement
         self.prefill_kv_blocks = prefill_kv_blocks
         self.tokens = tokens
@@ -106,6 +111,9 @@ class Cluster:
         accept = DecodeAccept(request_id=ask.request_id, ok=not self.decode_overloaded,
                               overloaded=self.decode_overloaded, error="busy" if self.decode_overloaded else "")
         await msg.respond(encode(accept))
+        if self.channelled is not None:
+            await self.channelled.decode(ask, self.tokens)
+            return
         for seq in range(self.tokens if not self.decode_overloaded else 0):
             last = seq == self.tokens - 1
             chunk = TokenChunk(request_id=ask.request_id, seq=seq, token_ids=[100 + seq],
@@ -125,6 +133,35 @@ class Cluster:
             while len(self.published) < n:
                 await asyncio.sleep(0.01)
         return self.published
+
+
+class Channelled:
+    """Decode's chunks as the decode service sends them (Chunks, the outbox, its
+    channels), the gateway's end of the channel closed after `cut_after` of them."""
+
+    def __init__(self, nc, server: ChannelServer, cut_after: int) -> None:
+        self.server, self.cut_after = server, cut_after
+        self.outbox, self.channels = Outbox(nc), Channels("d0")
+
+    async def decode(self, ask: DecodeRequest, tokens: int) -> None:
+        channel = self.channels.get(ask.stream_channel, ask.stream_key)
+        await until(lambda: channel.ready)
+        chunks = Chunks(ask, self.outbox, lambda: 0.01, channel)
+        for seq in range(tokens):
+            if seq == self.cut_after:
+                await until(lambda: self.server.frames == seq)  # everything so far arrived
+                for connection in list(self.server.connections):
+                    connection.close()
+                await until(lambda: channel.closed)
+            chunks.send(Step(token_ids=[100 + seq], finish_reason="length" if seq == tokens - 1 else None,
+                             num_cached_tokens=256))
+            await self.outbox.flush()
+
+
+async def until(condition, timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -187,6 +224,21 @@ async def test_chunks_a_sink_leaves_come_through_the_generator(connected):
     sampling = Sampling(max_tokens=6, temperature=0.0)
     chunks = [c async for c in pipeline.run("r1", PROMPT, sampling, time.time() + 10, sink=lambda c: False)]
     assert [t for c in chunks for t in c.token_ids] == [7, 100, 101, 102, 103, 104]
+
+
+async def test_chunks_come_over_the_token_channel_and_over_nats_once_it_closed(connected):
+    nc, pipeline = connected
+    await pipeline.inbox.channel.start("127.0.0.1")
+    channelled = Channelled(nc, pipeline.inbox.channel, cut_after=3)
+    cluster = Cluster(nc, tokens=5, channelled=channelled)
+    await cluster.start()
+    try:
+        chunks = await run(pipeline, "r1", max_tokens=6)
+    finally:
+        await pipeline.inbox.channel.close()
+        await channelled.channels.close()
+    assert [t for c in chunks for t in c.token_ids] == [7, 100, 101, 102, 103, 104]
+    assert (pipeline.inbox.channel.frames, channelled.outbox.channelled, channelled.outbox.batches) == (3, 3, 5)
 
 
 async def test_decode_waits_only_for_the_blocks_prefills_pool_took(connected):

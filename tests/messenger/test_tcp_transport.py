@@ -17,7 +17,8 @@ import pytest
 from services.messenger import transport as transport_module
 from services.messenger.app import kv_transport
 from services.messenger.messenger import Messenger
-from services.messenger.tcp_transport import INDEX_MAX, MAGIC, PREFIX, SEAL_MAX, TcpTransport, parse_endpoint
+from services.messenger.tcp_transport import INDEX_MAX, MAGIC, PREFIX, SEAL_MAX, TcpTransport
+from shared.endpoint import parse_endpoint
 from services.messenger.transport import encode_index
 from shared.config import ClusterConfig
 from shared.kv.keys import ClusterKeys
