@@ -68,6 +68,7 @@ class Decoder(Handler):
         self.predictor = load_predictor(profile_path(instance.config))
         self.context: dict[str, int] = {}  # request id → the context the books count it with
         self.context_tokens = 0  # their sum
+        self._predicted: tuple[tuple[int, int], float] | None = None  # (batch, step time): a step's streams ask alike
         # vLLM's engine: its streams' steps read from the engine core's outputs (the fake one has none).
         self.lean = LeanOutputs(engine) if hasattr(engine, "output_processor") else None
 
@@ -116,7 +117,10 @@ class Decoder(Handler):
 
     def predicted_step_s(self) -> float:
         """A step of the batch as the books hold it now."""
-        return self.predictor.decode_step_s(len(self.context), self.context_tokens)
+        batch = (len(self.context), self.context_tokens)
+        if self._predicted is None or self._predicted[0] != batch:
+            self._predicted = (batch, self.predictor.decode_step_s(*batch))
+        return self._predicted[1]
 
     async def _generate(self, req: DecodeRequest) -> None:
         # The engine runs prompt + first token. The connector loads the prompt's blocks

@@ -42,7 +42,8 @@ def test_decode_streams_the_gateways_tokens_over_its_token_channel(client, clust
     def channelled() -> tuple[float, float]:
         gateway = scrape(cluster.metrics["gateway"]).get("yuebing_gateway_token_batches_total[('way', 'channel')]", 0.0)
         decodes = [scrape(url) for name, url in cluster.metrics.items() if name.startswith("decode-")]
-        sent = sum(v for p in decodes for k, v in p.items() if k.startswith("yuebing_instance_token_batches_channelled"))
+        sent = sum(v for page in decodes for k, v in page.items()
+                   if k.startswith("yuebing_instance_token_batches_channelled"))
         return gateway, sent
 
     # A gateway's first request to a decode instance may stream over NATS while its channel opens.
