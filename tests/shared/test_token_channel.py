@@ -9,9 +9,11 @@ import socket
 import msgspec
 import pytest
 
+from shared.endpoint import parse_endpoint
 from shared.messages import TokenBatch, TokenChunk
 from shared.outbox import Outbox
 from shared.token_channel import (
+    ACK,
     HANDSHAKE_S,
     KEY_BYTES,
     NONCE_BYTES,
@@ -84,8 +86,7 @@ async def test_a_channel_with_the_wrong_key_never_gets_ready_and_delivers_nothin
 
 
 def _raw_connect(endpoint: str) -> socket.socket:
-    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=5)
+    sock = socket.create_connection(parse_endpoint(endpoint), timeout=5)
     assert len(sock.recv(NONCE_BYTES)) == NONCE_BYTES
     return sock
 
@@ -166,3 +167,22 @@ async def test_the_outbox_sends_over_a_ready_channel_and_over_nats_once_it_close
         await outbox.flush()
         assert nats.sent == [("g1", [1])] and (outbox.batches, outbox.channelled) == (2, 1)
         await channels.close()
+
+
+async def test_a_frame_that_does_not_open_after_the_hello_closes_the_connection():
+    async with Gateway() as gw:
+        def speak() -> bytes:
+            sock = socket.create_connection(parse_endpoint(gw.server.endpoint), timeout=5)
+            theirs, ours = sock.recv(NONCE_BYTES), os.urandom(NONCE_BYTES)
+            sealed = Sealed(connection_key(gw.server.key, theirs, ours))
+            sock.sendall(ours + sealed.seal(b"decode-raw"))
+            assert sock.recv(1) == ACK
+            good, bad = sealed.seal(b"first"), bytearray(sealed.seal(b"second"))
+            bad[-1] ^= 1  # one bit of its tag
+            sock.sendall(good + bytes(bad))
+            closed = sock.recv(1)
+            sock.close()
+            return closed
+
+        assert await asyncio.to_thread(speak) == b""
+        assert gw.got == [b"first"] and gw.server.rejected == 1
