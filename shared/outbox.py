@@ -42,7 +42,7 @@ class Outbox:
             self._schedule()
 
     async def flush(self) -> None:
-        """Wait until what is queued now has been handed to NATS."""
+        """Wait until what is queued now has been handed to NATS or its channel."""
         while self.sending is not None:
             await asyncio.shield(self.sending)
 
