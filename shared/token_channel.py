@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import socket
 import struct
 import time
 from collections.abc import Callable
@@ -56,6 +57,10 @@ RETRY_S = 1.0  # after a failed connect, requests stream over NATS this long bef
 CONNECTIONS_MAX = 1024  # decode instances connected to one gateway at once; more are refused
 CHANNELS_MAX = 256  # gateways one decode instance keeps channels to
 WRITE_BUFFER_MAX = 16 << 20  # unsent bytes to a gateway that does not read: the channel closes
+# Sent bytes unacknowledged this long (a gateway's host gone, the network between cut
+# while NATS still carries the rest): the kernel closes the channel, and its streams go
+# on over NATS, instead of TCP's retransmissions for a quarter of an hour.
+UNACKED_MS = 10_000
 
 
 class ChannelError(Exception):
@@ -265,6 +270,9 @@ class Channel:
     async def _connect(self) -> asyncio.StreamReader:
         host, port = parse_endpoint(self.endpoint)
         reader, self.writer = await asyncio.open_connection(host, port)
+        sock = self.writer.get_extra_info("socket")
+        if hasattr(socket, "TCP_USER_TIMEOUT") and sock is not None:  # Linux
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKED_MS)
         theirs = await reader.readexactly(NONCE_BYTES)
         ours = os.urandom(NONCE_BYTES)
         self.sealed = Sealed(connection_key(self.key, theirs, ours))

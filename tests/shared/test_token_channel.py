@@ -16,6 +16,7 @@ from shared.token_channel import (
     ACK,
     KEY_BYTES,
     NONCE_BYTES,
+    UNACKED_MS,
     ChannelError,
     Channels,
     ChannelServer,
@@ -184,3 +185,13 @@ async def test_a_frame_that_does_not_open_after_the_hello_closes_the_connection(
 
         assert await asyncio.to_thread(speak) == b""
         assert gw.got == [b"first"] and gw.server.rejected == 1
+
+
+async def test_a_channel_gives_up_on_bytes_its_gateway_never_acknowledges():
+    async with Gateway() as gw:
+        channels = Channels("decode-0")
+        channel = channels.get(gw.server.endpoint, gw.server.key)
+        await until(lambda: channel.ready)
+        sock = channel.writer.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == UNACKED_MS
+        await channels.close()
