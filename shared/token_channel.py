@@ -115,7 +115,8 @@ class Frames:
             end = at + LENGTH.size + size
             if len(self.buffer) < end:
                 break
-            frames.append((bytes(self.buffer[at : at + LENGTH.size]), bytes(self.buffer[at + LENGTH.size : end])))
+            with memoryview(self.buffer) as view:  # one copy of each frame, not a slice and then its bytes
+                frames.append((bytes(view[at : at + LENGTH.size]), bytes(view[at + LENGTH.size : end])))
             at = end
         del self.buffer[:at]
         return frames
@@ -172,7 +173,7 @@ class Incoming(asyncio.Protocol):
         return True
 
     def _hello(self, payload: bytes) -> None:
-        self.peer = payload.decode("utf-8", "replace")[:HELLO_MAX]
+        self.peer = payload.decode("utf-8", "replace")  # at most HELLO_MAX bytes: the frame's bound
         self.frames.limit = FRAME_MAX
         if self.timer is not None:
             self.timer.cancel()
@@ -243,14 +244,15 @@ class Channel:
 
     def send(self, payload: bytes) -> bool:
         """Write one frame (False: not ready, or now closed: send it another way)."""
-        if not self.ready or self.writer is None or self.writer.transport.is_closing():
-            self.ready = False
+        if not self.ready:  # its writer and seal are there once it is
             return False
-        if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_MAX:
-            log.warning("token channel closed: the gateway does not read", endpoint=self.endpoint)
+        transport = self.writer.transport  # type: ignore[union-attr]
+        if transport.is_closing() or transport.get_write_buffer_size() > WRITE_BUFFER_MAX:
+            if not transport.is_closing():
+                log.warning("token channel closed: the gateway does not read", endpoint=self.endpoint)
             self.close()
             return False
-        self.writer.write(self.sealed.seal(payload))  # type: ignore[union-attr]
+        transport.write(self.sealed.seal(payload))  # type: ignore[union-attr]
         return True
 
     async def _run(self) -> None:

@@ -91,8 +91,6 @@ class Decoder(Handler):
     async def on_request(self, req: DecodeRequest, msg: Msg) -> None:
         error, overloaded = self.refusal(req)
         if not error:
-            # The gateway's token channel starts opening now, while the prompt's KV loads.
-            self.instance.channels.get(req.stream_channel, req.stream_key)
             try:
                 self.instance.run(req.request_id, self._decode(req))
             except ValueError as e:
@@ -137,6 +135,7 @@ class Decoder(Handler):
               "kv_hashes": req.block_hashes, KV_PROMPT_TOKENS: len(req.prompt_token_ids)}
         if cap := config.prompt_chunk_tokens("decode"):  # its stream's TBT, on an engine launched for either role
             kv[KV_CHUNK_CAP] = cap
+        # The gateway's token channel (opening now, if it is not open yet, while the prompt's KV loads).
         channel = self.instance.channels.get(req.stream_channel, req.stream_key)
         chunks = Chunks(req, self.instance.outbox, self.predicted_step_s, channel)
         log.info("decode start", prompt_len=len(prompt), max_tokens=req.sampling.max_tokens, kv_blocks=req.kv_blocks)
