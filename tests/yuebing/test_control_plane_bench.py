@@ -213,9 +213,26 @@ def test_against_vllm_sums_every_process_and_divides_by_vllm_s_api_server_round_
     assert comparison_line(rows[1]).startswith("vllm serve (round 1): 400 µs/token (vllm 400)")
 
 
+def test_the_floor_is_decode_s_engine_core_client_vllm_s_server_over_its_engine_and_the_rest_as_measured():
+    from yuebing.bench.control_plane import floor, floor_line
+
+    rows = [a_run("yuebing", 1, gateway=100, decode=120, nats=10, conductor=20), a_run("vllm serve", 1, vllm=180),
+            a_run("yuebing", 2, gateway=90, decode=110, nats=6, conductor=14), a_run("vllm serve", 2, vllm=160)]
+    assert floor(rows) is None  # no engine-alone figures: no floor
+    for r in rows[::2]:
+        r["vllm_alone"], r["core_alone"] = {"us_per_token": 90.0}, {"us_per_token": 60.0}
+    least = floor(rows)
+    # 60 (the client) + (170 - 90) (vLLM's server over its AsyncLLM) + 25 (the rest, mean of 30 and 20)
+    assert least == {"core_client": 60.0, "server_over_asyncllm": 80.0, "others": 25.0, "total": 165.0,
+                     "vllm": 170.0, "ratio": 165.0 / 170.0}
+    assert floor_line(least).endswith("= 165 µs/token, 0.97× vLLM's API server (170)")
+
+
 def test_against_vllm_runs_real_engines():
     with pytest.raises(ValueError):
         ControlPlaneBench(against_vllm=True)  # the fake engine's step: nothing of vLLM's to compare
     with pytest.raises(ValueError):
         ControlPlaneBench(against_vllm=True, step_ms=0, rounds=0)
     assert ControlPlaneBench(against_vllm=True, step_ms=0).rounds == 2
+    with pytest.raises(ValueError):
+        ControlPlaneBench(floor=True, step_ms=0)  # a part of --against-vllm

@@ -75,6 +75,11 @@ class ControlPlaneBench:
                                "token over vLLM's API server's")
     ] = False
     rounds: Annotated[int, Meta(description="--against-vllm: the cluster and vllm serve, alternated, this many times")] = 2
+    floor: Annotated[
+        bool, Meta(description="--against-vllm: then vLLM's engine alone, as decode builds it, and its engine-core "
+                               "client alone; prints the least Yuebing could spend a token: that client, vLLM's "
+                               "server over its AsyncLLM, and the other processes as measured")
+    ] = False
 
     def __post_init__(self) -> None:
         if min(self.gateways + self.conductors, default=0) < 1 or self.streams < 1 or self.max_tokens < 2:
@@ -85,6 +90,8 @@ class ControlPlaneBench:
                              "and idle_s not negative")
         if self.against_vllm and (self.step_ms or self.rounds < 1):
             raise ValueError("--against-vllm runs real engines (--step-ms 0), at least one round")
+        if self.floor and not self.against_vllm:
+            raise ValueError("--floor is a part of --against-vllm")
 
 
 @dataclass
@@ -275,7 +282,6 @@ def cluster_flags(spec: ControlPlaneBench, gateways: int, conductors: int) -> li
 
 def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """Every layout in turn, each on a cluster of its own."""
-    from yuebing.bench import engine_alone
     from yuebing.launcher import up_launcher
 
     results, configs = [], []
@@ -292,14 +298,23 @@ def run(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], N
             results.append({"gateways": gateways, "conductors": conductors, **result})
             say(line(results[-1]))
     if not spec.step_ms:  # real engines: how much of decode's figure is vLLM's own front end
-        say("vLLM's engine alone, as decode builds it: starting")
-        streams = max(1, spec.streams // spec.decode)
-        alone = engine_alone.run(configs[0], streams, spec.max_tokens, spec.warmup_s, spec.seconds)
-        say("... and its engine-core client alone, below AsyncLLM's front end: starting")
-        core = engine_alone.run(configs[0], streams, spec.max_tokens, spec.warmup_s, spec.seconds, raw=True)
-        for r in results:
-            r["vllm_alone"], r["core_alone"] = alone, core
+        add_engine_alone(results, spec, configs[0], say)
     return results
+
+
+def add_engine_alone(rows: list[dict[str, Any]], spec: ControlPlaneBench, config: Path,
+                     say: Callable[[str], None]) -> None:
+    """vLLM's engine built from `config` as decode builds it, measured alone and below its
+    front end (yuebing/bench/engine_alone.py), added to every row."""
+    from yuebing.bench import engine_alone
+
+    say("vLLM's engine alone, as decode builds it: starting")
+    streams = max(1, spec.streams // spec.decode)
+    alone = engine_alone.run(config, streams, spec.max_tokens, spec.warmup_s, spec.seconds)
+    say("... and its engine-core client alone, below AsyncLLM's front end: starting")
+    core = engine_alone.run(config, streams, spec.max_tokens, spec.warmup_s, spec.seconds, raw=True)
+    for r in rows:
+        r["vllm_alone"], r["core_alone"] = alone, core
 
 
 def against_vllm(spec: ControlPlaneBench, model: Path, work: Path, say: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -328,7 +343,35 @@ def against_vllm(spec: ControlPlaneBench, model: Path, work: Path, say: Callable
             rows.append({"system": "vllm serve", "round": n,
                          **asyncio.run(measure([server.url], model.name, pids, spec))})
         say(comparison_line(rows[-1]))
+    if spec.floor:
+        add_engine_alone([r for r in rows if r["system"] == "yuebing"], spec, work / name / "cluster.json", say)
     return rows
+
+
+def floor(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The least Yuebing's processes could spend a token, from one --against-vllm --floor
+    run (means over its rounds): decode doing nothing but take its engine core's outputs
+    (its engine-core client alone), a gateway spending exactly what vLLM's server spends
+    over its AsyncLLM (HTTP, detokenization, the API's chunks: `vllm serve` less vLLM's
+    engine alone), and the Conductor, messenger, prefill service and nats-server as
+    measured. None without the engine-alone figures."""
+    ours = [r for r in rows if r["system"] == "yuebing" and "core_alone" in r]
+    theirs = [total_per_token(r) for r in rows if r["system"] == "vllm serve"]
+    if not ours or not theirs:
+        return None
+    vllm = sum(theirs) / len(theirs)
+    core, alone = ours[0]["core_alone"]["us_per_token"], ours[0]["vllm_alone"]["us_per_token"]
+    others = sum(total_per_token(r) - sum(r["cpu"][role]["us_per_token"] for role in ("decode", "gateway"))
+                 for r in ours) / len(ours)
+    total = core + (vllm - alone) + others
+    return {"core_client": core, "server_over_asyncllm": vllm - alone, "others": others, "total": total,
+            "vllm": vllm, "ratio": total / vllm}
+
+
+def floor_line(f: dict[str, float]) -> str:
+    return (f"floor: decode's engine-core client alone {f['core_client']:.0f} + vLLM's server over its AsyncLLM "
+            f"{f['server_over_asyncllm']:.0f} + Conductor, messenger, prefill and nats {f['others']:.0f} "
+            f"= {f['total']:.0f} µs/token, {f['ratio']:.2f}× vLLM's API server ({f['vllm']:.0f})")
 
 
 def total_per_token(row: dict[str, Any]) -> float:

@@ -23,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yuebing.bench.control_plane import ControlPlaneBench, against_vllm, comparison_table, table
+    from yuebing.bench.control_plane import ControlPlaneBench, against_vllm, comparison_table, floor, floor_line, table
     from yuebing.bench.control_plane import run as run_bench
 
     model, work = cluster_paths(args, "control-plane")
@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     if spec.against_vllm:
         results = against_vllm(spec, model, work, say)
         print(comparison_table(results))
+        if least := floor(results):
+            print(floor_line(least))
     else:
         results = run_bench(spec, model, work, say)
         print(table(results))
