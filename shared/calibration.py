@@ -117,6 +117,12 @@ class Calibration:
         evidence = weight / self._scale(now)
         return math.exp(x * evidence / (evidence + self.prior_s)) if evidence > 0 else 1.0
 
+    def evidence_s(self, now: float) -> float:
+        """Predicted seconds of the work the pace rests on, as they count now (decayed;
+        0: none, and the pace is 1). A pace of exactly 1 is also what work within a bin
+        of the prediction gives: this says which."""
+        return sum(self.bins) / self._scale(now)
+
     def tails(self, now: float, z: float) -> tuple[float, ...]:
         """For work of each length class, from the shortest: the pace it exceeds about
         as often as a normal variable exceeds z. The quantile of the work at least half

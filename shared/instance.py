@@ -120,6 +120,10 @@ class Instance:
             return 1.0
         return self.load.calibration.pace(time.monotonic(), quantile_z(self.config.slo_attainment))
 
+    def slowdown_evidence_s(self) -> float:
+        """Predicted seconds of recent work `slowdown` rests on (0: it is 1 for want of any)."""
+        return self.load.calibration.evidence_s(time.monotonic()) if self.config.calibrate_time_model else 0.0
+
     async def beat(self) -> None:
         await bus.publish(self.nc, HEARTBEAT, self.heartbeat())
 

@@ -45,6 +45,9 @@ class InstanceCollector:
             "yuebing_instance_kv_cache_usage_ratio": ("Share of its engine's KV cache in use", i.load.kv_usage),
             "yuebing_instance_slowdown": ("Its steps observed over the time model's (decode; 1 elsewhere)",
                                           i.slowdown()),
+            "yuebing_instance_slowdown_evidence_seconds": (
+                "Predicted seconds of recent work its slowdown rests on, each half-life counting half "
+                "(0: none yet, and the slowdown is 1)", i.slowdown_evidence_s()),
         }
         for name, (doc, value) in gauges.items():
             family = GaugeMetricFamily(name, doc, labels=labels)

@@ -12,6 +12,14 @@ def test_without_evidence_the_pace_is_one():
     assert Calibration().pace(now=100.0) == Calibration().pace(now=0.0, z=2.0) == 1.0
 
 
+def test_the_evidence_says_whether_a_pace_of_one_was_measured():
+    c = Calibration(half_life_s=10.0)
+    assert c.evidence_s(now=0.0) == 0.0
+    c.add(0.3, 0.3, now=0.0)  # right on the prediction
+    assert c.pace(now=0.0) == 1.0
+    assert c.evidence_s(now=0.0) == pytest.approx(0.3) and c.evidence_s(now=10.0) == pytest.approx(0.15)
+
+
 def test_the_pace_follows_the_work_observed_against_predicted():
     c = Calibration(prior_s=0.5)
     for i in range(100):  # twice as long as predicted, 0.1 s of prediction a time

@@ -1,6 +1,8 @@
 """An engine instance's Prometheus page: vLLM's metrics labelled with the instance,
 and the instance's own load."""
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -28,3 +30,13 @@ def test_vllms_metrics_carry_the_instance_id_beside_the_instances_own_load():
     assert got["yuebing_instance_served_total"] == (who, 7)
     assert got["yuebing_instance_token_chunks_total"] == (who, 40) and got["yuebing_instance_token_batches_total"] == (who, 5)
     assert got["yuebing_instance_requests"] == (who, 0) and got["yuebing_instance_slowdown"] == (who, 1.0)
+    assert got["yuebing_instance_slowdown_evidence_seconds"] == (who, 0.0)  # not calibrated: no evidence counts
+
+
+def test_a_calibrated_instance_says_how_much_work_its_slowdown_rests_on():
+    instance = Instance("decode", "decode-0", "node-1", ClusterConfig(calibrate_time_model=True), nc=None)
+    assert samples(instance_registry(instance, CollectorRegistry()))["yuebing_instance_slowdown_evidence_seconds"][1] == 0
+    instance.load.calibration.add(0.4, 0.4, now=time.monotonic())  # on the prediction: a slowdown of exactly 1
+    got = samples(instance_registry(instance, CollectorRegistry()))
+    assert got["yuebing_instance_slowdown"][1] == 1.0
+    assert 0 < got["yuebing_instance_slowdown_evidence_seconds"][1] <= 0.4
