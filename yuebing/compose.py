@@ -88,11 +88,20 @@ def ensure_engine(log: Path, say: Callable[[str], None] = print) -> None:
         _install_docker(say)
     say(f"starting dockerd (log: {log})")
     with open(log, "ab") as out:
-        subprocess.Popen(["dockerd"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        subprocess.Popen(["dockerd"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                         env=daemon_environment(), cwd="/")
     try:
         wait_until(lambda: engine_answers() or None, None, ENGINE_START_S, "dockerd", interval_s=1)
     except RuntimeError as e:
         raise DockerUnavailable(f"{e}; its log ends:\n{log.read_text(errors='replace')[-2000:]}") from None
+
+
+def daemon_environment() -> dict[str, str]:
+    """This process's environment less the library paths its own libraries set for
+    themselves (torch's OpenMP preload, for one). dockerd outlives this process, and a
+    preload from a virtual environment since deleted makes every iptables call it runs
+    print a loader warning, which it takes for failure: no network, no container."""
+    return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
 
 
 def _install_docker(say: Callable[[str], None]) -> None:
@@ -229,7 +238,9 @@ def up(options: ComposeOptions, log_dir: Path) -> dict[str, str]:
     started = time.monotonic()
     compose(options, "build", env=env, timeout_s=1800, show=options.show_build)
     say(f"built in {time.monotonic() - started:.0f}s; starting the containers")
-    compose(options, "up", "-d", env=env, timeout_s=300)
+    started_up = compose(options, "up", "-d", env=env, timeout_s=300)
+    if not compose(options, "ps", "-a", "-q", env=env).stdout.strip():  # compose can exit 0 having made none
+        raise RuntimeError(f"compose up started no container:\n{(started_up.stdout + started_up.stderr)[-3000:]}")
     wait_serving(options, env, listed_instances(model))
     return env
 

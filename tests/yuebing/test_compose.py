@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from yuebing.compose import (ComposeOptions, ensure_secrets, environment, health, layout, listed_instances,
-                             service_commands)
+from yuebing.compose import (ComposeOptions, daemon_environment, ensure_secrets, environment, health, layout,
+                             listed_instances, service_commands)
 from yuebing.process import free_port
 from yuebing.secrets import Layout, Listen, Peer
 
@@ -76,3 +76,12 @@ def test_a_single_servers_secrets_are_refused_for_a_nats_cluster_and_the_other_w
 def test_health_says_why_nothing_answered():
     status = health(f"http://127.0.0.1:{free_port()}")
     assert isinstance(status, str) and status.startswith("no answer")
+
+
+def test_dockerd_starts_without_the_library_preloads_of_the_process_that_starts_it(monkeypatch):
+    # It outlives this process and its virtual environment; a preload of a file since
+    # deleted broke its iptables calls, so it could create no network.
+    monkeypatch.setenv("LD_PRELOAD", "/gone/.venv/lib/libgomp.so.1")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/gone/.venv/lib64")
+    env = daemon_environment()
+    assert "LD_PRELOAD" not in env and "LD_LIBRARY_PATH" not in env and env["PATH"]
