@@ -108,17 +108,17 @@ class Frames:
     def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
         self.buffer += data
         frames, at = [], 0
-        while len(self.buffer) - at >= LENGTH.size:
-            (size,) = LENGTH.unpack_from(self.buffer, at)
-            if not TAG_BYTES <= size <= self.limit:
-                raise ChannelError(f"a frame of {size} bytes (at most {self.limit})")
-            end = at + LENGTH.size + size
-            if len(self.buffer) < end:
-                break
-            with memoryview(self.buffer) as view:  # one copy of each frame, not a slice and then its bytes
+        with memoryview(self.buffer) as view:  # one copy of each frame, not a slice and then its bytes
+            while len(view) - at >= LENGTH.size:
+                (size,) = LENGTH.unpack_from(view, at)
+                if not TAG_BYTES <= size <= self.limit:
+                    raise ChannelError(f"a frame of {size} bytes (at most {self.limit})")
+                end = at + LENGTH.size + size
+                if len(view) < end:
+                    break
                 frames.append((bytes(view[at : at + LENGTH.size]), bytes(view[at + LENGTH.size : end])))
-            at = end
-        del self.buffer[:at]
+                at = end
+        del self.buffer[:at]  # the view released: a bytearray with one cannot shrink
         return frames
 
 
@@ -247,8 +247,9 @@ class Channel:
         if not self.ready:  # its writer and seal are there once it is
             return False
         transport = self.writer.transport  # type: ignore[union-attr]
-        if transport.is_closing() or transport.get_write_buffer_size() > WRITE_BUFFER_MAX:
-            if not transport.is_closing():
+        closing = transport.is_closing()
+        if closing or transport.get_write_buffer_size() > WRITE_BUFFER_MAX:
+            if not closing:
                 log.warning("token channel closed: the gateway does not read", endpoint=self.endpoint)
             self.close()
             return False
